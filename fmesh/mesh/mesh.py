@@ -1,0 +1,452 @@
+"""Mesh values: named axes laid out over the slots of a universe. No process groups here.
+
+A mesh assigns each named axis a :class:`~fmesh.layout.Layout` over the slots
+``0..world_size-1`` of its :class:`Universe`. The axes together describe one
+*instance*; congruent instances, shifted by the values the axes do not reach,
+tile the universe, exactly as a sliced ``DeviceMesh`` does on each rank.
+:func:`fmesh.select` pins some slot digits, so that only the instances with
+those digits are covered.
+
+Every question about one rank is answered by digit arithmetic on a handful of
+layout modes; nothing is ever enumerated over the world.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from fmesh.layout.int_tuple import is_int, product
+from fmesh.layout.layout import Layout, Modes, coalesce_modes, complement_modes, concat
+from fmesh.mesh import transforms
+from fmesh.mesh.universe import Universe
+
+if TYPE_CHECKING:
+    import torch
+
+AxesArg = str | Sequence[str] | None
+
+_EMPTY = Layout((), ())
+
+
+def _canonical_layouts(layouts: Sequence[Layout]) -> tuple[Layout, ...]:
+    for layout in layouts:
+        if not isinstance(layout, Layout):
+            raise TypeError(f"mesh layouts must be fmesh.Layout values, got {layout!r}")
+    return tuple(layout.coalesce() for layout in layouts)
+
+
+def _canonical_pinned(layout: Layout) -> Layout:
+    # Pinned modes form a set of digits; sorting them makes equal sets compare equal.
+    if not isinstance(layout, Layout):
+        raise TypeError(f"pinned must be an fmesh.Layout, got {layout!r}")
+    modes = tuple(sorted(layout.modes, key=lambda mode: -mode[1]))
+    return Layout(*_shape_stride(coalesce_modes(modes)))
+
+
+def _canonical_frame(frame: Iterable[Layout]) -> tuple[Layout, ...]:
+    return tuple(_canonical_layouts(tuple(frame)))
+
+
+def _shape_stride(modes: Modes) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(s for s, _ in modes), tuple(d for _, d in modes)
+
+
+def _to_names(names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(names)
+
+
+def _check_axis_names(mesh: Mesh, attribute: attrs.Attribute[Any], names: tuple[str, ...]) -> None:
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"axis names must be strings, got {name!r} in {names!r}")
+        if not name:
+            raise ValueError(f"axis names must be non-empty strings, got {names!r}")
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"axis names must be unique, but {duplicates} appear more than once in {names!r}")
+
+
+def _all_modes(layouts: Sequence[Layout]) -> Modes:
+    return tuple(mode for layout in layouts for mode in layout.modes)
+
+
+@attrs.frozen(repr=False, cache_hash=True)
+class Mesh:
+    """Named axes over a universe of ranks: a frozen, hashable, picklable value.
+
+    Build one with :func:`fmesh.make_mesh`; derive others with ``slice``,
+    ``flatten``, ``unflatten``, ``concat``, ``rename`` and ``select``.
+
+    Fields: ``layouts`` (one per axis), ``pinned``/``offset`` (the slot digits
+    fixed by ``select``), and ``frame``: empty unless an ``unflatten`` split a
+    strided axis unevenly, in which case the layouts index a re-ordering of the
+    slots, ``slot = frame[0](frame[1](...(index)))``. Meshes with an empty frame
+    are equal exactly when they have the same groups along every axis.
+
+    >>> import fmesh
+    >>> mesh = fmesh.make_mesh((2, 2, 4), ("dp", "cp", "tp"))
+    >>> mesh
+    Mesh(dp=2, cp=2, tp=4; world=16)
+    >>> mesh.group(5, "tp"), mesh.coordinate(5)
+    ((4, 5, 6, 7), (0, 1, 1))
+    """
+
+    universe: Universe = attrs.field(validator=attrs.validators.instance_of(Universe))
+    axis_names: tuple[str, ...] = attrs.field(converter=_to_names, validator=_check_axis_names)
+    layouts: tuple[Layout, ...] = attrs.field(converter=_canonical_layouts)
+    pinned: Layout = attrs.field(default=_EMPTY, converter=_canonical_pinned)
+    offset: int = attrs.field(default=0)
+    frame: tuple[Layout, ...] = attrs.field(default=(), converter=_canonical_frame)
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.layouts) != len(self.axis_names):
+            raise ValueError(
+                f"a mesh needs one layout per axis: {len(self.axis_names)} names {self.axis_names!r} "
+                f"but {len(self.layouts)} layouts"
+            )
+        if self.frame:
+            self._drop_frame_if_redundant()
+        world = self.universe.world_size
+        for layout in self.frame:
+            if layout.size != world or layout.cosize != world or not layout.non_overlapping():
+                raise ValueError(f"frame layout {layout!r} is not a bijection of range(0, {world})")
+        try:
+            complement_modes(_all_modes((*self.layouts, self.pinned)), world, self._describe_layouts())
+        except ValueError as error:
+            raise ValueError(f"these axes do not tile a universe of {world} ranks: {error}") from None
+        if not is_int(self.offset) or not 0 <= self.offset < world:
+            raise ValueError(f"offset must be a slot in range(0, {world}), got {self.offset!r}")
+        if self.pinned.decompose(self.offset)[1] != 0:
+            raise ValueError(f"offset {self.offset} has components outside the pinned modes {self.pinned!r}")
+
+    def _drop_frame_if_redundant(self) -> None:
+        # If every layout survives composition back to slots, the frame adds nothing:
+        # dropping it keeps one canonical value per set of groups (equal meshes compare equal).
+        layouts = [*self.layouts, self.pinned]
+        offset = self.offset
+        try:
+            for frame_layout in reversed(self.frame):
+                layouts = [frame_layout.composition(layout) for layout in layouts]
+                offset = frame_layout(offset)
+        except ValueError:
+            return
+        object.__setattr__(self, "layouts", _canonical_layouts(layouts[:-1]))
+        object.__setattr__(self, "pinned", _canonical_pinned(layouts[-1]))
+        object.__setattr__(self, "offset", offset)
+        object.__setattr__(self, "frame", ())
+
+    def _describe_layouts(self) -> str:
+        parts = [f"{name}={layout.shape}:{layout.stride}" for name, layout in zip(self.axis_names, self.layouts)]
+        if self.pinned.size > 1:
+            parts.append(f"pinned={self.pinned.shape}:{self.pinned.stride}")
+        return "(" + ", ".join(parts) + ")"
+
+    # ------------------------------------------------------------------ shape
+
+    @property
+    def axis_sizes(self) -> tuple[int, ...]:
+        """The size of each axis, in order.
+
+        >>> import fmesh; fmesh.make_mesh((2, 4), ("dp", "tp")).axis_sizes
+        (2, 4)
+        """
+        return tuple(layout.size for layout in self.layouts)
+
+    @property
+    def shape(self) -> Mapping[str, int]:
+        """Ordered, read-only mapping from axis name to size (like ``jax.sharding.Mesh.shape``).
+
+        >>> import fmesh; dict(fmesh.make_mesh((2, 4), ("dp", "tp")).shape)
+        {'dp': 2, 'tp': 4}
+        """
+        return MappingProxyType(dict(zip(self.axis_names, self.axis_sizes)))
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in one instance (the product of the axis sizes).
+
+        >>> import fmesh; fmesh.make_mesh((2, 4), ("dp", "tp"))["tp"].size
+        4
+        """
+        return product(self.axis_sizes)
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes.
+
+        >>> import fmesh; fmesh.make_mesh((2, 4), ("dp", "tp")).ndim
+        2
+        """
+        return len(self.axis_names)
+
+    @property
+    def device_type(self) -> str:
+        """The universe's device type.
+
+        >>> import fmesh; fmesh.make_mesh((2,), ("dp",), device_type="cuda").device_type
+        'cuda'
+        """
+        return self.universe.device_type
+
+    @property
+    def world_size(self) -> int:
+        """The universe's world size.
+
+        >>> import fmesh; fmesh.make_mesh((2, 4), ("dp", "tp"))["tp"].world_size
+        8
+        """
+        return self.universe.world_size
+
+    @property
+    def num_instances(self) -> int:
+        """How many congruent instances the mesh covers.
+
+        >>> import fmesh; m = fmesh.make_mesh((2, 4), ("dp", "tp"))
+        >>> m["tp"].num_instances, fmesh.select(m, dp=1).num_instances
+        (2, 1)
+        """
+        return self.world_size // (self.size * self.pinned.size)
+
+    @property
+    def num_covered(self) -> int:
+        """How many ranks the mesh covers (all of them unless ``select`` pinned some axes).
+
+        >>> import fmesh; fmesh.select(fmesh.make_mesh((2, 4), ("pp", "tp")), pp=0).num_covered
+        4
+        """
+        return self.size * self.num_instances
+
+    def axis_index(self, name: str) -> int:
+        """Position of axis ``name``; ``KeyError`` naming the valid axes otherwise.
+
+        >>> import fmesh; fmesh.make_mesh((2, 4), ("dp", "tp")).axis_index("tp")
+        1
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"axis names are strings, got {name!r}; this mesh has axes {self.axis_names}")
+        try:
+            return self.axis_names.index(name)
+        except ValueError:
+            raise KeyError(f"unknown axis {name!r}: this mesh has axes {self.axis_names}") from None
+
+    def axis_layout(self, name: str) -> Layout:
+        """The layout of axis ``name`` over the universe's slots.
+
+        >>> import fmesh; fmesh.make_mesh((2, 4), ("dp", "tp")).axis_layout("dp")
+        Layout((2,):(4,))
+        """
+        return self.layouts[self.axis_index(name)]
+
+    def resolve_axes(self, axes: AxesArg) -> tuple[str, ...]:
+        """Normalise an ``axes`` argument: ``None`` means all axes, a string one axis.
+
+        >>> import fmesh; fmesh.make_mesh((2, 4), ("dp", "tp")).resolve_axes("tp")
+        ('tp',)
+        """
+        if axes is None:
+            return self.axis_names
+        names = (axes,) if isinstance(axes, str) else tuple(axes)
+        for name in names:
+            self.axis_index(name)
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"axes {duplicates} given more than once in {names!r}")
+        return names
+
+    def axes_layout(self, axes: AxesArg = None) -> Layout:
+        """The layout of several axes taken together (row-major in the order given).
+
+        >>> import fmesh; fmesh.make_mesh((2, 4), ("dp", "tp")).axes_layout(("tp", "dp"))
+        Layout(((4,), (2,)):((1,), (4,)))
+        """
+        layouts = [self.axis_layout(name) for name in self.resolve_axes(axes)]
+        return concat(*layouts) if layouts else _EMPTY
+
+    # ---------------------------------------------------------------- queries
+
+    def _index_of(self, rank: int) -> int:
+        value = self.universe.slot_of(rank)
+        for layout in self.frame:
+            value = layout.decompose(value)[0]
+        return value
+
+    def _rank_at(self, index: int) -> int:
+        for layout in reversed(self.frame):
+            index = layout(index)
+        return self.universe.rank_of(index)
+
+    def _covered_index(self, rank: int) -> int | None:
+        index = self._index_of(rank)
+        pinned_index, _ = self.pinned.decompose(index)
+        return index if self.pinned(pinned_index) == self.offset else None
+
+    def _require_index(self, rank: int) -> int:
+        index = self._covered_index(rank)
+        if index is None:
+            raise ValueError(
+                f"rank {rank} is not covered by {self!r}: select() kept only the ranks whose "
+                f"pinned coordinates match; use mesh.coordinate(rank) to test membership"
+            )
+        return index
+
+    def coordinate(self, rank: int) -> tuple[int, ...] | None:
+        """The rank's coordinate in its instance, or ``None`` if no instance holds it.
+
+        >>> import fmesh; m = fmesh.make_mesh((2, 4), ("pp", "tp"))
+        >>> m.coordinate(6), fmesh.select(m, pp=0).coordinate(6)
+        ((1, 2), None)
+        """
+        index = self._covered_index(rank)
+        if index is None:
+            return None
+        return tuple(layout.decompose(index)[0] for layout in self.layouts)
+
+    def group(self, rank: int, axes: AxesArg = None) -> tuple[int, ...]:
+        """Global ranks of ``rank``'s group along ``axes`` (default: all), row-major.
+
+        >>> import fmesh; m = fmesh.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
+        >>> m.group(0, "cp"), m.group(0, ("tp", "dp"))
+        ((0, 2), (0, 4, 1, 5))
+        """
+        layout = self.axes_layout(axes)
+        _, base = layout.decompose(self._require_index(rank))
+        return tuple(self._rank_at(index) for index in _values(base, layout.modes))
+
+    def groups(self, axes: AxesArg = None) -> tuple[tuple[int, ...], ...]:
+        """Every group along ``axes``; together they partition the covered ranks.
+
+        >>> import fmesh; fmesh.make_mesh((2, 2), ("dp", "tp")).groups("dp")
+        ((0, 2), (1, 3))
+        """
+        layout = self.axes_layout(axes)
+        others = complement_modes(layout.modes + self.pinned.modes, self.world_size)
+        rank_at = self._rank_at
+        return tuple(
+            tuple(rank_at(index) for index in _values(base, layout.modes))
+            for base in _values(self.offset, others)
+        )
+
+    def ranks(self, rank: int | None = None) -> torch.Tensor:
+        """``torch.Tensor`` of shape ``axis_sizes``: the global ranks of the instance holding ``rank``.
+
+        ``rank`` may be left out when the mesh has a single instance.
+
+        >>> import fmesh; fmesh.make_mesh((2, 2), ("dp", "tp"))["tp"].ranks(3)
+        tensor([2, 3])
+        """
+        import torch
+
+        if rank is None:
+            if self.num_instances != 1:
+                raise ValueError(
+                    f"{self!r} has {self.num_instances} instances; pass a rank to say which one"
+                )
+            base = self.offset
+        else:
+            _, base = self.axes_layout().decompose(self._require_index(rank))
+        indices = _values(base, self.axes_layout().modes)
+        return torch.tensor([self._rank_at(i) for i in indices], dtype=torch.long).reshape(self.axis_sizes)
+
+    # ------------------------------------------------------------ transforms
+
+    def __getitem__(self, axes: str | tuple[str, ...]) -> Mesh:
+        """``mesh["tp"]`` or ``mesh["dp", "tp"]``: the same as :meth:`slice`.
+
+        >>> import fmesh; fmesh.make_mesh((2, 4), ("dp", "tp"))["tp", "dp"]
+        Mesh(tp=4, dp=2; world=8)
+        """
+        return transforms.slice(self, *((axes,) if isinstance(axes, str) else axes))
+
+    def slice(self, *axis_names: str) -> Mesh:
+        """See :func:`fmesh.slice`.
+
+        >>> import fmesh; fmesh.make_mesh((2, 4), ("dp", "tp")).slice("tp")
+        Mesh(tp=4; world=8)
+        """
+        return transforms.slice(self, *axis_names)
+
+    def flatten(self, axis_names: Sequence[str], name: str) -> Mesh:
+        """See :func:`fmesh.flatten`.
+
+        >>> import fmesh; fmesh.make_mesh((2, 2, 2), ("a", "b", "c")).flatten(("a", "c"), "ac")
+        Mesh(ac=4, b=2; world=8)
+        """
+        return transforms.flatten(self, axis_names, name)
+
+    def unflatten(self, axis_name: str, sizes: Mapping[str, int] | Sequence[tuple[str, int]]) -> Mesh:
+        """See :func:`fmesh.unflatten`.
+
+        >>> import fmesh; fmesh.make_mesh((8,), ("world",)).unflatten("world", {"dp": 2, "tp": 4})
+        Mesh(dp=2, tp=4; world=8)
+        """
+        return transforms.unflatten(self, axis_name, sizes)
+
+    def rename(self, mapping: Mapping[str, str]) -> Mesh:
+        """See :func:`fmesh.rename`.
+
+        >>> import fmesh; fmesh.make_mesh((2, 4), ("dp", "tp")).rename({"dp": "fsdp"})
+        Mesh(fsdp=2, tp=4; world=8)
+        """
+        return transforms.rename(self, mapping)
+
+    def select(self, **coordinates: int) -> Mesh:
+        """See :func:`fmesh.select`.
+
+        >>> import fmesh; fmesh.make_mesh((2, 4), ("pp", "tp")).select(pp=1).ranks()
+        tensor([4, 5, 6, 7])
+        """
+        return transforms.select(self, **coordinates)
+
+    def __repr__(self) -> str:
+        axes = ", ".join(f"{name}={size}" for name, size in zip(self.axis_names, self.axis_sizes))
+        covered = f", covers {self.num_covered}" if self.num_covered != self.world_size else ""
+        return f"Mesh({axes}; world={self.world_size}{covered})"
+
+
+def _values(base: int, modes: Modes) -> list[int]:
+    """``base + layout(i)`` for every index ``i`` of the layout with these modes, in order."""
+    values = [base]
+    for size, stride in modes:
+        values = [v + c * stride for v in values for c in range(size)]
+    return values
+
+
+def make_mesh(
+    axis_sizes: Sequence[int],
+    axis_names: Sequence[str],
+    *,
+    device_type: str = "cpu",
+    rank_map: Any = None,
+) -> Mesh:
+    """A root mesh whose axes cover the whole universe, row-major like ``init_device_mesh``.
+
+    ``rank_map`` (any permutation of ``range(world_size)``, also a tensor of
+    shape ``axis_sizes``) says which global rank sits in each slot.
+
+    >>> make_mesh((2, 4), ("dp", "tp"))
+    Mesh(dp=2, tp=4; world=8)
+    >>> make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 2, 1, 0]).group(3, "tp")
+    (3, 2)
+    """
+    if isinstance(axis_sizes, (str, bytes)) or not isinstance(axis_sizes, Sequence):
+        raise TypeError(f"axis_sizes must be a sequence of ints such as (2, 4), got {axis_sizes!r}")
+    if isinstance(axis_names, str) or not isinstance(axis_names, Sequence):
+        raise TypeError(f"axis_names must be a sequence of strings such as ('dp', 'tp'), got {axis_names!r}")
+    for size in axis_sizes:
+        if not is_int(size):
+            raise TypeError(f"axis sizes must be ints, got {size!r} in {tuple(axis_sizes)!r}")
+        if size < 1:
+            raise ValueError(f"axis sizes must be positive, got {size} in {tuple(axis_sizes)!r}")
+    if len(axis_sizes) != len(axis_names):
+        raise ValueError(
+            f"got {len(axis_sizes)} sizes {tuple(axis_sizes)!r} but {len(axis_names)} names {tuple(axis_names)!r}; "
+            "give one name per axis"
+        )
+    root = Layout(tuple(axis_sizes))
+    layouts = [Layout(s, d) for s, d in root.modes]
+    universe = Universe(root.size, rank_map=rank_map, device_type=device_type)
+    return Mesh(universe, tuple(axis_names), layouts)
