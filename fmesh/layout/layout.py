@@ -306,10 +306,10 @@ def _compose(
 def _nesting_gap(modes: Modes) -> tuple[int, int] | None:
     """The first ``(stride, span)`` pair that breaks nesting, or ``None``."""
     span = 1
-    for size, stride in sorted((d, s) for s, d in modes if s > 1):
-        if stride == 0 or size % span != 0:
-            return size, span
-        span = size * stride
+    for stride, size in sorted((d, s) for s, d in modes if s > 1):
+        if stride == 0 or stride % span != 0:
+            return stride, span
+        span = stride * size
     return None
 
 

@@ -1,0 +1,6 @@
+"""Make tests/reference.py importable as ``reference``."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))

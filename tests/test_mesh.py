@@ -1,0 +1,236 @@
+"""Mesh values against the brute-force reference, and the laws of the pure functions."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import pickle
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import RefMesh
+from reference import concat as ref_concat
+
+import fmesh
+from fmesh import Mesh
+
+settings.register_profile("fmesh", max_examples=150, deadline=None)
+settings.load_profile("fmesh")
+
+NAMES = "abcde"
+
+
+@st.composite
+def roots(draw: st.DrawFn, max_world: int = 256) -> tuple[Mesh, RefMesh]:
+    sizes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=5).filter(lambda s: math.prod(s) <= max_world))
+    names = NAMES[: len(sizes)]
+    world = math.prod(sizes)
+    rank_map = draw(st.one_of(st.none(), st.permutations(range(world))))
+    return fmesh.make_mesh(sizes, tuple(names), rank_map=rank_map), RefMesh.root(sizes, names, rank_map)
+
+
+def factorizations(n: int) -> list[tuple[int, ...]]:
+    result = [(d, n // d) for d in range(1, n + 1) if n % d == 0]
+    result += [(a, b, n // (a * b)) for a, b in itertools.product(range(1, n + 1), repeat=2) if n % (a * b) == 0]
+    return result
+
+
+@st.composite
+def steps(draw: st.DrawFn) -> tuple[Mesh, RefMesh]:
+    mesh, ref = draw(roots())
+    fresh = iter(f"n{i}" for i in range(100))
+    for _ in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(["slice", "flatten", "unflatten", "select", "rename", "concat"]))
+        names = list(mesh.axis_names)
+        if op == "slice":
+            kept = draw(st.lists(st.sampled_from(names), min_size=1, unique=True))
+            mesh, ref = fmesh.slice(mesh, *kept), ref.slice(*kept)
+        elif op == "flatten":
+            merged = draw(st.lists(st.sampled_from(names), min_size=1, unique=True))
+            name = next(fresh)
+            mesh, ref = fmesh.flatten(mesh, merged, name), ref.flatten(merged, name)
+        elif op == "unflatten":
+            axis = draw(st.sampled_from(names))
+            sizes = draw(st.sampled_from(factorizations(mesh.shape[axis])))
+            new = {next(fresh): s for s in sizes}
+            mesh, ref = fmesh.unflatten(mesh, axis, new), ref.unflatten(axis, new)
+        elif op == "select" and len(names) > 1:
+            axis = draw(st.sampled_from(names))
+            c = draw(st.integers(0, mesh.shape[axis] - 1))
+            mesh, ref = fmesh.select(mesh, **{axis: c}), ref.select(**{axis: c})
+        elif op == "rename":
+            axis = draw(st.sampled_from(names))
+            new_name = next(fresh)
+            mesh, ref = fmesh.rename(mesh, {axis: new_name}), ref.rename({axis: new_name})
+        elif op == "concat" and len(names) > 1:
+            order = draw(st.permutations(names))
+            cut = draw(st.integers(1, len(names) - 1))
+            left, right = order[:cut], order[cut:]
+            mesh = fmesh.concat(fmesh.slice(mesh, *left), fmesh.slice(mesh, *right))
+            ref = ref_concat(ref.slice(*left), ref.slice(*right))
+    return mesh, ref
+
+
+def assert_agrees(mesh: Mesh, ref: RefMesh) -> None:
+    assert mesh.axis_names == ref.names
+    assert mesh.axis_sizes == ref.sizes
+    axis_sets = [(n,) for n in mesh.axis_names] + list(itertools.permutations(mesh.axis_names, 2))
+    for axes in axis_sets:
+        assert set(mesh.groups(axes)) == ref.groups(axes), axes
+    covered = ref.covered()
+    assert mesh.num_covered == len(covered)
+    coordinates = ref.coordinates()
+    for rank in set(range(mesh.world_size)) - covered:
+        assert mesh.coordinate(rank) is None
+    for rank in covered:
+        assert mesh.coordinate(rank) == coordinates[rank]
+    for axes in axis_sets:
+        rows = [tuple(int(ref.rank_map[s]) for s in row) for row in ref.lines(axes)]
+        for row in rows:
+            for rank in row:
+                assert mesh.group(rank, axes) == row
+    some_rank = min(covered)
+    assert np.array_equal(mesh.ranks(some_rank).numpy(), ref.instance_of(some_rank))
+
+
+@given(steps())
+def test_random_op_sequences_match_reference(pair: tuple[Mesh, RefMesh]) -> None:
+    assert_agrees(*pair)
+
+
+@given(roots(), st.data())
+def test_slice_in_any_order_matches_reference(pair: tuple[Mesh, RefMesh], data: st.DataObject) -> None:
+    mesh, ref = pair
+    kept = data.draw(st.permutations(mesh.axis_names))
+    assert_agrees(fmesh.slice(mesh, *kept), ref.slice(*kept))
+
+
+@given(roots(), st.data())
+def test_flatten_non_adjacent_matches_reference(pair: tuple[Mesh, RefMesh], data: st.DataObject) -> None:
+    mesh, ref = pair
+    merged = data.draw(st.lists(st.sampled_from(mesh.axis_names), min_size=1, unique=True))
+    assert_agrees(fmesh.flatten(mesh, merged, "m"), ref.flatten(merged, "m"))
+
+
+@given(roots(), st.data())
+def test_unflatten_strided_flattened_axes_in_any_factorisation(pair: tuple[Mesh, RefMesh], data: st.DataObject) -> None:
+    mesh, ref = pair
+    merged = data.draw(st.lists(st.sampled_from(mesh.axis_names), min_size=1, unique=True))
+    flat, flat_ref = fmesh.flatten(mesh, merged, "m"), ref.flatten(merged, "m")
+    sizes = dict(zip(("p", "q", "r"), data.draw(st.sampled_from(factorizations(flat.shape["m"])))))
+    assert_agrees(fmesh.unflatten(flat, "m", sizes), flat_ref.unflatten("m", sizes))
+
+
+def test_unflatten_where_torch_asserts() -> None:
+    # torch 2.13's _unflatten fails an internal assertion on exactly this mesh.
+    mesh = fmesh.make_mesh((3, 2, 2), ("a", "b", "c"))
+    ref = RefMesh.root((3, 2, 2), "abc")
+    flat = fmesh.slice(fmesh.flatten(mesh, ("a", "c"), "ac"), "ac")
+    split = fmesh.unflatten(flat, "ac", {"p": 2, "q": 3})
+    assert split.frame, "an uneven split needs a frame"
+    assert_agrees(split, ref.flatten(("a", "c"), "ac").slice("ac").unflatten("ac", {"p": 2, "q": 3}))
+    assert set(split.groups("q")) == {(0, 1, 4), (5, 8, 9), (2, 3, 6), (7, 10, 11)}
+    # Undoing the split drops the frame again: the value is canonical.
+    assert fmesh.flatten(split, ("p", "q"), "ac") == flat
+
+
+@given(steps(), st.data())
+def test_select_matches_reference(pair: tuple[Mesh, RefMesh], data: st.DataObject) -> None:
+    mesh, ref = pair
+    picks = data.draw(st.lists(st.sampled_from(mesh.axis_names), unique=True, max_size=mesh.ndim))
+    coordinates = {n: data.draw(st.integers(0, mesh.shape[n] - 1)) for n in picks}
+    assert_agrees(fmesh.select(mesh, **coordinates), ref.select(**coordinates))
+
+
+@given(steps())
+def test_groups_partition_covered_ranks(pair: tuple[Mesh, RefMesh]) -> None:
+    mesh, ref = pair
+    for r in range(1, mesh.ndim + 1):
+        for axes in itertools.combinations(mesh.axis_names, r):
+            groups = mesh.groups(axes)
+            size = math.prod(mesh.shape[a] for a in axes)
+            assert all(len(g) == size for g in groups)
+            members = [rank for g in groups for rank in g]
+            assert len(members) == len(set(members)) == mesh.num_covered
+            assert set(members) == ref.covered()
+
+
+@given(steps(), st.data())
+def test_unflatten_after_flatten_gives_back_the_mesh(pair: tuple[Mesh, RefMesh], data: st.DataObject) -> None:
+    mesh, _ = pair
+    merged = data.draw(st.lists(st.sampled_from(mesh.axis_names), min_size=1, unique=True))
+    flat = fmesh.flatten(mesh, merged, "merged")
+    back = fmesh.unflatten(flat, "merged", {n: mesh.shape[n] for n in merged})
+    position = mesh.axis_names.index(merged[0])
+    others = [n for n in mesh.axis_names if n not in merged]
+    expected_order = [*[n for n in mesh.axis_names[:position] if n not in merged], *merged,
+                      *[n for n in mesh.axis_names[position:] if n not in merged]]
+    assert len(expected_order) == len(others) + len(merged)
+    assert back == fmesh.slice(mesh, *expected_order)
+    assert hash(back) == hash(fmesh.slice(mesh, *expected_order))
+
+
+@given(steps())
+def test_rename_round_trip_and_slice_identity(pair: tuple[Mesh, RefMesh]) -> None:
+    mesh, _ = pair
+    forward = {n: n.upper() for n in mesh.axis_names}
+    renamed = fmesh.rename(mesh, forward)
+    assert renamed.axis_names == tuple(n.upper() for n in mesh.axis_names)
+    assert fmesh.rename(renamed, {v: k for k, v in forward.items()}) == mesh
+    assert fmesh.slice(mesh, *mesh.axis_names) == mesh
+    assert mesh[mesh.axis_names] == mesh
+
+
+@given(steps())
+def test_pickle_round_trip_keeps_value_and_universe_id(pair: tuple[Mesh, RefMesh]) -> None:
+    mesh, _ = pair
+    copy = pickle.loads(pickle.dumps(mesh))
+    assert copy == mesh and hash(copy) == hash(mesh)
+    assert copy.universe.id == mesh.universe.id
+
+
+def test_equal_meshes_built_differently_compare_equal() -> None:
+    direct = fmesh.make_mesh((2, 3), ("a", "b"))
+    split = fmesh.unflatten(fmesh.make_mesh((6,), ("w",)), "w", {"a": 2, "b": 3})
+    assert direct == split and hash(direct) == hash(split)
+    # Two unflattens into the same layout: one value (the Context shares their groups).
+    mesh = fmesh.make_mesh((4, 2), ("dp", "tp"))
+    once = fmesh.unflatten(mesh, "dp", {"x": 2, "y": 2})
+    twice = fmesh.unflatten(mesh, "dp", {"x": 2, "y": 2})
+    assert once == twice and once["y"] == twice["y"]
+    assert direct != fmesh.make_mesh((3, 2), ("a", "b"))
+
+
+def test_derived_meshes_share_the_universe() -> None:
+    mesh = fmesh.make_mesh((2, 2, 2), ("pp", "dp", "tp"), rank_map=[7, 6, 5, 4, 3, 2, 1, 0])
+    derived = [mesh["tp"], fmesh.flatten(mesh, ("pp", "tp"), "x"), fmesh.select(mesh, pp=1),
+               fmesh.unflatten(mesh, "dp", {"u": 1, "v": 2}), fmesh.rename(mesh, {"tp": "t"})]
+    assert {m.universe.id for m in derived} == {mesh.universe.id}
+
+
+def test_repr_is_short() -> None:
+    mesh = fmesh.make_mesh((2, 2, 4), ("dp", "cp", "tp"))
+    assert repr(mesh) == "Mesh(dp=2, cp=2, tp=4; world=16)"
+    assert repr(mesh["tp"]) == "Mesh(tp=4; world=16)"
+    assert repr(fmesh.select(mesh, dp=0)) == "Mesh(cp=2, tp=4; world=16, covers 8)"
+
+
+def test_shape_is_ordered_and_read_only() -> None:
+    mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))
+    assert list(mesh.shape.items()) == [("dp", 2), ("tp", 4)]
+    assert (mesh.size, mesh.ndim) == (8, 2)
+    try:
+        mesh.shape["dp"] = 3  # type: ignore[index]
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("shape must be read-only")
+
+
+def test_ranks_of_single_and_many_instances() -> None:
+    mesh = fmesh.make_mesh((2, 4), ("dp", "tp"), rank_map=list(range(7, -1, -1)))
+    assert mesh.ranks().tolist() == [[7, 6, 5, 4], [3, 2, 1, 0]]
+    assert mesh["dp"].ranks(5).tolist() == [5, 1]  # rank 5 sits in slot 2: dp=0, tp=2
+    stage = fmesh.select(mesh, dp=1)
+    assert stage.ranks().tolist() == [3, 2, 1, 0]

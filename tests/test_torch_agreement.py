@@ -1,0 +1,147 @@
+"""Differential test: fmesh groups equal torch.distributed.DeviceMesh groups (fake backend, one process).
+
+Random meshes (up to 5 axes, up to 512 ranks, identity and permuted rank maps)
+go through random sequences of ``__getitem__``, ``_flatten``, ``_unflatten``
+and ``_concatenate`` on a real ``DeviceMesh`` and the same steps on fmesh
+values; after every step the set of rank groups along every axis, and the
+instance tensor on the fake process's rank, must be identical.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.distributed._mesh_layout import _MeshLayout
+from torch.distributed.device_mesh import DeviceMesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+import fmesh
+from fmesh import Mesh
+
+settings.register_profile("fmesh", max_examples=150, deadline=None)
+settings.load_profile("fmesh")
+
+
+def torch_groups(dm: DeviceMesh, dims: list[int]) -> set[tuple[int, ...]]:
+    """Every group torch would create for these dims of ``dm`` (what ``_init_process_groups`` uses)."""
+    layout = _MeshLayout([dm._layout[d] for d in dims])
+    grid = layout.remap_to_tensor(dm._rank_map)
+    return {tuple(row) for row in grid.reshape(grid.shape[0], -1).tolist()}
+
+
+def assert_same(dm: DeviceMesh, mesh: Mesh, rank: int) -> None:
+    names = list(dm.mesh_dim_names or ())
+    assert mesh.axis_names == tuple(names)
+    assert mesh.axis_sizes == tuple(dm.shape)
+    for i, name in enumerate(names):
+        assert set(mesh.groups(name)) == torch_groups(dm, [i]), name
+    assert set(mesh.groups()) == torch_groups(dm, list(range(len(names))))
+    assert mesh.ranks(rank).tolist() == dm.mesh.tolist()
+
+
+@pytest.fixture
+def fake_world() -> Iterator[None]:
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[tuple[int, ...], list[int] | None, int]:
+    sizes = draw(st.lists(st.integers(1, 8), min_size=1, max_size=5).filter(lambda s: 2 <= math.prod(s) <= 512))
+    world = math.prod(sizes)
+    rank_map = draw(st.one_of(st.none(), st.permutations(range(world))))
+    return tuple(sizes), rank_map, draw(st.integers(0, world - 1))
+
+
+def divisor_pairs(n: int) -> list[tuple[int, int]]:
+    return [(d, n // d) for d in range(1, n + 1) if n % d == 0]
+
+
+@settings(max_examples=300)
+@given(scenarios(), st.data())
+def test_random_sequences_agree_with_device_mesh(
+    scenario: tuple[tuple[int, ...], list[int] | None, int], data: st.DataObject
+) -> None:
+    sizes, rank_map, rank = scenario
+    world = math.prod(sizes)
+    names = tuple("abcde"[: len(sizes)])
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        ranks = torch.arange(world) if rank_map is None else torch.tensor(rank_map)
+        root = DeviceMesh("cpu", ranks.reshape(sizes), mesh_dim_names=names)
+        pool: list[tuple[DeviceMesh, Mesh]] = [(root, fmesh.make_mesh(sizes, names, rank_map=rank_map))]
+        assert_same(*pool[0], rank)
+        fresh = iter(f"x{i}" for i in range(1000))
+        for _ in range(data.draw(st.integers(1, 6))):
+            dm, mesh = data.draw(st.sampled_from(pool))
+            op = data.draw(st.sampled_from(["getitem", "flatten", "unflatten", "split_concat", "concatenate"]))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if op == "getitem":
+                    kept = sorted(data.draw(st.lists(st.sampled_from(range(mesh.ndim)), min_size=1, unique=True)))
+                    kept_names = tuple(mesh.axis_names[i] for i in kept)
+                    try:
+                        new_dm = dm[kept_names]
+                    except (KeyError, RuntimeError):
+                        continue  # torch's own ordering rules; fmesh accepts any order (tested elsewhere)
+                    new_mesh = fmesh.slice(mesh, *kept_names)
+                elif op == "flatten":
+                    name = next(fresh)
+                    new_dm = dm._flatten(name)
+                    new_mesh = fmesh.flatten(mesh, mesh.axis_names, name)
+                elif op == "unflatten":
+                    axis = data.draw(st.sampled_from(mesh.axis_names))
+                    split = data.draw(st.sampled_from(divisor_pairs(mesh.shape[axis])))
+                    new_names = (next(fresh), next(fresh))
+                    try:
+                        new_dm = dm._unflatten(axis, split, new_names)
+                    except AssertionError:
+                        continue  # torch cannot split this strided axis; fmesh can (tested in test_mesh)
+                    new_mesh = fmesh.unflatten(mesh, axis, dict(zip(new_names, split)))
+                elif op == "split_concat":  # disjoint slices of one mesh, joined in either order
+                    if mesh.ndim < 2:
+                        continue
+                    left = set(data.draw(st.lists(st.sampled_from(range(mesh.ndim)), min_size=1,
+                                                  max_size=mesh.ndim - 1, unique=True)))
+                    parts = [tuple(mesh.axis_names[i] for i in range(mesh.ndim) if (i in left) == side)
+                             for side in data.draw(st.permutations([True, False]))]
+                    try:
+                        new_dm = DeviceMesh._concatenate([dm[parts[0]], dm[parts[1]]])
+                    except (KeyError, RuntimeError):
+                        continue
+                    new_mesh = fmesh.concat(fmesh.slice(mesh, *parts[0]), fmesh.slice(mesh, *parts[1]))
+                else:
+                    other_dm, other = data.draw(st.sampled_from(pool))
+                    if set(other.axis_names) & set(mesh.axis_names):
+                        continue
+                    try:
+                        new_dm = DeviceMesh._concatenate([dm, other_dm])
+                    except RuntimeError as error:
+                        assert "overlapping" in str(error)
+                        with pytest.raises(ValueError, match="overlap"):
+                            fmesh.concat(mesh, other)
+                        continue
+                    new_mesh = fmesh.concat(mesh, other)
+            assert_same(new_dm, new_mesh, rank)
+            pool.append((new_dm, new_mesh))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torch_rejects_descending_slices_that_fmesh_accepts(fake_world: None) -> None:
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+    dm = DeviceMesh("cpu", torch.arange(8).reshape(2, 4), mesh_dim_names=("dp", "tp"))
+    with pytest.raises(KeyError):
+        dm["tp", "dp"]
+    mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))
+    assert fmesh.slice(mesh, "tp", "dp").ranks(0).tolist() == dm.mesh.t().tolist()
