@@ -12,13 +12,18 @@ with side effects) turns them into process groups when a collective needs one.
 from fmesh.layout import Layout
 from fmesh.mesh import Mesh, Universe, concat, flatten, make_mesh, rename, select, slice, unflatten
 
+from fmesh import parallel  # isort: skip  (recipes build on the mesh values above)
+from fmesh.parallel import ParallelDims  # isort: skip
+
 __all__ = [
     "Layout",
     "Mesh",
+    "ParallelDims",
     "Universe",
     "concat",
     "flatten",
     "make_mesh",
+    "parallel",
     "rename",
     "select",
     "slice",
