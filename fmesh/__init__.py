@@ -9,16 +9,17 @@ with side effects) turns them into process groups when a collective needs one.
 (0, 4, 8, 12)
 """
 
+from fmesh import parallel, topology
 from fmesh.layout import Layout
 from fmesh.mesh import Mesh, Universe, concat, flatten, make_mesh, rename, select, slice, unflatten
-
-from fmesh import parallel  # isort: skip  (recipes build on the mesh values above)
-from fmesh.parallel import ParallelDims  # isort: skip
+from fmesh.parallel import ParallelDims
+from fmesh.topology import Topology
 
 __all__ = [
     "Layout",
     "Mesh",
     "ParallelDims",
+    "Topology",
     "Universe",
     "concat",
     "flatten",
@@ -27,5 +28,6 @@ __all__ = [
     "rename",
     "select",
     "slice",
+    "topology",
     "unflatten",
 ]
