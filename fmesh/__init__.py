@@ -9,18 +9,25 @@ with side effects) turns them into process groups when a collective needs one.
 (0, 4, 8, 12)
 """
 
+from fmesh import parallel, topology
 from fmesh.layout import Layout
 from fmesh.mesh import Mesh, Universe, concat, flatten, make_mesh, rename, select, slice, unflatten
+from fmesh.parallel import ParallelDims
+from fmesh.topology import Topology
 
 __all__ = [
     "Layout",
     "Mesh",
+    "ParallelDims",
+    "Topology",
     "Universe",
     "concat",
     "flatten",
     "make_mesh",
+    "parallel",
     "rename",
     "select",
     "slice",
+    "topology",
     "unflatten",
 ]
