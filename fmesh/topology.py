@@ -285,13 +285,11 @@ class Topology:
         all_modes = group_modes + [(s, d) for s, d in layout.complement(self.world_size).modes if s > 1]
         # Slot digits below the boundary say the local rank (block) or the host (cyclic).
         boundary = self.ranks_per_host if self.rank_order == "block" else self.hosts
-        splits = [_split(mode, boundary) for mode in all_modes]
-        if any(split is None for split in splits):
+        splits = [split for split in (_split(mode, boundary) for mode in all_modes) if split is not None]
+        if len(splits) != len(all_modes):
             return None
         hosts = 1
-        for split in splits[: len(group_modes)]:
-            assert split is not None
-            low, high = split
+        for low, high in splits[: len(group_modes)]:
             hosts *= high if self.rank_order == "block" else low
         return hosts
 
