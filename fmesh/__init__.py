@@ -9,20 +9,63 @@ with side effects) turns them into process groups when a collective needs one.
 (0, 4, 8, 12)
 """
 
+from typing import TYPE_CHECKING, Any
+
 from fmesh import parallel, topology
 from fmesh.layout import Layout
 from fmesh.mesh import Mesh, Universe, concat, flatten, make_mesh, rename, select, slice, unflatten
 from fmesh.parallel import ParallelDims
 from fmesh.topology import Topology
 
+if TYPE_CHECKING:
+    from fmesh.context import (
+        AxisOptions,
+        Context,
+        GroupPlan,
+        GroupTimeoutError,
+        MeshMismatchError,
+        PlannedGroup,
+        from_device_mesh,
+    )
+
+# The Context needs torch.distributed; importing it lazily keeps `import fmesh` light
+# for planning meshes in a notebook.
+_CONTEXT_NAMES = frozenset(
+    {
+        "AxisOptions",
+        "Context",
+        "GroupPlan",
+        "GroupTimeoutError",
+        "MeshMismatchError",
+        "PlannedGroup",
+        "from_device_mesh",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CONTEXT_NAMES:
+        from fmesh import context
+
+        return getattr(context, name)
+    raise AttributeError(f"module 'fmesh' has no attribute {name!r}")
+
+
 __all__ = [
+    "AxisOptions",
+    "Context",
+    "GroupPlan",
+    "GroupTimeoutError",
     "Layout",
     "Mesh",
+    "MeshMismatchError",
     "ParallelDims",
+    "PlannedGroup",
     "Topology",
     "Universe",
     "concat",
     "flatten",
+    "from_device_mesh",
     "make_mesh",
     "parallel",
     "rename",

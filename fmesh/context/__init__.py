@@ -1,0 +1,15 @@
+"""The Context: the only part of fmesh that touches ``torch.distributed``."""
+
+from fmesh.context._torch import from_device_mesh
+from fmesh.context.agreement import GroupTimeoutError, MeshMismatchError
+from fmesh.context.context import AxisOptions, Context, GroupPlan, PlannedGroup
+
+__all__ = [
+    "AxisOptions",
+    "Context",
+    "GroupPlan",
+    "GroupTimeoutError",
+    "MeshMismatchError",
+    "PlannedGroup",
+    "from_device_mesh",
+]

@@ -1,0 +1,161 @@
+"""Every use of torch.distributed's private API in fmesh, in one place (checked against torch 2.13).
+
+* ``create_group``: a process group with a name fmesh chooses, created by its
+  members only. ``dist.new_group`` would either need every rank of the world
+  (sequential names) or derive the rendezvous name from how many groups this
+  process already holds (``use_local_synchronization``), which differs between
+  ranks that create groups lazily; a name derived from the group's content
+  makes lazy creation by members alone safe.
+* ``export_device_mesh`` / ``from_device_mesh``: ``DeviceMesh`` fields
+  ``_layout``, ``_rank_map``, ``_dim_group_names``, ``_root_mesh``,
+  ``_flatten_mapping`` and ``_pg_registry``.
+
+``tests/test_torch_private.py`` pins each assumption made here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
+from torch.distributed.device_mesh import DeviceMesh
+
+from fmesh.layout import Layout
+from fmesh.mesh import Mesh, Universe
+
+
+def default_store() -> dist.Store:
+    """The default group's store (the one ``init_process_group`` made)."""
+    return c10d._get_default_store()
+
+
+def bound_device(group: dist.ProcessGroup | None = None) -> torch.device | None:
+    """The device the default group was bound to (eager NCCL init), if any."""
+    group = group if group is not None else c10d._get_default_group()
+    return getattr(group, "bound_device_id", None)
+
+
+def create_group(
+    ranks: Sequence[int],
+    name: str,
+    *,
+    backend: str,
+    timeout: timedelta,
+    options: Any = None,
+    description: str = "fmesh",
+) -> dist.ProcessGroup:
+    """A group of ``ranks`` (in this order: group rank i is ``ranks[i]``), created by its members only."""
+    me = dist.get_rank()
+    if me not in ranks:
+        raise ValueError(f"rank {me} is not a member of group {list(ranks)}; only members create a group")
+    store = c10d._world.pg_map[c10d._get_default_group()][1]
+    group, _ = c10d._new_process_group_helper(
+        len(ranks),
+        list(ranks).index(me),
+        list(ranks),
+        backend,
+        store,
+        name,
+        backend_options=options,
+        timeout=timeout,
+        group_desc=description,
+    )
+    c10d._world.pg_group_ranks[group] = {rank: index for index, rank in enumerate(ranks)}
+    return group
+
+
+def split_groups(
+    partition: Sequence[Sequence[int]],
+    *,
+    timeout: timedelta,
+    options: Any = None,
+    description: str = "fmesh",
+) -> dist.ProcessGroup | None:
+    """One ``ncclCommSplit`` for a whole partition of the world; every rank must call it."""
+    return dist.split_group(
+        parent_pg=c10d._get_default_group(),
+        split_ranks=[list(ranks) for ranks in partition],
+        timeout=timeout,
+        pg_options=options,
+        group_desc=description,
+    )
+
+
+def group_count() -> int:
+    """How many process groups this process holds (the default group included)."""
+    return len(c10d._world.pg_map)
+
+
+def _mesh_layout(layouts: Sequence[Layout]) -> _MeshLayout:
+    return _MeshLayout([_FlatLayout(tuple(s for s, _ in lay.modes), tuple(d for _, d in lay.modes)) for lay in layouts])
+
+
+def rank_map_tensor(universe: Universe) -> torch.Tensor:
+    return torch.tensor(list(universe.rank_map), dtype=torch.int)
+
+
+def export_root(universe: Universe) -> DeviceMesh:
+    """A 1-D world DeviceMesh that every mesh exported from ``universe`` shares as its root.
+
+    ``DeviceMesh._concatenate`` (which FSDP2 calls on its dp and tp meshes)
+    demands one rank map; sharing a root also shares ``_flatten_mapping``.
+    """
+    return DeviceMesh(
+        universe.device_type,
+        _layout=_mesh_layout([Layout(universe.world_size)]),
+        _rank_map=rank_map_tensor(universe),
+        mesh_dim_names=("fmesh_world",),
+        _init_backend=False,
+    )
+
+
+def export_device_mesh(mesh: Mesh, root: DeviceMesh, groups: Sequence[dist.ProcessGroup]) -> DeviceMesh:
+    """A DeviceMesh for ``mesh`` whose dims use ``groups`` (one per axis, this rank's)."""
+    exported = DeviceMesh(
+        mesh.device_type,
+        _layout=_mesh_layout(mesh.layouts),
+        _rank_map=root._rank_map,
+        mesh_dim_names=mesh.axis_names,
+        _root_mesh=root,
+        _init_backend=False,
+    )
+    exported._dim_group_names = [group.group_name for group in groups]
+    for group in groups:
+        root._pg_registry[group.group_name] = group
+    return exported
+
+
+def register_flattened(root: DeviceMesh, name: str, one_axis: DeviceMesh) -> None:
+    """Let ``mesh._flatten(name)`` and DTensor's flattened-collective lookup find our 1-D mesh."""
+    if name not in root._flatten_mapping:
+        root._flatten_mapping[name] = one_axis
+
+
+def from_device_mesh(device_mesh: DeviceMesh) -> Mesh:
+    """The fmesh value of an existing ``DeviceMesh`` (its whole rank map is the universe).
+
+    >>> import torch.distributed as dist
+    >>> from torch.distributed.device_mesh import init_device_mesh
+    >>> dist.init_process_group("fake", rank=0, world_size=8)
+    >>> from_device_mesh(init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))["tp"])
+    Mesh(tp=4; world=8)
+    >>> dist.destroy_process_group()
+    """
+    if not isinstance(device_mesh, DeviceMesh):
+        raise TypeError(f"from_device_mesh takes a torch DeviceMesh, got {type(device_mesh).__name__}")
+    rank_map = device_mesh._rank_map.reshape(-1).tolist()
+    world = len(rank_map)
+    if sorted(rank_map) != list(range(world)):
+        raise ValueError(
+            f"this DeviceMesh's rank map {rank_map[:16]}{'...' if world > 16 else ''} is not a permutation of "
+            f"range(0, {world}); fmesh needs a mesh over the whole world (build the root with all ranks)"
+        )
+    layouts = [Layout(tuple(axis.shape), tuple(axis.stride)) for axis in device_mesh._layout]
+    names = device_mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(len(layouts)))
+    universe = Universe(world, rank_map=rank_map, device_type=device_mesh.device_type)
+    return Mesh(universe, names, layouts)

@@ -1,0 +1,203 @@
+"""The Context on real gloo processes: collectives along mesh axes, group sharing, and its errors."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+
+import pytest
+import torch
+from multiproc import failures_of, run
+
+import fmesh
+from fmesh import Context, Mesh
+
+MESHES = {
+    4: [((2, 2), ("dp", "tp"), None), ((2, 2), ("dp", "tp"), [3, 0, 2, 1]),
+        ((2, 1, 2), ("pp", "dp", "tp"), [1, 3, 0, 2])],
+    8: [((2, 4), ("dp", "tp"), None), ((2, 2, 2), ("pp", "dp", "tp"), None),
+        ((2, 2, 2), ("pp", "dp", "tp"), [5, 2, 7, 0, 3, 6, 1, 4])],
+}
+
+
+def axis_sets(mesh: Mesh) -> list[tuple[str, ...]]:
+    return [(n,) for n in mesh.axis_names] + list(itertools.permutations(mesh.axis_names, 2))
+
+
+def check_collectives(rank: int, world: int) -> list[str]:
+    """Every collective along every axis and pair of axes, against values computed from mesh.group."""
+    problems: list[str] = []
+    checked = 0
+    with Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=60) as ctx:
+        for sizes, names, rank_map in MESHES[world]:
+            mesh = fmesh.make_mesh(sizes, names, rank_map=rank_map)
+            for axes in axis_sets(mesh):
+                group = mesh.group(rank, axes)
+                n, me = len(group), group.index(rank)
+
+                where = f"{axes} {sizes} {rank_map}"
+
+                def expect(label: str, got: torch.Tensor, want: torch.Tensor, where: str = where) -> None:
+                    if not torch.equal(got, want):
+                        problems.append(f"{label} {where}: got {got.tolist()} want {want.tolist()}")
+
+                x = torch.tensor([float(rank), 1.0])
+                expect("all_reduce", ctx.all_reduce(x, mesh, axes), torch.tensor([float(sum(group)), float(n)]))
+                expect("all_reduce max", ctx.all_reduce(x, mesh, axes, op="max"),
+                       torch.tensor([float(max(group)), 1.0]))
+                expect("all_reduce avg", ctx.all_reduce(x, mesh, axes, op="avg"),
+                       torch.tensor([sum(group) / n, 1.0]))
+                expect("all_gather", ctx.all_gather(torch.tensor([rank]), mesh, axes), torch.tensor(group))
+                gathered = ctx.all_gather(torch.full((2, 1), rank), mesh, axes, dim=1)
+                expect("all_gather dim1", gathered, torch.tensor([group, group]))
+                rows = torch.arange(n * 2, dtype=torch.float).reshape(n, 2) + 100 * rank
+                expect("reduce_scatter", ctx.reduce_scatter(rows, mesh, axes),
+                       sum(torch.arange(n * 2, dtype=torch.float).reshape(n, 2)[me:me + 1] + 100 * r for r in group))
+                for src in range(n):
+                    expect("broadcast", ctx.broadcast(torch.tensor([rank]), mesh, axes, src=src),
+                           torch.tensor([group[src]]))
+                sent = torch.tensor([1000 * rank + i for i in range(n)])
+                expect("all_to_all", ctx.all_to_all(sent, mesh, axes), torch.tensor([1000 * r + me for r in group]))
+                ctx.barrier(mesh, axes)
+                checked += 1
+        ctx.barrier()
+    if checked == 0:
+        problems.append("nothing was checked")
+    return problems
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_collectives_along_every_axis_and_pair(world: int) -> None:
+    results = run(check_collectives, world, timeout=240)
+    assert results == [[] for _ in range(world)]
+
+
+def count_groups(rank: int, world: int) -> dict[str, object]:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from fmesh.context import _torch
+
+    with Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=60) as ctx:
+        mesh = fmesh.make_mesh((2, 2, 2), ("pp", "dp", "tp"))
+        one = torch.ones(1)
+        ctx.all_reduce(one, mesh, "tp")
+        ctx.all_reduce(one, mesh, "tp")  # cached
+        ctx.all_reduce(one, mesh["dp", "tp"], "tp")  # a slice: same ranks, shared
+        flat = fmesh.flatten(mesh, ("dp", "tp"), "dp_tp")
+        ctx.all_reduce(one, flat, "dp_tp")
+        ctx.all_reduce(one, mesh, ("dp", "tp"))  # the same ranks in the same order as dp_tp
+        ctx.all_reduce(one, mesh, ("tp", "dp"))  # same ranks, another order: another group
+        # Unflattening one axis twice into the same layout: one group each, made once.
+        world_1d = fmesh.make_mesh((8,), ("world",))
+        for _ in range(2):
+            split = fmesh.unflatten(world_1d, "world", {"a": 2, "b": 2, "c": 2})
+            ctx.all_reduce(one, split, "c")
+            ctx.all_reduce(one, split, ("b", "c"))
+        stats = ctx.stats()
+        distinct = {
+            mesh.group(rank, "tp"), mesh.group(rank, ("dp", "tp")), mesh.group(rank, ("tp", "dp")),
+        }
+        # torch 2.13: the same two unflattens make new groups each time.
+        before = _torch.group_count()
+        root = DeviceMesh("cpu", torch.arange(8), mesh_dim_names=("world",))
+        after_root = _torch.group_count()
+        root._unflatten(0, (2, 2, 2), ("a", "b", "c"))
+        after_first = _torch.group_count()
+        root._unflatten(0, (2, 2, 2), ("a", "b", "c"))
+        after_second = _torch.group_count()
+        return {
+            "created": stats["groups_created"], "hits": stats["cache_hits"], "distinct": len(distinct),
+            "torch_first": after_first - after_root, "torch_second": after_second - after_first,
+            "torch_root": after_root - before,
+        }
+
+
+def test_groups_are_shared_and_created_once() -> None:
+    for result in run(count_groups, 8, timeout=240):
+        # tp, dp*tp, tp*dp from the 3-D mesh; the unflattened c and (b, c) are the tp and dp*tp groups again.
+        assert result["created"] == result["distinct"] == 3
+        assert result["hits"] >= 6
+        assert result["torch_first"] == result["torch_second"] == 3  # torch makes new groups every time
+
+
+def mismatched(rank: int, world: int) -> str:
+    rank_map = [0, 1] if rank == 0 else [1, 0]
+    with Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=20) as ctx:
+        mesh = fmesh.make_mesh((2,), ("dp",), rank_map=rank_map)
+        ctx.all_reduce(torch.ones(1), mesh, "dp")
+    return "no error"
+
+
+def test_inconsistent_meshes_raise_on_every_rank_quickly() -> None:
+    import time
+
+    started = time.perf_counter()
+    errors = failures_of(mismatched, 2, timeout=60)
+    assert time.perf_counter() - started < 30
+    for rank in (0, 1):
+        assert "MeshMismatchError" in errors[rank], errors[rank]
+        assert "disagree" in errors[rank] and "permuted" in errors[rank]
+
+
+def missing_rank(rank: int, world: int) -> str:
+    with Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=3) as ctx:
+        mesh = fmesh.make_mesh((2,), ("dp",))
+        if rank == 0:
+            ctx.all_reduce(torch.ones(1), mesh, "dp")
+        else:
+            import time
+
+            time.sleep(6)  # never joins
+    return "no error"
+
+
+def test_missing_rank_times_out_naming_axes_and_ranks() -> None:
+    errors = failures_of(missing_rank, 2, timeout=60)
+    assert "GroupTimeoutError" in errors[0]
+    assert "('dp',)" in errors[0] and "ranks [1]" in errors[0]
+    assert errors[1] == ""
+
+
+def test_bad_use_fails_before_anything_is_sent() -> None:
+    with Context.fake(4, rank=1) as ctx:
+        mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+        with pytest.raises(KeyError, match="'ep'"):
+            ctx.all_reduce(torch.ones(1), mesh, "ep")
+        with pytest.raises(ValueError, match="built for 8 ranks, but this context has 4"):
+            ctx.all_reduce(torch.ones(1), fmesh.make_mesh((8,), ("dp",)), "dp")
+        with pytest.raises(ValueError, match="unknown reduction op 'mean'"):
+            ctx.all_reduce(torch.ones(1), mesh, "dp", op="mean")
+        with pytest.raises(ValueError, match=r"src=2 is an index within the group: valid 0\.\.1"):
+            ctx.broadcast(torch.ones(1), mesh, "dp", src=2)
+        with pytest.raises(ValueError, match="not divisible by group size 2"):
+            ctx.reduce_scatter(torch.ones(3), mesh, "dp")
+        with pytest.raises(ValueError, match="not divisible by group size 4"):
+            ctx.all_to_all(torch.ones(6), mesh, ("dp", "tp"))
+        assert ctx.stats()["groups_created"] == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        ctx.all_reduce(torch.ones(1), mesh, "tp")
+    with Context.fake(12) as ctx:
+        flat = fmesh.slice(fmesh.flatten(fmesh.make_mesh((3, 2, 2), ("a", "b", "c")), ("a", "c"), "ac"), "ac")
+        uneven = fmesh.unflatten(flat, "ac", {"p": 2, "q": 3})
+        with pytest.raises(ValueError, match="splits a strided axis unevenly"):
+            ctx.device_mesh(uneven)
+        assert ctx.all_reduce(torch.ones(1), uneven, "q").shape == (1,)  # collectives still work
+    with pytest.raises(ValueError, match="unknown backend 'glue'"):
+        Context(backend="glue")
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        Context(timeout=timedelta(0))
+
+
+def test_plan_and_materialize_on_fake_backend() -> None:
+    with Context.fake(16, rank=5, gpus_per_node=4) as ctx:
+        mesh = fmesh.make_mesh((2, 2, 4), ("dp", "cp", "tp"))
+        flat = fmesh.flatten(mesh, ("dp", "cp"), "dp_cp")
+        plan = ctx.plan(mesh, (flat, "dp_cp"), (mesh, ("dp", "cp")))
+        assert [p.axes for p in plan.groups] == [("dp",), ("cp",), ("tp",), ("dp_cp",)]
+        by_axes = {p.axes: p for p in plan.groups}
+        assert by_axes[("tp",)].hosts_per_group == 1 and by_axes[("dp",)].hosts_per_group == 2
+        assert by_axes[("dp_cp",)].ranks == mesh.group(5, ("dp", "cp"))
+        assert plan.to_create == 4 and ctx.stats()["groups_created"] == 0
+        done = ctx.materialize(mesh, (flat, "dp_cp"), (mesh, ("dp", "cp")))
+        assert done.to_create == 0 and ctx.stats()["groups_created"] == 4
+        assert "dp_cp" in str(done)
