@@ -31,7 +31,6 @@ from fmesh.layout.int_tuple import (
     is_int_tuple,
     product,
     row_major_coordinate,
-    row_major_index,
     suffix_product,
 )
 
@@ -67,6 +66,10 @@ def _default_stride(layout: Layout) -> IntTuple:
     return suffix_product(layout.shape)
 
 
+def _flat_modes(layout: Layout) -> Modes:
+    return tuple(zip(flatten(layout.shape), flatten(layout.stride)))
+
+
 @attrs.frozen(repr=False)
 class Layout:
     """An integer layout ``shape:stride``; ``stride`` defaults to row-major compact.
@@ -84,6 +87,11 @@ class Layout:
         validator=_check_stride,
     )
 
+    # Derived once: every query walks these flat modes.
+    _modes: Modes = attrs.field(
+        init=False, eq=False, repr=False, default=attrs.Factory(_flat_modes, takes_self=True)
+    )
+
     def __repr__(self) -> str:
         return f"Layout({self.shape}:{self.stride})"
 
@@ -94,7 +102,7 @@ class Layout:
         >>> Layout(((2, 3), 4)).modes
         ((2, 12), (3, 4), (4, 1))
         """
-        return tuple(zip(flatten(self.shape), flatten(self.stride)))
+        return self._modes
 
     @property
     def size(self) -> int:
@@ -128,7 +136,10 @@ class Layout:
         >>> Layout((2, 1, 4), (4, 7, 1)).coalesce()
         Layout((8,):(1,))
         """
-        return _from_modes(coalesce_modes(self.modes))
+        modes = coalesce_modes(self._modes)
+        if modes == self._modes and isinstance(self.shape, tuple) and len(self.shape) == len(modes):
+            return self  # already flat and coalesced: values are immutable, share it
+        return _from_modes(modes)
 
     def composition(self, other: Layout) -> Layout:
         """``self ∘ other``: the layout ``i -> self(other(i))``, shaped like ``other``.
@@ -200,10 +211,34 @@ class Layout:
         >>> Layout(2, 4).decompose(13)
         (1, 9)
         """
-        modes = [(s, d) for s, d in self.modes if s > 1]
-        digits = [(value // d) % s for s, d in modes]
-        index = row_major_index(digits, (s for s, _ in modes))
-        return index, value - sum(c * d for c, (_, d) in zip(digits, modes))
+        return decompose_modes(self._modes, value)
+
+
+def decompose_modes(modes: Modes, value: int) -> tuple[int, int]:
+    """:meth:`Layout.decompose` on flat modes: ``(row-major index along modes, rest)``.
+
+    >>> decompose_modes(((2, 4),), 13)
+    (1, 9)
+    """
+    index = 0
+    rest = value
+    for size, stride in modes:
+        digit = (value // stride) % size if stride else 0
+        index = index * size + digit
+        rest -= digit * stride
+    return index, rest
+
+
+def modes_values(base: int, modes: Modes) -> list[int]:
+    """``base + layout(i)`` for every index ``i`` of a layout with these modes, in order.
+
+    >>> modes_values(10, ((2, 4), (2, 1)))
+    [10, 11, 14, 15]
+    """
+    values = [base]
+    for size, stride in modes:
+        values = [v + c * stride for v in values for c in range(size)]
+    return values
 
 
 def concat(*layouts: Layout) -> Layout:

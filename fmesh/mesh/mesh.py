@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from fmesh.layout.int_tuple import is_int, product
-from fmesh.layout.layout import Layout, Modes, coalesce_modes, complement_modes, concat
+from fmesh.layout.layout import Layout, Modes, coalesce_modes, complement_modes, concat, decompose_modes, modes_values
 from fmesh.mesh import transforms
 from fmesh.mesh.universe import Universe
 
@@ -43,6 +43,8 @@ def _canonical_pinned(layout: Layout) -> Layout:
     # Pinned modes form a set of digits; sorting them makes equal sets compare equal.
     if not isinstance(layout, Layout):
         raise TypeError(f"pinned must be an fmesh.Layout, got {layout!r}")
+    if layout.size == 1:
+        return _EMPTY
     modes = tuple(sorted(layout.modes, key=lambda mode: -mode[1]))
     return Layout(*_shape_stride(coalesce_modes(modes)))
 
@@ -266,12 +268,15 @@ class Mesh:
         layouts = [self.axis_layout(name) for name in self.resolve_axes(axes)]
         return concat(*layouts) if layouts else _EMPTY
 
+    def _axes_modes(self, axes: AxesArg) -> Modes:
+        return tuple(mode for name in self.resolve_axes(axes) for mode in self.layouts[self.axis_index(name)].modes)
+
     # ---------------------------------------------------------------- queries
 
     def _index_of(self, rank: int) -> int:
         value = self.universe.slot_of(rank)
         for layout in self.frame:
-            value = layout.decompose(value)[0]
+            value = decompose_modes(layout.modes, value)[0]
         return value
 
     def _rank_at(self, index: int) -> int:
@@ -281,8 +286,10 @@ class Mesh:
 
     def _covered_index(self, rank: int) -> int | None:
         index = self._index_of(rank)
-        pinned_index, _ = self.pinned.decompose(index)
-        return index if self.pinned(pinned_index) == self.offset else None
+        if not self.pinned.modes:
+            return index
+        _, rest = decompose_modes(self.pinned.modes, index)
+        return index if index - rest == self.offset else None
 
     def _require_index(self, rank: int) -> int:
         index = self._covered_index(rank)
@@ -303,7 +310,7 @@ class Mesh:
         index = self._covered_index(rank)
         if index is None:
             return None
-        return tuple(layout.decompose(index)[0] for layout in self.layouts)
+        return tuple(decompose_modes(layout.modes, index)[0] for layout in self.layouts)
 
     def group(self, rank: int, axes: AxesArg = None) -> tuple[int, ...]:
         """Global ranks of ``rank``'s group along ``axes`` (default: all), row-major.
@@ -312,9 +319,9 @@ class Mesh:
         >>> m.group(0, "cp"), m.group(0, ("tp", "dp"))
         ((0, 2), (0, 4, 1, 5))
         """
-        layout = self.axes_layout(axes)
-        _, base = layout.decompose(self._require_index(rank))
-        return tuple(self._rank_at(index) for index in _values(base, layout.modes))
+        modes = self._axes_modes(axes)
+        _, base = decompose_modes(modes, self._require_index(rank))
+        return tuple(self._rank_at(index) for index in modes_values(base, modes))
 
     def groups(self, axes: AxesArg = None) -> tuple[tuple[int, ...], ...]:
         """Every group along ``axes``; together they partition the covered ranks.
@@ -326,8 +333,8 @@ class Mesh:
         others = complement_modes(layout.modes + self.pinned.modes, self.world_size)
         rank_at = self._rank_at
         return tuple(
-            tuple(rank_at(index) for index in _values(base, layout.modes))
-            for base in _values(self.offset, others)
+            tuple(rank_at(index) for index in modes_values(base, layout.modes))
+            for base in modes_values(self.offset, others)
         )
 
     def ranks(self, rank: int | None = None) -> torch.Tensor:
@@ -348,7 +355,7 @@ class Mesh:
             base = self.offset
         else:
             _, base = self.axes_layout().decompose(self._require_index(rank))
-        indices = _values(base, self.axes_layout().modes)
+        indices = modes_values(base, self.axes_layout().modes)
         return torch.tensor([self._rank_at(i) for i in indices], dtype=torch.long).reshape(self.axis_sizes)
 
     # ------------------------------------------------------------ transforms
@@ -405,14 +412,6 @@ class Mesh:
         axes = ", ".join(f"{name}={size}" for name, size in zip(self.axis_names, self.axis_sizes))
         covered = f", covers {self.num_covered}" if self.num_covered != self.world_size else ""
         return f"Mesh({axes}; world={self.world_size}{covered})"
-
-
-def _values(base: int, modes: Modes) -> list[int]:
-    """``base + layout(i)`` for every index ``i`` of the layout with these modes, in order."""
-    values = [base]
-    for size, stride in modes:
-        values = [v + c * stride for v in values for c in range(size)]
-    return values
 
 
 def make_mesh(
