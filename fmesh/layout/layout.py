@@ -137,7 +137,7 @@ class Layout:
         Layout((8,):(1,))
         """
         modes = coalesce_modes(self._modes)
-        if modes == self._modes and isinstance(self.shape, tuple) and len(self.shape) == len(modes):
+        if self.shape == tuple(s for s, _ in modes) and self.stride == tuple(d for _, d in modes):
             return self  # already flat and coalesced: values are immutable, share it
         return _from_modes(modes)
 
