@@ -28,55 +28,44 @@ def _child(fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple
         out.put((rank, False, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
 
 
+def _outcomes(fn: Callable[..., Any], world: int, args: tuple[Any, ...], timeout: float) -> dict[int, tuple[bool, Any]]:
+    """Start ``world`` processes; rank -> (ok, result or error text). Kills stragglers on the way out."""
+    context = mp.get_context("spawn")
+    out = context.Queue()
+    port = free_port()
+    procs = [context.Process(target=_child, args=(fn, r, world, port, args, out), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    outcomes: dict[int, tuple[bool, Any]] = {}
+    try:
+        for _ in range(world):
+            rank, ok, value = out.get(timeout=timeout)
+            outcomes[rank] = (ok, value)
+    except queue.Empty:
+        missing = sorted(set(range(world)) - outcomes.keys())
+        raise TimeoutError(f"ranks {missing} did not finish within {timeout}s") from None
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return outcomes
+
+
 def run(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120) -> list[Any]:
     """``[fn(rank, world, *args) for rank in range(world)]``, each in its own process.
 
     Raises ``RuntimeError`` with the failing rank's traceback, or ``TimeoutError``;
     leaves no process behind either way.
     """
-    context = mp.get_context("spawn")
-    out = context.Queue()
-    port = free_port()
-    procs = [context.Process(target=_child, args=(fn, r, world, port, args, out), daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-    failures: dict[int, str] = {}
-    try:
-        for _ in range(world):
-            rank, ok, value = out.get(timeout=timeout)
-            (results if ok else failures)[rank] = value
-    except queue.Empty:
-        raise TimeoutError(f"ranks {sorted(set(range(world)) - results.keys() - failures.keys())} "
-                           f"did not finish within {timeout}s") from None
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    outcomes = _outcomes(fn, world, args, timeout)
+    failures = {rank: value for rank, (ok, value) in outcomes.items() if not ok}
     if failures:
         raise RuntimeError("\n".join(f"rank {r} failed: {msg}" for r, msg in sorted(failures.items())))
-    return [results[r] for r in range(world)]
+    return [outcomes[r][1] for r in range(world)]
 
 
 def failures_of(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120) -> dict[int, str]:
-    """Like :func:`run` but returns each rank's error text (rank -> text), for tests of failures."""
-    context = mp.get_context("spawn")
-    out = context.Queue()
-    port = free_port()
-    procs = [context.Process(target=_child, args=(fn, r, world, port, args, out), daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    errors: dict[int, str] = {}
-    try:
-        for _ in range(world):
-            rank, ok, value = out.get(timeout=timeout)
-            errors[rank] = "" if ok else value
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return errors
+    """Like :func:`run` but returns each rank's error text ("" for success), for tests of failures."""
+    return {rank: "" if ok else value for rank, (ok, value) in _outcomes(fn, world, args, timeout).items()}

@@ -201,3 +201,30 @@ def test_plan_and_materialize_on_fake_backend() -> None:
         done = ctx.materialize(mesh, (flat, "dp_cp"), (mesh, ("dp", "cp")))
         assert done.to_create == 0 and ctx.stats()["groups_created"] == 4
         assert "dp_cp" in str(done)
+
+
+def axis_overrides(rank: int, world: int) -> dict[str, object]:
+    overrides = {"dp": fmesh.AxisOptions(timeout=17), "other": fmesh.AxisOptions(timeout=17),
+                 "y": fmesh.AxisOptions(timeout=5)}
+    with Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=60,
+                 axis_options=overrides) as ctx:
+        mesh = fmesh.make_mesh((2,), ("dp",))
+        same_ranks = fmesh.rename(mesh, {"dp": "x"})  # no override: another group
+        also_17 = fmesh.rename(mesh, {"dp": "other"})  # the same override: shares dp's group
+        for m, axis in ((mesh, "dp"), (same_ranks, "x"), (also_17, "other")):
+            assert ctx.all_reduce(torch.ones(1), m, axis).item() == 2.0
+        timeouts = {
+            axis: ctx.group(m, axis)._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+            for m, axis in ((mesh, "dp"), (same_ranks, "x"), (also_17, "other"))
+        }
+        with pytest.raises(ValueError, match="different axis_options"):
+            ctx.all_reduce(torch.ones(1), fmesh.make_mesh((1, 2), ("dp", "y")), ("dp", "y"))
+        return {"created": ctx.stats()["groups_created"], "timeouts": timeouts}
+
+
+def test_axis_options_are_part_of_the_group_key() -> None:
+    for result in run(axis_overrides, 2, timeout=120):
+        assert result["created"] == 2
+        assert result["timeouts"] == {"dp": 17.0, "x": 60.0, "other": 17.0}
+    with pytest.raises(ValueError, match="unknown backend 'ncl'"):
+        fmesh.AxisOptions(backend="ncl")

@@ -107,3 +107,10 @@ def test_no_bare_assert_on_user_input() -> None:
         tree = ast.parse(path.read_text())
         asserts = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
         assert not asserts, f"{path} uses assert at lines {asserts}"
+
+
+def test_lazy_context_names_match_the_context_package() -> None:
+    import fmesh.context
+
+    assert set(fmesh.context.__all__) == fmesh._CONTEXT_NAMES
+    assert all(getattr(fmesh, name) is getattr(fmesh.context, name) for name in fmesh.context.__all__)
