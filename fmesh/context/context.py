@@ -183,6 +183,7 @@ class Context:
         device: torch.device | str | None = None,
         gpus_per_node: int | None = None,
         name: str = "fmesh",
+        simulated: bool = False,
     ) -> None:
         backend = _check_backend(backend)
         self._timeout = _seconds(timeout, timedelta(minutes=10))
@@ -222,6 +223,7 @@ class Context:
         self._device = torch.device(device) if device is not None else _default_device(self._backend)
         self._gpus_per_node = gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", self._world_size))
         self._fake = self._backend == "fake"
+        self._simulated = simulated  # set by fmesh.simulate: LocalTensorMode runs every rank here
         # Contexts of one name are numbered alike on every rank, so that a group
         # re-created after close() never meets the stale rendezvous keys of the old one.
         self._epoch = 0
@@ -354,6 +356,14 @@ class Context:
         self._check_mesh(mesh)
         names = mesh.resolve_axes(axes)
         ranks = mesh.group(self._rank, names)
+        if self._simulated:
+            unsorted = next((g for g in mesh.groups(names) if list(g) != sorted(g)), None)
+            if unsorted is not None:
+                raise ValueError(
+                    f"simulate() can only run collectives over groups whose ranks ascend, but the group "
+                    f"{list(unsorted)} along axes {names} of {mesh!r} does not (a permuted rank map or a "
+                    "reversed axis order); run this mesh on real processes with fmesh.launch(...)"
+                )
         group = None if len(ranks) == 1 else self._group_for(mesh, names, ranks)
         self._by_mesh[(mesh, axes)] = (group, ranks)
         return group, ranks

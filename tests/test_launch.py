@@ -1,0 +1,110 @@
+"""fmesh.launch (real gloo processes from a notebook) and fmesh.simulate (every rank in one process)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+import torch
+
+import fmesh
+
+
+def test_launch_returns_every_ranks_result_for_a_locally_defined_function() -> None:
+    mesh = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 0, 2, 1])
+
+    def body(ctx: fmesh.Context) -> tuple[int, tuple[int, ...], float]:  # defined here, like a notebook cell
+        total = ctx.all_reduce(torch.tensor([float(ctx.rank)]), mesh, "tp").item()
+        return ctx.rank, mesh.group(ctx.rank, "tp"), total
+
+    results = fmesh.launch(body, world_size=4, timeout=60)
+    assert [r[0] for r in results] == [0, 1, 2, 3]
+    for rank, group, total in results:
+        assert total == float(sum(group)) and rank in group
+    assert not multiprocessing.active_children()
+
+
+class Unpicklable(Exception):
+    def __init__(self, handle: object) -> None:
+        super().__init__("cannot travel")
+        self.handle = handle
+
+    def __reduce__(self) -> object:
+        raise TypeError("no pickling")
+
+
+def test_a_failing_rank_raises_its_exception_with_rank_and_traceback() -> None:
+    def body(ctx: fmesh.Context) -> int:
+        if ctx.rank == 2:
+            raise ValueError(f"bad batch on rank {ctx.rank}")
+        return ctx.rank
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="bad batch on rank 2") as caught:
+        fmesh.launch(body, world_size=3, timeout=60)
+    assert time.monotonic() - started < 30
+    assert caught.value.rank == 2  # type: ignore[attr-defined]
+    cause = caught.value.__cause__
+    assert isinstance(cause, fmesh.RemoteTraceback)
+    assert "on rank 2" in str(cause) and "in body" in str(cause) and "raise ValueError" in str(cause)
+    assert not multiprocessing.active_children()
+
+    def unpicklable(ctx: fmesh.Context) -> None:
+        raise Unpicklable(lambda: None)
+
+    with pytest.raises(fmesh.LaunchError, match="rank 0 failed: Unpicklable: cannot travel"):
+        fmesh.launch(unpicklable, world_size=1, timeout=60)
+
+
+def test_a_hang_ends_at_the_timeout_and_leaves_no_process() -> None:
+    def body(ctx: fmesh.Context) -> None:
+        if ctx.rank == 1:
+            time.sleep(60)
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"ranks \[1\] did not finish within 4s"):
+        fmesh.launch(body, world_size=2, timeout=4)
+    assert time.monotonic() - started < 20
+    assert not multiprocessing.active_children()
+
+
+def test_launch_rejects_bad_arguments_before_starting_anything() -> None:
+    with pytest.raises(ValueError, match="positive int, got 0"):
+        fmesh.launch(lambda ctx: None, world_size=0)
+    with pytest.raises(TypeError, match="function of one argument"):
+        fmesh.launch("not callable", world_size=2)  # type: ignore[arg-type]
+    with fmesh.Context.fake(2), pytest.raises(RuntimeError, match="already has a default process group"):
+        fmesh.launch(lambda ctx: None, world_size=2)
+
+
+def test_simulate_runs_collectives_for_every_rank() -> None:
+    with fmesh.simulate(8) as sim:
+        mesh = fmesh.make_mesh((2, 2, 2), ("pp", "dp", "tp"))
+        x = sim.per_rank(lambda r: torch.tensor([float(r)]))
+        for axes in ("tp", "dp", ("pp", "tp"), ("dp", "tp")):
+            total = sim.values(sim.ctx.all_reduce(x, mesh, axes))
+            gathered = sim.values(sim.ctx.all_gather(x, mesh, axes))
+            for rank in range(8):
+                group = mesh.group(rank, axes)
+                assert total[rank].item() == sum(group)
+                assert gathered[rank].tolist() == [float(g) for g in group]
+        with pytest.raises(ValueError, match=r"ranks ascend.*fmesh.launch"):
+            sim.ctx.all_reduce(x, mesh, ("tp", "pp"))
+        with pytest.raises(ValueError, match="permuted rank map"):
+            sim.ctx.all_reduce(x, fmesh.make_mesh((8,), ("dp",), rank_map=[1, 0, 2, 3, 4, 5, 6, 7]), "dp")
+
+
+def test_simulate_runs_dtensor_on_exported_meshes() -> None:
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    with fmesh.simulate(4) as sim:
+        mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+        device_mesh = sim.ctx.device_mesh(mesh)
+        full = torch.arange(16.0).reshape(4, 4)
+        sharded = distribute_tensor(full, device_mesh, [Shard(0), Shard(1)])
+        for rank, local in sim.values(sharded.to_local()).items():
+            dp, tp = mesh.coordinate(rank)  # type: ignore[misc]
+            assert torch.equal(local, full[2 * dp : 2 * dp + 2, 2 * tp : 2 * tp + 2])
+        replicated = sharded.redistribute(device_mesh, [Replicate(), Replicate()]).to_local()
+        assert all(torch.equal(t, full) for t in sim.values(replicated).values())
