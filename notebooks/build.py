@@ -1,0 +1,212 @@
+"""Write the notebooks from their cells and run them, so they are committed with fresh outputs.
+
+    python notebooks/build.py            # rebuild and execute all three
+    python notebooks/build.py --check    # execute the committed ones, fail on any error
+
+The cells live here, in one place; ``tests/test_notebooks.py`` runs the committed notebooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import nbformat
+from nbclient import NotebookClient
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+TOUR = [
+    ("md", """# A tour of the fmesh algebra
+
+A `Mesh` is a value: a universe of ranks and one layout per named axis. Every operation is a pure
+function that returns a new mesh and costs microseconds at any world size. Each step below is shown
+beside the same step with `torch.distributed.DeviceMesh`, on torch's fake backend (one process, no
+devices), to show that the groups agree."""),
+    ("code", """import warnings
+warnings.filterwarnings("ignore")
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh, DeviceMesh
+import fmesh
+
+dist.init_process_group("fake", rank=0, world_size=16)   # only for the DeviceMesh column
+def torch_groups(dm, dim=0):
+    from torch.distributed._mesh_layout import _MeshLayout
+    return sorted(map(tuple, _MeshLayout([dm._layout[dim]]).remap_to_tensor(dm._rank_map).tolist()))"""),
+    ("md", "## Build\n`make_mesh` is row-major like `init_device_mesh`; no process group is created."),
+    ("code", """mesh = fmesh.make_mesh((2, 2, 4), ("dp", "cp", "tp"))
+dm = init_device_mesh("cpu", (2, 2, 4), mesh_dim_names=("dp", "cp", "tp"))
+print(mesh)
+print(dm)
+print(fmesh.render(mesh, highlight="tp"))"""),
+    ("md", "The HTML view colours the groups along an axis (hover a cell for its coordinates):"),
+    ("code", "mesh"),
+    ("md", "## Slice\nAny subset, in any order. `DeviceMesh` accepts only ascending order."),
+    ("code", """print(fmesh.slice(mesh, "tp", "dp"), fmesh.slice(mesh, "tp", "dp").ranks(0).tolist())
+try:
+    dm["tp", "dp"]
+except KeyError as error:
+    print("DeviceMesh:", error)
+print(sorted(mesh.groups("cp")) == torch_groups(dm["cp"]))"""),
+    ("md", "## Flatten\nAny axes, adjacent or not, in the order given; the other axes stay."),
+    ("code", """dp_tp = fmesh.flatten(mesh, ("dp", "tp"), "dp_tp")
+print(dp_tp, dp_tp.group(0, "dp_tp"))
+print(sorted(dp_tp.groups("dp_tp")) == torch_groups(dm["dp", "tp"]._flatten("dp_tp")))
+print(fmesh.render(dp_tp, highlight="dp_tp"))"""),
+    ("md", """## Unflatten
+Split any axis by sizes that multiply to its size. torch fails an internal assertion when the split
+cuts a flattened, strided axis unevenly; fmesh re-indexes the universe and carries on."""),
+    ("code", """world12 = fmesh.make_mesh((3, 2, 2), ("a", "b", "c"))
+ac = fmesh.slice(fmesh.flatten(world12, ("a", "c"), "ac"), "ac")
+split = fmesh.unflatten(ac, "ac", {"p": 2, "q": 3})
+print(split, "q groups:", split.groups("q"))
+dist.destroy_process_group(); dist.init_process_group("fake", rank=0, world_size=12)
+dm12 = init_device_mesh("cpu", (3, 2, 2), mesh_dim_names=("a", "b", "c"))
+try:
+    dm12["a", "c"]._flatten("ac")._unflatten(0, (2, 3), ("p", "q"))
+except AssertionError:
+    print("DeviceMesh: AssertionError")"""),
+    ("md", "## Concatenate, rename, select"),
+    ("code", """print(fmesh.concat(mesh["tp"], mesh["dp"]))
+print(fmesh.rename(mesh, {"dp": "fsdp"}))
+stage = fmesh.select(mesh, dp=1)          # the ranks of one coordinate, without that axis
+print(stage, stage.ranks().tolist())
+try:
+    fmesh.concat(mesh["tp"], dp_tp["dp_tp"])
+except ValueError as error:
+    print(error)"""),
+    ("md", "## A million ranks\nThe cost does not grow with the world size: queries are digit arithmetic."),
+    ("code", """import time
+start = time.perf_counter()
+big = fmesh.make_mesh((8, 16, 256, 2, 16), ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
+fsdp = fmesh.flatten(big, ("dp_shard", "cp"), "fsdp")
+group = fsdp.group(654_321, "tp")
+print(big, group, f"{(time.perf_counter() - start) * 1e3:.2f} ms")
+big"""),
+    ("code", "dist.destroy_process_group()"),
+]
+
+PLANNING = [
+    ("md", """# Planning a real job
+
+4096 GPUs, 8 per host, with tensor parallelism 8, context parallelism 2, pipeline parallelism 4 and expert
+parallelism 8. Everything here is pure: no process group, no GPU."""),
+    ("code", """import fmesh
+from fmesh.cli import build_plan, format_plan
+
+dims = fmesh.ParallelDims(4096, pp=4, cp=2, tp=8, ep=8)
+dims"""),
+    ("code", """print(dims.world_mesh)
+for name, mesh in dims.meshes().items():
+    print(f"{name:<14} {mesh!r:<60} rank 0's group: {mesh.group(0)[:8]}{'...' if mesh.size > 8 else ''}")"""),
+    ("md", "## Which axes cross hosts?"),
+    ("code", """topology = fmesh.Topology(hosts=512, ranks_per_host=8)
+for name, span in topology.spans(dims.meshes()).items():
+    print(span)
+print(fmesh.topology.check_placement(topology.spans(dims.meshes())) or "no placement warnings")"""),
+    ("md", "The same plan as `python -m fmesh plan` prints it:"),
+    ("code", """print(format_plan(build_plan(4096, 8, pp=4, cp=2, tp=8, ep=8)))"""),
+    ("md", """## A bad placement, caught before launch
+With the ranks of a host spread cyclically (rank r on host r % 512), tp groups cross hosts while the
+cheaper pp axis stays inside one: the check warns."""),
+    ("code", """cyclic = fmesh.Topology(hosts=512, ranks_per_host=8, rank_order="cyclic")
+print("\\n".join(fmesh.topology.check_placement(cyclic.spans(dims.meshes()))))"""),
+    ("md", "## Pictures\nThe world mesh is far too big to draw cell by cell; the views summarise it."),
+    ("code", """print(fmesh.render(dims.mesh("tp")["tp"], highlight="tp"))
+fmesh.slice(dims.world_mesh, "dp_shard", "cp", "tp")"""),
+    ("code", """dims.expert_mesh"""),
+    ("md", "## What FSDP gets\n`fsdp_mesh()` is the 1-D shard mesh, or (dp_replicate, dp_shard_cp) for HSDP."),
+    ("code", """print(dims.fsdp_mesh(), fmesh.ParallelDims(4096, dp_replicate=2, pp=4, cp=2, tp=8).fsdp_mesh())"""),
+]
+
+COLLECTIVES = [
+    ("md", """# Collectives on simulated ranks
+
+Two ways to run real collectives from a notebook on a CPU: `fmesh.simulate(n)` runs every rank at
+once in this process (torch's `LocalTensorMode` over the fake backend), and `fmesh.launch(fn, n)`
+starts n real gloo processes on loopback and brings every rank's result back."""),
+    ("code", """import warnings
+warnings.filterwarnings("ignore")
+import torch
+import fmesh
+
+mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+print(fmesh.render(mesh, highlight="tp"))"""),
+    ("md", "## Every rank in one process"),
+    ("code", """with fmesh.simulate(4) as sim:
+    x = sim.per_rank(lambda rank: torch.tensor([float(rank)]))
+    for axes in ("tp", "dp", ("dp", "tp")):
+        total = sim.values(sim.ctx.all_reduce(x, mesh, axes))
+        print(f"all_reduce along {axes!s:<14}", {rank: t.item() for rank, t in total.items()})
+    gathered = sim.values(sim.ctx.all_gather(x, mesh, "dp"))
+    print("all_gather along dp        ", {rank: t.tolist() for rank, t in gathered.items()})
+    print(sim.ctx.stats())"""),
+    ("md", "## DTensor on `ctx.device_mesh(...)`\nThe exported `DeviceMesh` runs on the context's own groups."),
+    ("code", """from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+with fmesh.simulate(4) as sim:
+    device_mesh = sim.ctx.device_mesh(mesh)
+    full = torch.arange(16.0).reshape(4, 4)
+    sharded = distribute_tensor(full, device_mesh, [Shard(0), Shard(1)])
+    for rank, local in sim.values(sharded.to_local()).items():
+        print(f"rank {rank} at {mesh.coordinate(rank)} holds {local.tolist()}")
+    back = sharded.redistribute(device_mesh, [Replicate(), Replicate()]).to_local()
+    print("replicated again on every rank:", all(torch.equal(t, full) for t in sim.values(back).values()))"""),
+    ("md", "## Real processes\n`fn` may be defined right here; every rank's return value comes back."),
+    ("code", """permuted = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 0, 2, 1])
+
+def step(ctx):
+    tp_sum = ctx.all_reduce(torch.tensor([float(ctx.rank)]), permuted, "tp").item()
+    gathered = ctx.all_gather(torch.tensor([ctx.rank]), permuted, ("dp", "tp")).tolist()
+    return ctx.rank, permuted.group(ctx.rank, "tp"), tp_sum, gathered
+
+for rank, group, tp_sum, gathered in fmesh.launch(step, world_size=4):
+    print(f"rank {rank}: tp group {group} sums to {tp_sum}; all ranks in mesh order: {gathered}")"""),
+    ("md", "A failing rank raises its own exception here, with its traceback:"),
+    ("code", """def fails(ctx):
+    if ctx.rank == 1:
+        raise ValueError("rank 1 got a bad batch")
+    return ctx.rank
+
+try:
+    fmesh.launch(fails, world_size=2)
+except ValueError as error:
+    print(f"{error!r} from rank {error.rank}")
+    print(str(error.__cause__).splitlines()[0])"""),
+]
+
+NOTEBOOKS = {"01_mesh_algebra.ipynb": TOUR, "02_planning_a_job.ipynb": PLANNING, "03_collectives.ipynb": COLLECTIVES}
+
+
+def make(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_markdown_cell(text) if kind == "md" else nbformat.v4.new_code_cell(text)
+        for kind, text in cells
+    ]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return notebook
+
+
+def execute(notebook: nbformat.NotebookNode, timeout: int = 300) -> nbformat.NotebookNode:
+    NotebookClient(notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
+    return notebook
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="execute the committed notebooks only")
+    args = parser.parse_args(argv)
+    for name, cells in NOTEBOOKS.items():
+        path = HERE / name
+        notebook = nbformat.read(path, as_version=4) if args.check else make(cells)
+        execute(notebook)
+        if not args.check:
+            nbformat.write(notebook, path)
+        print(f"ran {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The notebooks run top to bottom, and are committed with the outputs of such a run."""
+
+from __future__ import annotations
+
+import pathlib
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_three_notebooks() -> None:
+    assert [p.name for p in NOTEBOOKS] == ["01_mesh_algebra.ipynb", "02_planning_a_job.ipynb", "03_collectives.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_and_was_committed_with_outputs(path: pathlib.Path) -> None:
+    committed = nbformat.read(path, as_version=4)
+    code = [cell for cell in committed.cells if cell.cell_type == "code"]
+    assert code and all(cell.outputs for cell in code[:-1] if "destroy_process_group" not in cell.source), \
+        f"{path.name} was committed without outputs; run python notebooks/build.py"
+    assert not any(out.get("output_type") == "error" for cell in code for out in cell.outputs)
+    fresh = nbformat.read(path, as_version=4)
+    NotebookClient(fresh, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    errors = [out for cell in fresh.cells if cell.cell_type == "code" for out in cell.outputs
+              if out.get("output_type") == "error"]
+    assert not errors
