@@ -16,8 +16,8 @@ lowest covered rank when the rank map is the identity):
 The groups along ``highlight`` (one axis or several, taken together like
 ``mesh.group(rank, highlight)``) are tagged with letters ``a``, ``b``, ...,
 ``z``, ``aa``, ... in the row-major order of the other axes' coordinates, and
-the legend lists each group's ranks. In HTML each group has a colour from a
-fixed palette, cycled.
+the legend lists each group's ranks. In HTML each drawn group has a colour from
+a fixed palette, cycled in group order (no randomness).
 
 Large instances are summarised: the first and last few coordinates of each long
 axis are drawn with ``…`` standing for the rest, and the header says what was
@@ -66,7 +66,7 @@ HTML_MAX_COLUMNS = 32
 HTML_MAX_ROWS = 32
 HTML_MAX_BLOCKS = 4
 # Legend: at most this many groups, and this many ranks per group, are listed.
-LEGEND_MAX_GROUPS = 16
+LEGEND_MAX_GROUPS = 32
 LEGEND_MAX_RANKS = 16
 
 Pick = list[int | None]  # coordinates to draw along one dimension; None stands for an ellipsis
@@ -370,7 +370,8 @@ def render(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) 
                 body.append(f"{ELLIPSIS} ({hidden} blocks not drawn)")
                 continue
             body.append(f"{label}:")
-        body.append((lead + "  ".join(c.ljust(width) for c in col_labels)).rstrip())
+        if ndim:
+            body.append((lead + "  ".join(c.ljust(width) for c in col_labels)).rstrip())
         body.extend(text_row(label, cells) for label, cells in rows)
 
     legend: list[str] = []
@@ -391,6 +392,23 @@ def render(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) 
 
 def _esc(text: object) -> str:
     return _html.escape(str(text), quote=True)
+
+
+def _colours(inst: _Instance, frame: _Frame) -> dict[int, str]:
+    """The palette, cycled over the drawn groups in group order: distinct colours whenever it has enough."""
+    if not inst.highlight:
+        return {}
+    ndim = inst.mesh.ndim
+    drawn = {
+        inst.group_of(frame.coordinate(block, row, col, ndim))
+        for block in frame.blocks
+        if block is not None
+        for row in frame.rows
+        if row is not None
+        for col in frame.cols
+        if col is not None
+    }
+    return {group: PALETTE[i % len(PALETTE)] for i, group in enumerate(sorted(drawn))}
 
 
 # Cells carry only their colours (inline, so that notebook viewers that drop <style> keep them);
@@ -444,6 +462,7 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
 
     span = len(frame.cols) + 1
     shown_groups: list[int] = []
+    colours = _colours(inst, frame)
     for block in frame.blocks:
         if ndim >= 3:
             label = (
@@ -470,7 +489,7 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
                 if inst.highlight:
                     group = inst.group_of(coordinate)
                     shown_groups.append(group)
-                    background = PALETTE[group % len(PALETTE)]
+                    background = colours[group]
                     title += f"; group {_tag(group)} along {hl_axes}"
                 out.append(f'<td style="{_CELL}{background}" title="{_esc(title)}">{cell_rank}</td>')
             out.append("</tr>")
@@ -487,7 +506,7 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
         for index, group in enumerate(listed):
             if left_out and index == len(listed) - 4:
                 out.append(f"<li>{_esc(f'{ELLIPSIS} {left_out} more drawn groups not listed')}</li>")
-            colour = PALETTE[group % len(PALETTE)]
+            colour = colours[group]
             text = f"{_tag(group)}  {inst.group_label(group)}: {_ranks_text(inst.group_ranks(group, LEGEND_MAX_RANKS))}"
             out.append(
                 f'<li><span style="background:{colour};border:1px solid #888;padding:0 6px">&#160;</span> '
