@@ -11,10 +11,11 @@ with side effects) turns them into process groups when a collective needs one.
 
 from typing import TYPE_CHECKING, Any
 
-from fmesh import parallel, topology
+from fmesh import parallel, rendering, topology
 from fmesh.layout import Layout
 from fmesh.mesh import Mesh, Universe, concat, flatten, make_mesh, rename, select, slice, unflatten
 from fmesh.parallel import ParallelDims
+from fmesh.rendering import render
 from fmesh.topology import Topology
 
 if TYPE_CHECKING:
@@ -83,6 +84,8 @@ __all__ = [
     "make_mesh",
     "parallel",
     "rename",
+    "render",
+    "rendering",
     "select",
     "simulate",
     "slice",

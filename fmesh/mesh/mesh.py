@@ -408,6 +408,22 @@ class Mesh:
         """
         return transforms.select(self, **coordinates)
 
+    def describe(self, highlight: AxesArg = None, rank: int | None = None) -> str:
+        """See :func:`fmesh.render`: a text picture of the instance holding ``rank``.
+
+        >>> import fmesh; print(fmesh.make_mesh((4,), ("tp",)).describe().splitlines()[-1])
+        0     1     2     3
+        """
+        from fmesh.rendering import render
+
+        return render(self, highlight, rank)
+
+    def _repr_html_(self) -> str:
+        """HTML for notebooks: see :func:`fmesh.rendering.html` (groups along the last axis coloured)."""
+        from fmesh.rendering import html
+
+        return html(self)
+
     def __repr__(self) -> str:
         axes = ", ".join(f"{name}={size}" for name, size in zip(self.axis_names, self.axis_sizes))
         covered = f", covers {self.num_covered}" if self.num_covered != self.world_size else ""
