@@ -25,14 +25,18 @@ function that returns a new mesh and costs microseconds at any world size. Each 
 beside the same step with `torch.distributed.DeviceMesh`, on torch's fake backend (one process, no
 devices), to show that the groups agree."""),
     ("code", """import warnings
-warnings.filterwarnings("ignore")
+
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh, DeviceMesh
+from torch.distributed._mesh_layout import _MeshLayout
+from torch.distributed.device_mesh import init_device_mesh
+
 import fmesh
 
+warnings.filterwarnings("ignore")
 dist.init_process_group("fake", rank=0, world_size=16)   # only for the DeviceMesh column
+
+
 def torch_groups(dm, dim=0):
-    from torch.distributed._mesh_layout import _MeshLayout
     return sorted(map(tuple, _MeshLayout([dm._layout[dim]]).remap_to_tensor(dm._rank_map).tolist()))"""),
     ("md", "## Build\n`make_mesh` is row-major like `init_device_mesh`; no process group is created."),
     ("code", """mesh = fmesh.make_mesh((2, 2, 4), ("dp", "cp", "tp"))
@@ -61,7 +65,8 @@ cuts a flattened, strided axis unevenly; fmesh re-indexes the universe and carri
 ac = fmesh.slice(fmesh.flatten(world12, ("a", "c"), "ac"), "ac")
 split = fmesh.unflatten(ac, "ac", {"p": 2, "q": 3})
 print(split, "q groups:", split.groups("q"))
-dist.destroy_process_group(); dist.init_process_group("fake", rank=0, world_size=12)
+dist.destroy_process_group()
+dist.init_process_group("fake", rank=0, world_size=12)
 dm12 = init_device_mesh("cpu", (3, 2, 2), mesh_dim_names=("a", "b", "c"))
 try:
     dm12["a", "c"]._flatten("ac")._unflatten(0, (2, 3), ("p", "q"))
@@ -78,6 +83,7 @@ except ValueError as error:
     print(error)"""),
     ("md", "## A million ranks\nThe cost does not grow with the world size: queries are digit arithmetic."),
     ("code", """import time
+
 start = time.perf_counter()
 big = fmesh.make_mesh((8, 16, 256, 2, 16), ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
 fsdp = fmesh.flatten(big, ("dp_shard", "cp"), "fsdp")
@@ -102,7 +108,7 @@ for name, mesh in dims.meshes().items():
     print(f"{name:<14} {mesh!r:<60} rank 0's group: {mesh.group(0)[:8]}{'...' if mesh.size > 8 else ''}")"""),
     ("md", "## Which axes cross hosts?"),
     ("code", """topology = fmesh.Topology(hosts=512, ranks_per_host=8)
-for name, span in topology.spans(dims.meshes()).items():
+for span in topology.spans(dims.meshes()).values():
     print(span)
 print(fmesh.topology.check_placement(topology.spans(dims.meshes())) or "no placement warnings")"""),
     ("md", "The same plan as `python -m fmesh plan` prints it:"),
@@ -127,10 +133,12 @@ Two ways to run real collectives from a notebook on a CPU: `fmesh.simulate(n)` r
 once in this process (torch's `LocalTensorMode` over the fake backend), and `fmesh.launch(fn, n)`
 starts n real gloo processes on loopback and brings every rank's result back."""),
     ("code", """import warnings
-warnings.filterwarnings("ignore")
+
 import torch
+
 import fmesh
 
+warnings.filterwarnings("ignore")
 mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
 print(fmesh.render(mesh, highlight="tp"))"""),
     ("md", "## Every rank in one process"),
@@ -190,7 +198,10 @@ def make(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
 
 
 def execute(notebook: nbformat.NotebookNode, timeout: int = 300) -> nbformat.NotebookNode:
-    NotebookClient(notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
+    """Run every cell in a fresh python3 kernel started in ``notebooks/``; raises on the first error."""
+    resources = {"metadata": {"path": str(HERE)}}
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", resources=resources)
+    client.execute()
     return notebook
 
 
