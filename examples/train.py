@@ -1,0 +1,268 @@
+"""Train a small transformer language model with several parallelisms at once, on fmesh meshes.
+
+    torchrun --nproc-per-node 4 examples/train.py --tp 2            # tp 2 x dp_shard 2, CPU and gloo
+    torchrun --nproc-per-node 4 examples/train.py --tp 2 --steps 40 --checkpoint-dir /tmp/ckpt
+    torchrun --nproc-per-node 4 examples/train.py --tp 2 --steps 60 --checkpoint-dir /tmp/ckpt --resume
+
+The world mesh comes from ``fmesh.ParallelDims``; ``fmesh.Context.from_env()`` owns the process
+groups (NCCL when GPUs are present, gloo otherwise, with no code change). FSDP2 (``fully_shard``)
+shards over the data-parallel shard mesh (HSDP when ``--dp-replicate`` > 1), tensor parallelism
+(``parallelize_module``) splits attention heads and MLP columns over ``tp``, and the loss is averaged
+with the context over the data-parallel mesh. Checkpoints use ``torch.distributed.checkpoint``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fmesh
+from fmesh.cli import build_plan, format_plan
+
+# A tiny shipped corpus (character level); the model learns its spelling quickly.
+CORPUS = (
+    "A mesh is a value: a universe of ranks and one layout per named axis. Slicing, flattening and "
+    "unflattening are pure functions that cost nothing at any world size. The context owns the process "
+    "groups, creates each one the first time a collective needs it, and shares it between every mesh that "
+    "puts the same ranks together. Tensor parallelism splits the heads; the data-parallel ranks shard the "
+    "weights and see different slices of the batch; the loss is averaged over the data-parallel mesh. "
+) * 8
+
+
+class UsageError(Exception):
+    """Bad flags or a checkpoint that does not fit: one line on rank 0, a clean exit everywhere."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse prints on every rank and exits; we report once
+        raise UsageError(message)
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = Parser(prog="train.py", description=__doc__.splitlines()[0])
+    for degree in ("pp", "dp-replicate", "dp-shard", "cp", "tp"):
+        parser.add_argument(f"--{degree}", type=int, default=-1 if degree == "dp-shard" else 1)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=8, help="global batch, in sequences")
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-every", type=int, default=5)
+    parser.add_argument("--checkpoint-dir", type=pathlib.Path)
+    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
+    parser.add_argument("--losses-to", type=pathlib.Path, help="write the step losses (JSON) here, from rank 0")
+    args = parser.parse_args(argv)
+    if args.pp != 1 or args.cp != 1:
+        raise UsageError(f"--pp {args.pp} --cp {args.cp}: this example trains with pp=1 and cp=1 (tp and dp only)")
+    if args.resume and args.checkpoint_dir is None:
+        raise UsageError("--resume needs --checkpoint-dir")
+    for name in ("steps", "batch_size", "seq_len", "dim", "heads", "layers"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    return args
+
+
+# --------------------------------------------------------------------- model
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.head_dim = dim // heads
+        self.q, self.k, self.v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.o = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds heads / tp of them.
+        q, k, v = (proj(x).view(batch, length, -1, self.head_dim).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attention = Attention(dim, heads)
+        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, vocab: int, dim: int, heads: int, layers: int, seq_len: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.position = nn.Parameter(torch.randn(seq_len, dim) * 0.02)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.position[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def batches(seed: int, batch_size: int, seq_len: int) -> torch.Tensor:
+    """Global batch ``step`` -> tokens; the same on every rank for the same seed and step."""
+    data = torch.tensor(list(CORPUS.encode()), dtype=torch.long)
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=generator)
+    return torch.stack([data[s : s + seq_len + 1] for s in starts.tolist()])
+
+
+# ------------------------------------------------------------------ training
+
+
+def shard_model(model: LanguageModel, ctx: fmesh.Context, dims: fmesh.ParallelDims) -> None:
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    if dims.tp > 1:
+        tp_mesh = ctx.device_mesh(dims.mesh("tp"))
+        plan = {f"blocks.{i}.{name}": ColwiseParallel() for i in range(len(model.blocks))
+                for name in ("attention.q", "attention.k", "attention.v", "up")}
+        plan |= {f"blocks.{i}.{name}": RowwiseParallel() for i in range(len(model.blocks))
+                 for name in ("attention.o", "down")}
+        parallelize_module(model, tp_mesh, plan)
+    if dims.world_size // dims.tp > 1:
+        dp_mesh = ctx.device_mesh(dims.fsdp_mesh())  # 1-D for FSDP, (dp_replicate, dp_shard_cp) for HSDP
+        for block in model.blocks:
+            fully_shard(block, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+
+
+def check_degrees(args: argparse.Namespace, world_size: int) -> fmesh.ParallelDims:
+    try:
+        dims = fmesh.ParallelDims(world_size, dp_replicate=args.dp_replicate, dp_shard=args.dp_shard, tp=args.tp)
+    except (ValueError, TypeError) as error:
+        raise UsageError(str(error)) from None
+    dp = dims.world_size // dims.tp
+    if args.heads % dims.tp or args.dim % args.heads:
+        raise UsageError(f"--heads {args.heads} must divide --dim {args.dim} and be divisible by --tp {dims.tp}")
+    if args.batch_size % dp:
+        raise UsageError(f"--batch-size {args.batch_size} must be divisible by the data-parallel size {dp}")
+    return dims
+
+
+def describe(dims: fmesh.ParallelDims, args: argparse.Namespace) -> dict[str, Any]:
+    return {"degrees": dict(dims.degrees), "world_size": dims.world_size,
+            "model": [args.dim, args.heads, args.layers, args.seq_len]}
+
+
+def load_checkpoint(directory: pathlib.Path, dims: fmesh.ParallelDims, args: argparse.Namespace,
+                    model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    meta_path = directory / "fmesh.json"
+    if not meta_path.exists():
+        raise UsageError(f"--resume: no checkpoint in {directory} (missing {meta_path.name})")
+    meta = json.loads(meta_path.read_text())
+    if meta["mesh"] != describe(dims, args):
+        raise UsageError(f"checkpoint in {directory} was saved with {meta['mesh']}, "
+                         f"but this run has {describe(dims, args)}; resume with the same degrees and model")
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(directory / "state"))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    return int(meta["step"])
+
+
+def save_checkpoint(directory: pathlib.Path, step: int, ctx: fmesh.Context, dims: fmesh.ParallelDims,
+                    args: argparse.Namespace, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(directory / "state"))
+    ctx.barrier()
+    if ctx.rank == 0:
+        (directory / "fmesh.json").write_text(json.dumps({"step": step, "mesh": describe(dims, args)}))
+    ctx.barrier()
+
+
+def train(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
+    dims = check_degrees(args, ctx.world_size)
+    if ctx.rank == 0:
+        print(format_plan(build_plan(ctx.world_size, int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)),
+                                     dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp)))
+    torch.manual_seed(args.seed)
+    model = LanguageModel(256, args.dim, args.heads, args.layers, args.seq_len).to(ctx.device)
+    shard_model(model, ctx, dims)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    start = 0
+    if args.resume:
+        start = load_checkpoint(args.checkpoint_dir, dims, args, model, optimizer)
+        if ctx.rank == 0:
+            print(f"resumed from step {start} in {args.checkpoint_dir}")
+    dp_mesh = dims.mesh("dp")
+    (dp_index,) = dp_mesh.coordinate(ctx.rank) or (0,)
+    losses: list[float] = []
+    tokens_per_step = args.batch_size * args.seq_len
+    for step in range(start, args.steps):
+        began = time.perf_counter()
+        batch = batches(args.seed * 1_000_003 + step, args.batch_size, args.seq_len)
+        local = batch.chunk(dp_mesh.size)[dp_index].to(ctx.device)  # this data-parallel rank's slice
+        logits = model(local[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), local[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        global_loss = ctx.all_reduce(loss.detach(), dp_mesh, op="avg").item()
+        losses.append(global_loss)
+        if ctx.rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
+            rate = tokens_per_step / (time.perf_counter() - began)
+            print(f"step {step:>4}  loss {global_loss:.4f}  {rate:,.0f} tokens/s", flush=True)
+        if args.checkpoint_dir and ((step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps):
+            save_checkpoint(args.checkpoint_dir, step + 1, ctx, dims, args, model, optimizer)
+    if ctx.rank == 0:
+        stats = ctx.stats()
+        print(f"groups created by the context: {stats['groups_created']} (cache hits {stats['cache_hits']})")
+        for ranks, backend in stats["groups"]:
+            print(f"  {backend} group of rank 0: {list(ranks)}")
+        if args.losses_to:
+            args.losses_to.write_text(json.dumps({"start": start, "losses": losses}))
+    return losses
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        args = parse(argv)
+        if "RANK" not in os.environ:
+            raise UsageError("launch me with torchrun, e.g. torchrun --nproc-per-node 4 examples/train.py --tp 2")
+        with fmesh.Context.from_env() as ctx:
+            check_degrees(args, ctx.world_size)  # every rank checks the same pure numbers: no hang
+            train(args, ctx)
+    except UsageError as error:
+        if rank == 0:
+            print(f"train.py: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
