@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from fmesh.context import _torch
 from fmesh.context.agreement import GroupTimeoutError, agree
+from fmesh.layout import Layout
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
 
@@ -232,6 +233,8 @@ class Context:
         self._created_for: dict[str, int] = {}
         self._device_meshes: dict[tuple[Any, ...], Any] = {}
         self._roots: dict[str, Any] = {}
+        # Per universe: the layout each exported axis name stands for (None once two exports disagree).
+        self._name_layouts: dict[str, dict[str, Layout | None]] = {}
         self._hits = 0
         self._creation_seconds = 0.0
         self._closed = False
@@ -664,10 +667,29 @@ class Context:
                 root = self._roots[mesh.universe.id] = _torch.export_root(mesh.universe)
             groups = [self.group(mesh, name) for name in mesh.axis_names]
             exported = _torch.export_device_mesh(mesh, root, groups)
-            if mesh.ndim == 1:
-                _torch.register_flattened(root, mesh.axis_names[0], exported)
+            self._register_names(mesh, root, exported)
             self._device_meshes[key] = exported
         return exported
+
+    def _register_names(self, mesh: Mesh, root: Any, exported: Any) -> None:
+        """Publish a 1-D export in the shared root's ``_flatten_mapping`` under its axis name.
+
+        That lets ``sub_mesh._flatten(name)`` (FSDP2's ``dp_mesh_dims``) find our group instead of
+        creating new ones, and lets DTensor merge collectives over several dims. But torch's
+        ``get_group(name)`` consults the root's ``_flatten_mapping`` *before* the mesh's own dims, and
+        every export of a universe shares one root: so a name may be published only while every
+        export of the universe that uses it means the same layout. Once two exports disagree, the
+        name is withdrawn for good, and each mesh resolves it through its own dims.
+        """
+        known = self._name_layouts.setdefault(mesh.universe.id, {})
+        for name, layout in zip(mesh.axis_names, mesh.layouts):
+            if name not in known:
+                known[name] = layout
+            elif known[name] is not None and known[name] != layout:
+                known[name] = None
+                _torch.unregister_flattened(root, name)
+        if mesh.ndim == 1 and known[mesh.axis_names[0]] is not None:
+            _torch.register_flattened(root, mesh.axis_names[0], exported)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -701,6 +723,7 @@ class Context:
         self._by_mesh.clear()
         self._device_meshes.clear()
         self._roots.clear()
+        self._name_layouts.clear()
         if self._owns_world:
             dist.destroy_process_group()
 
