@@ -32,7 +32,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import torch
@@ -423,12 +423,16 @@ class Context:
         try:
             call()
         except RuntimeError as error:
-            if "timed out" in str(error).lower() or "timeout" in str(error).lower():
-                raise GroupTimeoutError(
-                    f"{name} along axes {axes!r} of {mesh!r} timed out waiting for ranks {list(ranks)}: "
-                    "a rank never arrived (it crashed, or its program took another path)"
-                ) from error
-            raise
+            self._timed_out(name, mesh, axes, ranks, error)
+
+    def _timed_out(self, name: str, mesh: Mesh, axes: AxesArg, ranks: tuple[int, ...], error: RuntimeError) -> NoReturn:
+        """Re-raise ``error``: as :class:`GroupTimeoutError` naming the axes and ranks if it is a timeout."""
+        if "timed out" in str(error).lower() or "timeout" in str(error).lower():
+            raise GroupTimeoutError(
+                f"{name} along axes {axes!r} of {mesh!r} timed out waiting for ranks {list(ranks)}: "
+                "a rank never arrived (it crashed, or its program took another path)"
+            ) from error
+        raise error
 
     def all_reduce(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, op: str = "sum") -> torch.Tensor:
         """Reduce ``tensor`` over the group along ``axes``; returns a new tensor.
@@ -443,10 +447,15 @@ class Context:
         result = tensor.clone()
         if group is None:
             return result
-        if reduce_op == dist.ReduceOp.AVG and dist.get_backend(group) == "gloo":  # gloo has no AVG
-            self._run("all_reduce", mesh, axes, ranks, lambda: dist.all_reduce(result, group=group))
-            return result.div_(len(ranks))
-        self._run("all_reduce", mesh, axes, ranks, lambda: dist.all_reduce(result, op=reduce_op, group=group))
+        # The hot path: no closure, and a string compare rather than ReduceOp's (slower) __eq__.
+        try:
+            if op == "avg" and dist.get_backend(group) == "gloo":  # gloo has no AVG
+                dist.all_reduce(result, group=group)
+                result.div_(len(ranks))
+            else:
+                dist.all_reduce(result, op=reduce_op, group=group)
+        except RuntimeError as error:
+            self._timed_out("all_reduce", mesh, axes, ranks, error)
         return result
 
     def all_gather(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0) -> torch.Tensor:
@@ -634,7 +643,8 @@ class Context:
                     self._by_spec[spec] = group
             elif planned.ranks is not None and len(planned.ranks) > 1:
                 self._lookup(mesh, names)
-        return self.plan(*items)
+        # Every group this rank is a member of exists now; no need to plan (and walk the topology) again.
+        return GroupPlan(tuple(attrs.evolve(g, exists=g.ranks is not None) for g in plan.groups))
 
     # ------------------------------------------------------------- torch mesh
 
