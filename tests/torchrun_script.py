@@ -13,6 +13,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fmesh
 
 
+def say(line: str) -> None:
+    """One write per line: the 4 ranks share torchrun's stdout, and with PYTHONUNBUFFERED print()
+    writes the text and its newline separately, so lines of different ranks could run together."""
+    os.write(1, (line + "\n").encode())
+
+
 def main() -> int:
     with fmesh.Context.from_env(timeout=60) as ctx:
         mesh = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 0, 2, 1])
@@ -21,14 +27,13 @@ def main() -> int:
             got = ctx.all_reduce(torch.tensor([float(ctx.rank)]), mesh, axis)
             want = float(sum(mesh.group(ctx.rank, axis)))
             if got.item() != want:
-                print(f"fmesh-torchrun rank {ctx.rank} FAILED along {axis}: {got.item()} != {want}", flush=True)
+                say(f"fmesh-torchrun rank {ctx.rank} FAILED along {axis}: {got.item()} != {want}")
                 return 1
             results.append(f"{axis}={got.item():g}")
         ctx.barrier()
-        print(
+        say(
             f"fmesh-torchrun rank {ctx.rank}/{ctx.world_size} local_rank {os.environ['LOCAL_RANK']} "
-            f"{ctx.backend} {' '.join(results)} ok",
-            flush=True,
+            f"{ctx.backend} {' '.join(results)} ok"
         )
     return 0
 
