@@ -136,6 +136,11 @@ def register_flattened(root: DeviceMesh, name: str, one_axis: DeviceMesh) -> Non
         root._flatten_mapping[name] = one_axis
 
 
+def unregister_flattened(root: DeviceMesh, name: str) -> None:
+    """Withdraw ``name`` from the root's ``_flatten_mapping`` (see ``Context._register_names``)."""
+    root._flatten_mapping.pop(name, None)
+
+
 def from_device_mesh(device_mesh: DeviceMesh) -> Mesh:
     """The fmesh value of an existing ``DeviceMesh`` (its whole rank map is the universe).
 

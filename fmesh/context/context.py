@@ -32,7 +32,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import torch
@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from fmesh.context import _torch
 from fmesh.context.agreement import GroupTimeoutError, agree
+from fmesh.layout import Layout
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
 
@@ -234,6 +235,8 @@ class Context:
         self._created_for: dict[str, int] = {}
         self._device_meshes: dict[tuple[Any, ...], Any] = {}
         self._roots: dict[str, Any] = {}
+        # Per universe: the layout each exported axis name stands for (None once two exports disagree).
+        self._name_layouts: dict[str, dict[str, Layout | None]] = {}
         self._hits = 0
         self._creation_seconds = 0.0
         self._closed = False
@@ -430,12 +433,16 @@ class Context:
         try:
             call()
         except RuntimeError as error:
-            if "timed out" in str(error).lower() or "timeout" in str(error).lower():
-                raise GroupTimeoutError(
-                    f"{name} along axes {axes!r} of {mesh!r} timed out waiting for ranks {list(ranks)}: "
-                    "a rank never arrived (it crashed, or its program took another path)"
-                ) from error
-            raise
+            self._timed_out(name, mesh, axes, ranks, error)
+
+    def _timed_out(self, name: str, mesh: Mesh, axes: AxesArg, ranks: tuple[int, ...], error: RuntimeError) -> NoReturn:
+        """Re-raise ``error``: as :class:`GroupTimeoutError` naming the axes and ranks if it is a timeout."""
+        if "timed out" in str(error).lower() or "timeout" in str(error).lower():
+            raise GroupTimeoutError(
+                f"{name} along axes {axes!r} of {mesh!r} timed out waiting for ranks {list(ranks)}: "
+                "a rank never arrived (it crashed, or its program took another path)"
+            ) from error
+        raise error
 
     def all_reduce(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, op: str = "sum") -> torch.Tensor:
         """Reduce ``tensor`` over the group along ``axes``; returns a new tensor.
@@ -450,10 +457,15 @@ class Context:
         result = tensor.clone()
         if group is None:
             return result
-        if reduce_op == dist.ReduceOp.AVG and dist.get_backend(group) == "gloo":  # gloo has no AVG
-            self._run("all_reduce", mesh, axes, ranks, lambda: dist.all_reduce(result, group=group))
-            return result.div_(len(ranks))
-        self._run("all_reduce", mesh, axes, ranks, lambda: dist.all_reduce(result, op=reduce_op, group=group))
+        # The hot path: no closure, and a string compare rather than ReduceOp's (slower) __eq__.
+        try:
+            if op == "avg" and dist.get_backend(group) == "gloo":  # gloo has no AVG
+                dist.all_reduce(result, group=group)
+                result.div_(len(ranks))
+            else:
+                dist.all_reduce(result, op=reduce_op, group=group)
+        except RuntimeError as error:
+            self._timed_out("all_reduce", mesh, axes, ranks, error)
         return result
 
     def all_gather(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0) -> torch.Tensor:
@@ -641,7 +653,8 @@ class Context:
                     self._by_spec[spec] = group
             elif planned.ranks is not None and len(planned.ranks) > 1:
                 self._lookup(mesh, names)
-        return self.plan(*items)
+        # Every group this rank is a member of exists now; no need to plan (and walk the topology) again.
+        return GroupPlan(tuple(attrs.evolve(g, exists=g.ranks is not None) for g in plan.groups))
 
     # ------------------------------------------------------------- torch mesh
 
@@ -674,10 +687,29 @@ class Context:
                 root = self._roots[mesh.universe.id] = _torch.export_root(mesh.universe)
             groups = [self.group(mesh, name) for name in mesh.axis_names]
             exported = _torch.export_device_mesh(mesh, root, groups)
-            if mesh.ndim == 1:
-                _torch.register_flattened(root, mesh.axis_names[0], exported)
+            self._register_names(mesh, root, exported)
             self._device_meshes[key] = exported
         return exported
+
+    def _register_names(self, mesh: Mesh, root: Any, exported: Any) -> None:
+        """Publish a 1-D export in the shared root's ``_flatten_mapping`` under its axis name.
+
+        That lets ``sub_mesh._flatten(name)`` (FSDP2's ``dp_mesh_dims``) find our group instead of
+        creating new ones, and lets DTensor merge collectives over several dims. But torch's
+        ``get_group(name)`` consults the root's ``_flatten_mapping`` *before* the mesh's own dims, and
+        every export of a universe shares one root: so a name may be published only while every
+        export of the universe that uses it means the same layout. Once two exports disagree, the
+        name is withdrawn for good, and each mesh resolves it through its own dims.
+        """
+        known = self._name_layouts.setdefault(mesh.universe.id, {})
+        for name, layout in zip(mesh.axis_names, mesh.layouts):
+            if name not in known:
+                known[name] = layout
+            elif known[name] is not None and known[name] != layout:
+                known[name] = None
+                _torch.unregister_flattened(root, name)
+        if mesh.ndim == 1 and known[mesh.axis_names[0]] is not None:
+            _torch.register_flattened(root, mesh.axis_names[0], exported)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -711,6 +743,7 @@ class Context:
         self._by_mesh.clear()
         self._device_meshes.clear()
         self._roots.clear()
+        self._name_layouts.clear()
         if self._owns_world:
             dist.destroy_process_group()
 

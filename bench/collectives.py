@@ -1,0 +1,288 @@
+"""Benchmark: what the Context costs on top of torch.distributed.
+
+(a) Latency of ``ctx.all_reduce`` against a bare ``dist.all_reduce`` on the same process group
+    (gloo on loopback, 2 and 4 processes; 1 element, 1 KiB, 1 MiB; medians of individually timed
+    calls after warm-up, the two interleaved in blocks). ``ctx.all_reduce`` returns a new tensor
+    (it clones its input) while ``dist.all_reduce`` works in place, so the clone is shown too, and
+    the cached group lookup (``ctx._lookup``, the hot path) is timed on its own.
+(b) A torchtitan-like 5-axis mesh (pp, dp_replicate, dp_shard, cp, tp) with its flattened data-parallel
+    views (dp, dp_shard_cp, dp_cp) and an expert-parallel unflatten of dp_shard_cp into (efsdp, ep), on
+    the fake backend (one process, rank 0): groups created and time to build them, fmesh
+    (``ctx.materialize`` of every axis and view) against torch (``init_device_mesh`` + ``_flatten`` +
+    ``_unflatten``). Both sides build the same groups; the script checks it.
+
+    python bench/collectives.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SIZES = [("1 elem", 1), ("1 KiB", 256), ("1 MiB", 262144)]  # float32 elements
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ------------------------------------------------------------------------------------------- (a) latency
+
+
+def _timed(fn: Callable[[], Any], n: int) -> list[float]:
+    out = []
+    clock = time.perf_counter_ns
+    for _ in range(n):
+        start = clock()
+        fn()
+        out.append((clock() - start) / 1000)
+    return out
+
+
+def _latency_child(rank: int, world: int, port: int, iterations: dict[str, int], queue: Any) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    import fmesh
+
+    torch.set_num_threads(1)
+    rows = []
+    with fmesh.Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=120) as ctx:
+        mesh = fmesh.make_mesh((world,), ("dp",))
+        group = ctx.group(mesh, "dp")
+        for label, numel in SIZES:
+            t = torch.zeros(numel)  # zeros: a sum of zeros stays finite however often it runs in place
+            n = iterations["large" if numel > 1024 else "small"]
+            bare: list[float] = []
+            wrapped: list[float] = []
+            clone: list[float] = []
+            bare_clone: list[float] = []
+            for fn in (lambda t=t: dist.all_reduce(t, group=group), lambda t=t: ctx.all_reduce(t, mesh, "dp")):
+                _timed(fn, max(5, n // 10))  # warm-up
+            blocks = 10
+            for _ in range(blocks):  # interleaved, so drift hits both alike
+                bare += _timed(lambda t=t: dist.all_reduce(t, group=group), n // blocks)
+                wrapped += _timed(lambda t=t: ctx.all_reduce(t, mesh, "dp"), n // blocks)
+                bare_clone += _timed(lambda t=t: dist.all_reduce(t.clone(), group=group), n // blocks)
+                clone += _timed(t.clone, n // blocks)
+            rows.append((world, label, statistics.median(bare), statistics.median(wrapped),
+                         statistics.median(bare_clone), statistics.median(clone)))
+        ctx.barrier()
+    queue.put((rank, rows))
+
+
+def latency(worlds: list[int], iterations: dict[str, int]) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    context = mp.get_context("spawn")
+    for world in worlds:
+        queue = context.Queue()
+        port = _free_port()
+        procs = [context.Process(target=_latency_child, args=(r, world, port, iterations, queue)) for r in range(world)]
+        for p in procs:
+            p.start()
+        results = dict(queue.get(timeout=600) for _ in range(world))
+        for p in procs:
+            p.join(timeout=30)
+        rows.extend(results[0])  # rank 0's view
+    return rows
+
+
+def lookup_overhead(calls: int) -> list[tuple[str, float]]:
+    """Per-call µs of the Python-side hot path, on the fake backend (no communication at all)."""
+    import torch
+    import torch.distributed as dist
+
+    import fmesh
+
+    rows = []
+    with fmesh.Context.fake(4, rank=0) as ctx:
+        mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+        group = ctx.group(mesh, "tp")
+        t = torch.zeros(256)
+        cases: list[tuple[str, Callable[[], Any]]] = [
+            ("ctx._lookup(mesh, 'tp') (cached group lookup)", lambda: ctx._lookup(mesh, "tp")),
+            ("ctx._lookup(mesh, ('dp', 'tp'))", lambda: ctx._lookup(mesh, ("dp", "tp"))),
+            ("t.clone(), 1 KiB", t.clone),
+            ("dist.all_reduce(t, group) on fake (no comm)", lambda: dist.all_reduce(t, group=group)),
+            ("ctx.all_reduce(t, mesh, 'tp') on fake (no comm)", lambda: ctx.all_reduce(t, mesh, "tp")),
+        ]
+        for label, fn in cases:
+            fn()
+            per_batch = []
+            batch = max(1, calls // 50)
+            for _ in range(50):
+                start = time.perf_counter_ns()
+                for _ in range(batch):
+                    fn()
+                per_batch.append((time.perf_counter_ns() - start) / batch / 1000)
+            rows.append((label, statistics.median(per_batch)))
+    return rows
+
+
+# -------------------------------------------------------------------------------------- (b) group creation
+
+TITAN_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def _titan_sizes(world: int) -> tuple[tuple[int, ...], tuple[int, int]]:
+    """(pp, dp_replicate, dp_shard, cp, tp) and (efsdp, ep) splitting dp_shard * cp."""
+    return {
+        64: ((2, 2, 4, 2, 2), (2, 4)),
+        512: ((2, 2, 8, 2, 8), (2, 8)),
+    }[world]
+
+
+def _torch_build(world: int) -> tuple[float, dict[str, tuple[int, ...]], Any]:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    sizes, (efsdp, ep) = _titan_sizes(world)
+    start = time.perf_counter()
+    mesh = init_device_mesh("cpu", sizes, mesh_dim_names=TITAN_AXES)
+    views = {
+        "dp": mesh["dp_replicate", "dp_shard"]._flatten("dp"),
+        "dp_shard_cp": mesh["dp_shard", "cp"]._flatten("dp_shard_cp"),
+        "dp_cp": mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp"),
+    }
+    expert = views["dp_shard_cp"]._unflatten(0, (efsdp, ep), ("efsdp", "ep"))
+    seconds = time.perf_counter() - start
+    groups = {name: tuple(dist.get_process_group_ranks(mesh.get_group(name))) for name in TITAN_AXES}
+    groups.update({name: tuple(dist.get_process_group_ranks(v.get_group())) for name, v in views.items()})
+    groups.update({name: tuple(dist.get_process_group_ranks(expert.get_group(name))) for name in ("efsdp", "ep")})
+    return seconds, groups, mesh
+
+
+def _fmesh_meshes(world: int) -> list[Any]:
+    import fmesh
+
+    sizes, (efsdp, ep) = _titan_sizes(world)
+    mesh = fmesh.make_mesh(sizes, TITAN_AXES)
+    dp = fmesh.flatten(mesh, ("dp_replicate", "dp_shard"), "dp")
+    dp_shard_cp = fmesh.flatten(mesh, ("dp_shard", "cp"), "dp_shard_cp")
+    dp_cp = fmesh.flatten(mesh, ("dp_replicate", "dp_shard", "cp"), "dp_cp")
+    expert = fmesh.unflatten(dp_shard_cp, "dp_shard_cp", {"efsdp": efsdp, "ep": ep})
+    return [mesh, (dp, "dp"), (dp_shard_cp, "dp_shard_cp"), (dp_cp, "dp_cp"), (expert, "efsdp"), (expert, "ep")]
+
+
+def creation(worlds: list[int], reps: int) -> list[tuple[Any, ...]]:
+    import torch.distributed as dist
+
+    import fmesh
+    from fmesh.context import _torch
+
+    rows: list[tuple[Any, ...]] = []
+    for world in worlds:
+        torch_times, fmesh_times, again_torch, again_fmesh = [], [], [], []
+        counts: dict[str, int] = {}
+        same = True
+        for _ in range(reps):
+            # torch
+            dist.init_process_group("fake", rank=0, world_size=world)
+            before = _torch.group_count()
+            seconds, torch_groups, root = _torch_build(world)
+            counts["torch"] = _torch.group_count() - before
+            torch_times.append(seconds)
+            # Another part of the program (say the MoE layers) asks the same root for the same views.
+            _, (efsdp, ep) = _titan_sizes(world)
+            before = _torch.group_count()
+            start = time.perf_counter()
+            root["dp_replicate", "dp_shard"]._flatten("dp")
+            root["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+            root["dp_shard", "cp"]._flatten("dp_shard_cp")._unflatten(0, (efsdp, ep), ("efsdp", "ep"))
+            again_torch.append(time.perf_counter() - start)
+            counts["torch again"] = _torch.group_count() - before
+            dist.destroy_process_group()
+            # fmesh: building the mesh values is part of its time
+            with fmesh.Context.fake(world, rank=0) as ctx:
+                before = _torch.group_count()
+                start = time.perf_counter()
+                items = _fmesh_meshes(world)
+                ctx.materialize(*items)
+                fmesh_times.append(time.perf_counter() - start)
+                counts["fmesh"] = _torch.group_count() - before
+                mine = {name: tuple(dist.get_process_group_ranks(ctx.group(items[0], name))) for name in TITAN_AXES}
+                for mesh, axis in items[1:]:
+                    mine[axis] = tuple(dist.get_process_group_ranks(ctx.group(mesh, axis)))
+                same = same and mine == torch_groups
+                before = _torch.group_count()
+                start = time.perf_counter()
+                ctx.materialize(*_fmesh_meshes(world))  # new values, equal to the first: groups are shared
+                again_fmesh.append(time.perf_counter() - start)
+                counts["fmesh again"] = _torch.group_count() - before
+        rows.append((world, "build mesh + views + ep", counts["torch"], counts["fmesh"],
+                     statistics.median(torch_times), statistics.median(fmesh_times), same))
+        rows.append((world, "same views asked again", counts["torch again"], counts["fmesh again"],
+                     statistics.median(again_torch), statistics.median(again_fmesh), same))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def _us(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="few iterations, small worlds (a smoke run)")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    import torch
+
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}"
+          f"{' (--quick: few iterations, numbers are noisy)' if quick else ''}\n")
+
+    iterations = {"small": 200, "large": 20} if quick else {"small": 3000, "large": 300}
+    rows = latency([2] if quick else [2, 4], iterations)
+    print("### (a) all_reduce latency, gloo on loopback (rank 0, median µs)\n")
+    print("| procs | size | bare µs | fmesh µs | overhead µs | ratio | bare+clone µs | fmesh - (bare+clone) µs "
+          "| clone µs |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for world, label, bare, wrapped, bare_clone, clone in rows:
+        print(f"| {world} | {label} | {_us(bare)} | {_us(wrapped)} | {_us(wrapped - bare)} | {wrapped / bare:.3f} "
+              f"| {_us(bare_clone)} | {_us(wrapped - bare_clone)} | {_us(clone)} |")
+    print("\nbare = `dist.all_reduce(t, group=g)` in place; fmesh = `ctx.all_reduce(t, mesh, 'dp')` on the same "
+          "group `g`, which returns a new tensor: it clones `t` (clone timed alone in the last column); "
+          "bare+clone = `dist.all_reduce(t.clone(), group=g)`, the like-for-like baseline. All four are "
+          "interleaved in blocks; each call is timed alone and waits for the slowest peer, so on a loaded "
+          "machine the spread between runs is larger than fmesh's own cost (see the next table).\n")
+
+    print("### (a') the Python hot path alone (fake backend, no communication; µs per call)\n")
+    print("| call | µs |")
+    print("| --- | ---: |")
+    for label, us in lookup_overhead(20_000 if quick else 200_000):
+        print(f"| {label} | {us:.2f} |")
+
+    worlds = [64] if quick else [64, 512]
+    print("\n### (b) torchtitan-like mesh (pp, dp_replicate, dp_shard, cp, tp) + dp, dp_shard_cp, dp_cp views "
+          "+ ep unflatten; fake backend, rank 0\n")
+    print("| world | what | torch groups | fmesh groups | torch ms | fmesh ms | same groups |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | --- |")
+    for world, what, torch_groups, fmesh_groups, torch_s, fmesh_s, same in creation(worlds, 1 if quick else 3):
+        print(f"| {world} | {what} | {torch_groups} | {fmesh_groups} | {torch_s * 1e3:.2f} | {fmesh_s * 1e3:.2f} "
+              f"| {'yes' if same else 'NO'} |")
+    for world in worlds:
+        sizes, (efsdp, ep) = _titan_sizes(world)
+        print(f"\nworld {world}: {dict(zip(TITAN_AXES, sizes))}, dp_shard*cp -> efsdp={efsdp}, ep={ep}.", end="")
+    print("\ngroups = process groups this rank holds afterwards (torch's `pg_map`); time = building the meshes "
+          "and groups (torch calls `new_group` for every subgroup of a dim, members or not; fmesh creates this "
+          "rank's groups only). 'asked again': torch's `_flatten` finds its cached views, `_unflatten` "
+          "creates its groups again; fmesh finds every group in its cache.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

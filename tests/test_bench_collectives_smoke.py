@@ -1,0 +1,26 @@
+"""Smoke test: ``python bench/collectives.py --quick`` runs and prints its tables (so the benchmark cannot rot)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "collectives.py"
+
+
+def test_quick_collectives_benchmark_runs() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = proc.stdout
+    assert "| procs | size | bare µs | fmesh µs | overhead µs | ratio |" in out
+    assert "| call | µs |" in out and "ctx._lookup(mesh, 'tp') (cached group lookup)" in out
+    assert "| world | what | torch groups | fmesh groups | torch ms | fmesh ms | same groups |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| 2 | ")]
+    assert len(rows) == 3  # 1 elem, 1 KiB, 1 MiB on 2 processes
+    titan = [line for line in out.splitlines() if line.startswith("| 64 | ")]
+    assert len(titan) == 2 and all(line.rstrip().endswith("| yes |") for line in titan)
+    assert "| 64 | build mesh + views + ep | 10 | 10 |" in out  # the same groups, counted on both sides
