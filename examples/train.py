@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pathlib
 import sys
@@ -258,9 +257,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_degrees(args, ctx.world_size)  # every rank checks the same pure numbers: no hang
             train(args, ctx)
     except UsageError as error:
+        # Every rank sees the same error (the checks are pure, or read the same files): rank 0 reports
+        # it and fails the job; the others leave quietly, so the launcher has nobody to kill.
         if rank == 0:
-            print(f"train.py: error: {error}", file=sys.stderr)
-        return 2
+            print(f"train.py: error: {error}", file=sys.stderr, flush=True)
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                time.sleep(1.0)  # leave last: a launcher kills the ranks still running when one fails
+            return 2
+        return 0
     return 0
 
 

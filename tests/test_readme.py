@@ -39,5 +39,5 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert len(commands) == 1
     ci = (ROOT / ".ci" / "run").read_text()
     assert commands[0] in ci.splitlines()
-    main_job = [block.strip() for block in BASH_BLOCKS if block.strip().endswith("python -m fmesh")]
-    assert len(main_job) == 1
+    main_job = [block.strip() for block in BASH_BLOCKS if "examples/train.py" in block]
+    assert len(main_job) == 1 and main_job[0].startswith("python3 -m venv .venv")

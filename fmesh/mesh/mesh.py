@@ -134,6 +134,7 @@ class Mesh:
             for frame_layout in reversed(self.frame):
                 layouts = [frame_layout.composition(layout) for layout in layouts]
                 offset = frame_layout(offset)
+            complement_modes(_all_modes(layouts), self.universe.world_size)  # and they must still tile
         except ValueError:
             return
         object.__setattr__(self, "layouts", _canonical_layouts(layouts[:-1]))
@@ -321,6 +322,8 @@ class Mesh:
         """
         modes = self._axes_modes(axes)
         _, base = decompose_modes(modes, self._require_index(rank))
+        if not self.frame and self.universe.is_identity:  # index = slot = rank
+            return tuple(modes_values(base, modes))
         return tuple(self._rank_at(index) for index in modes_values(base, modes))
 
     def groups(self, axes: AxesArg = None) -> tuple[tuple[int, ...], ...]:

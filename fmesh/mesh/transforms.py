@@ -127,26 +127,25 @@ def concat(*meshes: Mesh) -> Mesh:
 
     if not meshes:
         raise ValueError("concat needs at least one mesh")
-    first = meshes[0]
     for index, mesh in enumerate(meshes):
         if not isinstance(mesh, Mesh):
             raise TypeError(f"concat takes Mesh values, got {mesh!r} at position {index}")
+    first = next((m for m in meshes if m.frame), meshes[0])  # a re-indexed mesh sets the index space
+    parts = []
+    for index, mesh in enumerate(meshes):
         if mesh.universe != first.universe:
             raise ValueError(
                 f"cannot concat meshes from different universes: {mesh.universe!r} at position {index} "
                 f"vs {first.universe!r}; derive both from one make_mesh() call"
             )
-        if mesh.frame != first.frame:
-            raise ValueError(
-                f"cannot concat {mesh!r} (position {index}) with {first!r}: one of them split a strided "
-                "axis unevenly and they index the universe differently; concat before that unflatten"
-            )
-        if (mesh.pinned, mesh.offset) != (first.pinned, first.offset):
+        layouts, pinned, offset = _in_frame(mesh, first.frame, index)
+        if (pinned, offset) != (first.pinned, first.offset):
             raise ValueError(
                 f"cannot concat {mesh!r} (position {index}) with {first!r}: they select different ranks; "
                 "apply select() after concat instead"
             )
-    axes = [(name, layout) for mesh in meshes for name, layout in zip(mesh.axis_names, mesh.layouts)]
+        parts.append((mesh.axis_names, layouts))
+    axes = [(name, layout) for names, layouts in parts for name, layout in zip(names, layouts)]
     for i, (name_i, layout_i) in enumerate(axes):
         for name_j, layout_j in axes[i + 1 :]:
             if name_i == name_j:
@@ -157,6 +156,31 @@ def concat(*meshes: Mesh) -> Mesh:
                     "concat needs meshes over disjoint sets of axes"
                 )
     return attrs.evolve(first, axis_names=[n for n, _ in axes], layouts=[lay for _, lay in axes])
+
+
+def _in_frame(mesh: Mesh, frame: tuple[Layout, ...], index: int) -> tuple[list[Layout], Layout, int]:
+    """``mesh``'s layouts, pinned modes and offset over the index space of ``frame``."""
+    layouts, pinned, offset = list(mesh.layouts), mesh.pinned, mesh.offset
+    if mesh.frame == frame:
+        return layouts, pinned, offset
+    try:
+        if mesh.frame:
+            raise ValueError("both meshes were re-indexed")
+        for to_old in frame:  # slot = frame[0](frame[1](...(index))): peel from the outside in
+            to_new = to_old.inverse()
+            layouts = [to_new.composition(layout) for layout in layouts]
+            pinned, offset = to_new.composition(pinned), to_new(offset)
+    except ValueError:
+        raise ValueError(
+            f"cannot concat {mesh!r} (position {index}): another mesh split a strided axis unevenly and "
+            "this one cannot be expressed over its re-indexed universe; concat before that unflatten"
+        ) from None
+    return layouts, _sorted_modes(pinned), offset
+
+
+def _sorted_modes(layout: Layout) -> Layout:
+    modes = coalesce_modes(tuple(sorted(layout.modes, key=lambda mode: -mode[1])))
+    return Layout(tuple(s for s, _ in modes), tuple(d for _, d in modes))
 
 
 def rename(mesh: Mesh, mapping: Mapping[str, str]) -> Mesh:
@@ -193,12 +217,11 @@ def select(mesh: Mesh, **coordinates: int) -> Mesh:
         pinned_modes.extend(layout.modes)
         offset += layout(coordinate)
     kept = [n for n in mesh.axis_names if n not in coordinates]
-    modes = coalesce_modes(tuple(sorted(pinned_modes, key=lambda mode: -mode[1])))
     return attrs.evolve(
         mesh,
         axis_names=kept,
         layouts=[mesh.axis_layout(n) for n in kept],
-        pinned=Layout(tuple(s for s, _ in modes), tuple(d for _, d in modes)),
+        pinned=_sorted_modes(Layout(tuple(s for s, _ in pinned_modes), tuple(d for _, d in pinned_modes))),
         offset=offset,
     )
 

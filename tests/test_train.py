@@ -1,0 +1,102 @@
+"""The main job: examples/train.py under torchrun on gloo (tp 2 x dp_shard 2), against one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "train.py"
+TOLERANCE = 1e-4  # FSDP and TP reduce in another order than one process: float32 rounding only
+
+
+def torchrun(nproc: int, *flags: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               str(SCRIPT), *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def losses(path: pathlib.Path) -> tuple[int, list[float]]:
+    data = json.loads(path.read_text())
+    return data["start"], data["losses"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    tmp = tmp_path_factory.mktemp("train")
+    common = ["--steps", "8", "--seq-len", "16", "--dim", "32", "--log-every", "1"]
+    parallel = torchrun(4, "--tp", "2", *common, "--losses-to", str(tmp / "four.json"))
+    single = torchrun(1, *common, "--losses-to", str(tmp / "one.json"))
+    first = torchrun(4, "--tp", "2", *common[:1], "4", *common[2:], "--checkpoint-dir", str(tmp / "ckpt"),
+                     "--checkpoint-every", "2")
+    resumed = torchrun(4, "--tp", "2", *common, "--checkpoint-dir", str(tmp / "ckpt"), "--resume",
+                       "--losses-to", str(tmp / "resumed.json"))
+    return {"tmp": tmp, "parallel": parallel, "single": single, "first": first, "resumed": resumed}
+
+
+def test_loss_falls_and_matches_one_process(runs: dict[str, object]) -> None:
+    tmp = runs["tmp"]
+    assert isinstance(tmp, pathlib.Path)
+    for name in ("parallel", "single"):
+        result = runs[name]
+        assert isinstance(result, subprocess.CompletedProcess)
+        assert result.returncode == 0, result.stderr[-3000:]
+    _, four = losses(tmp / "four.json")
+    _, one = losses(tmp / "one.json")
+    assert len(four) == len(one) == 8
+    assert four[-1] < four[0] - 1.0, f"the loss does not fall: {four}"
+    for step, (a, b) in enumerate(zip(four, one)):
+        assert abs(a - b) <= TOLERANCE * max(1.0, abs(b)), f"step {step}: 4 ranks {a} vs 1 rank {b}"
+    parallel = runs["parallel"]
+    assert isinstance(parallel, subprocess.CompletedProcess)
+    out = parallel.stdout
+    assert "tp " in out and "fsdp_mesh(dp_shard_cp)" in out  # the plan
+    assert "tokens/s" in out and "step    7" in out
+    assert "groups created by the context: 2" in out  # tp and dp_shard: every other need is shared
+
+
+def test_resumed_run_continues_with_the_same_losses(runs: dict[str, object]) -> None:
+    tmp = runs["tmp"]
+    assert isinstance(tmp, pathlib.Path)
+    for name in ("first", "resumed"):
+        result = runs[name]
+        assert isinstance(result, subprocess.CompletedProcess)
+        assert result.returncode == 0, result.stderr[-3000:]
+    start, resumed = losses(tmp / "resumed.json")
+    _, straight = losses(tmp / "four.json")
+    assert start == 4 and len(resumed) == 4
+    assert resumed == pytest.approx(straight[4:], rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tp", "3"], "world_size 2 is not divisible by"),
+        (["--tpp", "2"], "unrecognized arguments: --tpp 2"),
+        (["--cp", "2"], "trains with pp=1 and cp=1"),
+        (["--resume"], "--resume needs --checkpoint-dir"),
+    ],
+)
+def test_bad_input_is_one_line_on_rank_0_and_a_clean_exit(flags: list[str], message: str) -> None:
+    result = torchrun(2, *flags, timeout=120)
+    assert result.returncode != 0
+    ours = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("train.py: error:")]
+    assert len(ours) == 1 and message in ours[0], ours
+    assert "SIGTERM" not in result.stderr and "Traceback" not in result.stdout
+
+
+def test_a_checkpoint_from_another_mesh_is_refused(runs: dict[str, object]) -> None:
+    tmp = runs["tmp"]
+    assert isinstance(tmp, pathlib.Path)
+    result = torchrun(4, "--tp", "4", "--steps", "8", "--seq-len", "16", "--dim", "32",
+                      "--checkpoint-dir", str(tmp / "ckpt"), "--resume", timeout=120)
+    assert result.returncode != 0
+    ours = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
+    assert len(ours) == 1 and "was saved with" in ours[0] and "'tp': 2" in ours[0] and "'tp': 4" in ours[0]
+    assert "SIGTERM" not in result.stderr
