@@ -306,17 +306,9 @@ def _train_setup(ctx: Context, setup: str) -> dict[str, Any]:
 
     rank = ctx.rank
     model = _model()
-    if setup == "fsdp":
-        mesh = fmesh.make_mesh((4,), ("dp_shard",), rank_map=[3, 0, 2, 1])
-        dp_axes: tuple[str, ...] = ("dp_shard",)
-        dm = ctx.device_mesh(mesh)
-        before = _torch.group_count()
-        for layer in (model[0], model[2]):
-            fully_shard(layer, mesh=dm)
-        fully_shard(model, mesh=dm)
-    elif setup == "hsdp":
-        mesh = fmesh.make_mesh((2, 2), ("dp_replicate", "dp_shard"), rank_map=[3, 0, 2, 1])
-        dp_axes = ("dp_replicate", "dp_shard")
+    if setup in ("fsdp", "hsdp"):  # a 1-D mesh is FSDP; fully_shard reads a 2-D one as (replicate, shard)
+        sizes, dp_axes = ((4,), ("dp_shard",)) if setup == "fsdp" else ((2, 2), ("dp_replicate", "dp_shard"))
+        mesh = fmesh.make_mesh(sizes, dp_axes, rank_map=[3, 0, 2, 1])
         dm = ctx.device_mesh(mesh)
         before = _torch.group_count()
         for layer in (model[0], model[2]):

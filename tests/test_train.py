@@ -22,6 +22,17 @@ def torchrun(nproc: int, *flags: str, timeout: float = 240) -> subprocess.Comple
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
+def succeeded(runs: dict[str, object], *names: str) -> pathlib.Path:
+    """Check these runs exited 0; returns the runs' scratch folder."""
+    for name in names:
+        result = runs[name]
+        assert isinstance(result, subprocess.CompletedProcess)
+        assert result.returncode == 0, result.stderr[-3000:]
+    tmp = runs["tmp"]
+    assert isinstance(tmp, pathlib.Path)
+    return tmp
+
+
 def losses(path: pathlib.Path) -> tuple[int, list[float]]:
     data = json.loads(path.read_text())
     return data["start"], data["losses"]
@@ -41,12 +52,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 
 
 def test_loss_falls_and_matches_one_process(runs: dict[str, object]) -> None:
-    tmp = runs["tmp"]
-    assert isinstance(tmp, pathlib.Path)
-    for name in ("parallel", "single"):
-        result = runs[name]
-        assert isinstance(result, subprocess.CompletedProcess)
-        assert result.returncode == 0, result.stderr[-3000:]
+    tmp = succeeded(runs, "parallel", "single")
     _, four = losses(tmp / "four.json")
     _, one = losses(tmp / "one.json")
     assert len(four) == len(one) == 8
@@ -62,12 +68,7 @@ def test_loss_falls_and_matches_one_process(runs: dict[str, object]) -> None:
 
 
 def test_resumed_run_continues_with_the_same_losses(runs: dict[str, object]) -> None:
-    tmp = runs["tmp"]
-    assert isinstance(tmp, pathlib.Path)
-    for name in ("first", "resumed"):
-        result = runs[name]
-        assert isinstance(result, subprocess.CompletedProcess)
-        assert result.returncode == 0, result.stderr[-3000:]
+    tmp = succeeded(runs, "first", "resumed")
     start, resumed = losses(tmp / "resumed.json")
     _, straight = losses(tmp / "four.json")
     assert start == 4 and len(resumed) == 4
@@ -92,8 +93,7 @@ def test_bad_input_is_one_line_on_rank_0_and_a_clean_exit(flags: list[str], mess
 
 
 def test_a_checkpoint_from_another_mesh_is_refused(runs: dict[str, object]) -> None:
-    tmp = runs["tmp"]
-    assert isinstance(tmp, pathlib.Path)
+    tmp = succeeded(runs)
     result = torchrun(4, "--tp", "4", "--steps", "8", "--seq-len", "16", "--dim", "32",
                       "--checkpoint-dir", str(tmp / "ckpt"), "--resume", timeout=120)
     assert result.returncode != 0
