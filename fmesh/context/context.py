@@ -291,22 +291,42 @@ class Context:
 
     @property
     def rank(self) -> int:
-        """This process's global rank."""
+        """This process's global rank.
+
+        >>> with Context.fake(4, rank=3) as ctx:
+        ...     ctx.rank
+        3
+        """
         return self._rank
 
     @property
     def world_size(self) -> int:
-        """Number of processes in the default group."""
+        """Number of processes in the default group.
+
+        >>> with Context.fake(4) as ctx:
+        ...     ctx.world_size
+        4
+        """
         return self._world_size
 
     @property
     def device(self) -> torch.device:
-        """The device collectives' tensors live on (``cuda:LOCAL_RANK`` under NCCL)."""
+        """The device collectives' tensors live on (``cuda:LOCAL_RANK`` under NCCL).
+
+        >>> with Context.fake(2) as ctx:
+        ...     ctx.device
+        device(type='cpu')
+        """
         return self._device
 
     @property
     def backend(self) -> str:
-        """The context-wide backend."""
+        """The context-wide backend.
+
+        >>> with Context.fake(2) as ctx:
+        ...     ctx.backend
+        'fake'
+        """
         return self._backend
 
     # ---------------------------------------------------------------- groups
@@ -731,7 +751,12 @@ class Context:
         }
 
     def close(self) -> None:
-        """Destroy the groups this context made (and the default group, if it made that too)."""
+        """Destroy the groups this context made (and the default group, if it made that too).
+
+        >>> ctx = Context.fake(2)
+        >>> ctx.close(); ctx
+        Context(rank=0, world=2, fake, closed)
+        """
         if self._closed:
             return
         self._closed = True

@@ -23,7 +23,11 @@ def _device_type(instance: object, attribute: attrs.Attribute[Any], value: objec
 
 
 def canonical_rank_map(world_size: int, rank_map: Any) -> tuple[int, ...] | None:
-    """Validate a rank map for ``world_size`` ranks; ``None`` stands for the identity."""
+    """Validate a rank map for ``world_size`` ranks; ``None`` stands for the identity.
+
+    >>> canonical_rank_map(3, [0, 1, 2]), canonical_rank_map(3, [2, 0, 1])
+    (None, (2, 0, 1))
+    """
     if rank_map is None:
         return None
     if hasattr(rank_map, "tolist"):  # a tensor or an array, read row-major
