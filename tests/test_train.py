@@ -100,3 +100,16 @@ def test_a_checkpoint_from_another_mesh_is_refused(runs: dict[str, object]) -> N
     ours = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
     assert len(ours) == 1 and "was saved with" in ours[0] and "'tp': 2" in ours[0] and "'tp': 4" in ours[0]
     assert "SIGTERM" not in result.stderr
+
+
+def test_hsdp_with_tensor_parallelism_on_eight_ranks_matches_one_process(runs: dict[str, object]) -> None:
+    tmp = succeeded(runs, "single")
+    result = torchrun(8, "--dp-replicate", "2", "--tp", "2", "--steps", "4", "--seq-len", "16", "--dim", "32",
+                      "--losses-to", str(tmp / "eight.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "data parallel: hsdp" in result.stdout
+    _, eight = losses(tmp / "eight.json")
+    _, one = losses(tmp / "one.json")
+    assert len(eight) == 4
+    for step, (a, b) in enumerate(zip(eight, one)):
+        assert abs(a - b) <= TOLERANCE * max(1.0, abs(b)), f"step {step}: 8 ranks {a} vs 1 rank {b}"
