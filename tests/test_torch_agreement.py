@@ -11,29 +11,19 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
+from fake_torch import fake_world, torch_groups
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.distributed._mesh_layout import _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import fmesh
 from fmesh import Mesh
 
 settings.register_profile("fmesh", max_examples=150, deadline=None)
 settings.load_profile("fmesh")
-
-
-def torch_groups(dm: DeviceMesh, dims: list[int]) -> set[tuple[int, ...]]:
-    """Every group torch would create for these dims of ``dm`` (what ``_init_process_groups`` uses)."""
-    layout = _MeshLayout([dm._layout[d] for d in dims])
-    grid = layout.remap_to_tensor(dm._rank_map)
-    return {tuple(row) for row in grid.reshape(grid.shape[0], -1).tolist()}
 
 
 def assert_same(dm: DeviceMesh, mesh: Mesh, rank: int) -> None:
@@ -44,13 +34,6 @@ def assert_same(dm: DeviceMesh, mesh: Mesh, rank: int) -> None:
         assert set(mesh.groups(name)) == torch_groups(dm, [i]), name
     assert set(mesh.groups()) == torch_groups(dm, list(range(len(names))))
     assert mesh.ranks(rank).tolist() == dm.mesh.tolist()
-
-
-@pytest.fixture
-def fake_world() -> Iterator[None]:
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @st.composite
@@ -73,10 +56,7 @@ def test_random_sequences_agree_with_device_mesh(
     sizes, rank_map, rank = scenario
     world = math.prod(sizes)
     names = tuple("abcde"[: len(sizes)])
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    try:
+    with fake_world(world, rank):
         ranks = torch.arange(world) if rank_map is None else torch.tensor(rank_map)
         root = DeviceMesh("cpu", ranks.reshape(sizes), mesh_dim_names=names)
         pool: list[tuple[DeviceMesh, Mesh]] = [(root, fmesh.make_mesh(sizes, names, rank_map=rank_map))]
@@ -134,14 +114,12 @@ def test_random_sequences_agree_with_device_mesh(
                     new_mesh = fmesh.concat(mesh, other)
             assert_same(new_dm, new_mesh, rank)
             pool.append((new_dm, new_mesh))
-    finally:
-        dist.destroy_process_group()
 
 
-def test_torch_rejects_descending_slices_that_fmesh_accepts(fake_world: None) -> None:
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
-    dm = DeviceMesh("cpu", torch.arange(8).reshape(2, 4), mesh_dim_names=("dp", "tp"))
-    with pytest.raises(KeyError):
-        dm["tp", "dp"]
-    mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))
-    assert fmesh.slice(mesh, "tp", "dp").ranks(0).tolist() == dm.mesh.t().tolist()
+def test_torch_rejects_descending_slices_that_fmesh_accepts() -> None:
+    with fake_world(8):
+        dm = DeviceMesh("cpu", torch.arange(8).reshape(2, 4), mesh_dim_names=("dp", "tp"))
+        with pytest.raises(KeyError):
+            dm["tp", "dp"]
+        mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))
+        assert fmesh.slice(mesh, "tp", "dp").ranks(0).tolist() == dm.mesh.t().tolist()

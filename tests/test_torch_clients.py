@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from fake_torch import fake_world, torch_groups
 from multiproc import run
 
 import fmesh
@@ -373,22 +374,12 @@ def test_training_matches_single_process(setup: str, training_results: list[dict
 
 
 @pytest.fixture
-def fake_world() -> Iterator[None]:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", rank=0, world_size=8)
-    yield
-    dist.destroy_process_group()
+def fake8() -> Iterator[None]:
+    with fake_world(8):
+        yield
 
 
-def _torch_groups(dm: Any, dim: int) -> tuple[tuple[int, ...], ...]:
-    from torch.distributed._mesh_layout import _MeshLayout
-
-    grid = _MeshLayout([dm._layout[dim]]).remap_to_tensor(dm._rank_map)
-    return tuple(tuple(row) for row in grid.reshape(grid.shape[0], -1).tolist())
-
-
-@pytest.mark.usefixtures("fake_world")
+@pytest.mark.usefixtures("fake8")
 def test_from_device_mesh_agrees_with_torch_on_init_device_mesh() -> None:
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -406,7 +397,7 @@ def test_from_device_mesh_agrees_with_torch_on_init_device_mesh() -> None:
             assert mesh.axis_names == tuple(dm.mesh_dim_names)
             assert mesh.ranks(0).tolist() == dm.mesh.tolist()  # this rank's instance, same order
             for dim, name in enumerate(mesh.axis_names):
-                assert set(mesh.groups(name)) == set(_torch_groups(dm, dim)), (dm, name)
+                assert set(mesh.groups(name)) == torch_groups(dm, [dim]), (dm, name)
                 # The group torch actually created for rank 0. torch 2.13's DeviceMesh makes its groups with
                 # new_group's default sort_ranks=True, so on a permuted mesh the group-rank order is sorted,
                 # not the mesh order (fmesh's own groups follow the mesh order).

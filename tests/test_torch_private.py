@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from fake_torch import fake_world
 from multiproc import run
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
@@ -27,11 +28,8 @@ from fmesh.layout import Layout
 @pytest.fixture
 def fake4() -> Iterator[None]:
     """A fake world of 4 seen from rank 1."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", rank=1, world_size=4)
-    yield
-    dist.destroy_process_group()
+    with fake_world(4, rank=1):
+        yield
 
 
 def _params(fn: Any) -> set[str]:
