@@ -442,9 +442,8 @@ class Context:
         if group is None:  # a group of one: made only when somebody asks for the object itself
             self._check_open()
             names = mesh.resolve_axes(axes if not isinstance(axes, list) else tuple(axes))
-            group = self._by_spec.get(self._spec(mesh, names, ranks)) or self._create(
-                mesh, names, self._spec(mesh, names, ranks)
-            )
+            spec = self._spec(mesh, names, ranks)
+            group = self._by_spec.get(spec) or self._create(mesh, names, spec)
         return group
 
     # ----------------------------------------------------------- collectives

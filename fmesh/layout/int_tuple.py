@@ -12,7 +12,7 @@ structure and never looks at anything but the integers it is given.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TypeAlias, TypeGuard
 
 IntTuple: TypeAlias = int | tuple["IntTuple", ...]
@@ -120,15 +120,3 @@ def row_major_coordinate(index: int, shape: Sequence[int]) -> tuple[int, ...]:
         coordinate.append(digit)
     coordinate.reverse()
     return tuple(coordinate)
-
-
-def row_major_index(coordinate: Iterable[int], shape: Iterable[int]) -> int:
-    """Inverse of :func:`row_major_coordinate`.
-
-    >>> row_major_index((1, 3), (2, 4))
-    7
-    """
-    index = 0
-    for digit, size in zip(coordinate, shape):
-        index = index * size + digit
-    return index

@@ -289,6 +289,15 @@ def coalesce_modes(modes: Modes) -> Modes:
     return tuple(reversed(merged))
 
 
+def sorted_by_stride(layout: Layout) -> Layout:
+    """A flat layout over the same modes, largest stride first, coalesced: one form per set of digits.
+
+    >>> sorted_by_stride(Layout((2, 4), (1, 2)))
+    Layout((8,):(1,))
+    """
+    return _from_modes(coalesce_modes(tuple(sorted(layout.modes, key=lambda mode: -mode[1]))))
+
+
 def _compose_mode(outer: Modes, size: int, stride: int) -> Modes:
     """``outer ∘ (size:stride)`` as flat modes; ``outer`` is coalesced."""
     if size == 1:

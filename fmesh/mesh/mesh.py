@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from fmesh.layout.int_tuple import is_int, product
-from fmesh.layout.layout import Layout, Modes, coalesce_modes, complement_modes, concat, decompose_modes, modes_values
+from fmesh.layout.layout import (
+    Layout,
+    Modes,
+    complement_modes,
+    concat,
+    decompose_modes,
+    modes_values,
+    sorted_by_stride,
+)
 from fmesh.mesh import transforms
 from fmesh.mesh.universe import Universe
 
@@ -43,18 +51,11 @@ def _canonical_pinned(layout: Layout) -> Layout:
     # Pinned modes form a set of digits; sorting them makes equal sets compare equal.
     if not isinstance(layout, Layout):
         raise TypeError(f"pinned must be an fmesh.Layout, got {layout!r}")
-    if layout.size == 1:
-        return _EMPTY
-    modes = tuple(sorted(layout.modes, key=lambda mode: -mode[1]))
-    return Layout(*_shape_stride(coalesce_modes(modes)))
+    return _EMPTY if layout.size == 1 else sorted_by_stride(layout)
 
 
 def _canonical_frame(frame: Iterable[Layout]) -> tuple[Layout, ...]:
     return tuple(_canonical_layouts(tuple(frame)))
-
-
-def _shape_stride(modes: Modes) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    return tuple(s for s, _ in modes), tuple(d for _, d in modes)
 
 
 def _to_names(names: Iterable[str]) -> tuple[str, ...]:

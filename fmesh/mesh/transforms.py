@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, cast
 import attrs
 
 from fmesh.layout.int_tuple import IntTuple, is_int, product
-from fmesh.layout.layout import Layout, coalesce_modes
+from fmesh.layout.layout import Layout, sorted_by_stride
 from fmesh.layout.layout import concat as concat_layouts
 
 if TYPE_CHECKING:
@@ -175,12 +175,7 @@ def _in_frame(mesh: Mesh, frame: tuple[Layout, ...], index: int) -> tuple[list[L
             f"cannot concat {mesh!r} (position {index}): another mesh split a strided axis unevenly and "
             "this one cannot be expressed over its re-indexed universe; concat before that unflatten"
         ) from None
-    return layouts, _sorted_modes(pinned), offset
-
-
-def _sorted_modes(layout: Layout) -> Layout:
-    modes = coalesce_modes(tuple(sorted(layout.modes, key=lambda mode: -mode[1])))
-    return Layout(tuple(s for s, _ in modes), tuple(d for _, d in modes))
+    return layouts, sorted_by_stride(pinned), offset
 
 
 def rename(mesh: Mesh, mapping: Mapping[str, str]) -> Mesh:
@@ -221,7 +216,7 @@ def select(mesh: Mesh, **coordinates: int) -> Mesh:
         mesh,
         axis_names=kept,
         layouts=[mesh.axis_layout(n) for n in kept],
-        pinned=_sorted_modes(Layout(tuple(s for s, _ in pinned_modes), tuple(d for _, d in pinned_modes))),
+        pinned=Layout(tuple(s for s, _ in pinned_modes), tuple(d for _, d in pinned_modes)),  # Mesh sorts it
         offset=offset,
     )
 
