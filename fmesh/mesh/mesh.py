@@ -333,11 +333,11 @@ class Mesh:
         >>> import fmesh; fmesh.make_mesh((2, 2), ("dp", "tp")).groups("dp")
         ((0, 2), (1, 3))
         """
-        layout = self.axes_layout(axes)
-        others = complement_modes(layout.modes + self.pinned.modes, self.world_size)
+        modes = self._axes_modes(axes)
+        others = complement_modes(modes + self.pinned.modes, self.world_size)
         rank_at = self._rank_at
         return tuple(
-            tuple(rank_at(index) for index in modes_values(base, layout.modes))
+            tuple(rank_at(index) for index in modes_values(base, modes))
             for base in modes_values(self.offset, others)
         )
 
@@ -351,6 +351,7 @@ class Mesh:
         """
         import torch
 
+        modes = self._axes_modes(None)
         if rank is None:
             if self.num_instances != 1:
                 raise ValueError(
@@ -358,8 +359,8 @@ class Mesh:
                 )
             base = self.offset
         else:
-            _, base = self.axes_layout().decompose(self._require_index(rank))
-        indices = modes_values(base, self.axes_layout().modes)
+            _, base = decompose_modes(modes, self._require_index(rank))
+        indices = modes_values(base, modes)
         return torch.tensor([self._rank_at(i) for i in indices], dtype=torch.long).reshape(self.axis_sizes)
 
     # ------------------------------------------------------------ transforms
