@@ -4,7 +4,7 @@
     (gloo on loopback, 2 and 4 processes; 1 element, 1 KiB, 1 MiB; medians of individually timed
     calls after warm-up, the two interleaved in blocks). ``ctx.all_reduce`` returns a new tensor
     (it clones its input) while ``dist.all_reduce`` works in place, so the clone is shown too, and
-    the cached group lookup (``ctx._lookup``, the hot path) is timed on its own.
+    the cached group lookup (``ctx.group``, the hot path's lookup) is timed on its own.
 (b) A torchtitan-like 5-axis mesh (pp, dp_replicate, dp_shard, cp, tp) with its flattened data-parallel
     views (dp, dp_shard_cp, dp_cp) and an expert-parallel unflatten of dp_shard_cp into (efsdp, ep), on
     the fake backend (one process, rank 0): groups created and time to build them, fmesh
@@ -17,9 +17,8 @@
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
+import functools
 import os
-import socket
 import statistics
 import sys
 import time
@@ -29,12 +28,6 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SIZES = [("1 elem", 1), ("1 KiB", 256), ("1 MiB", 262144)]  # float32 elements
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ------------------------------------------------------------------------------------------- (a) latency
@@ -50,51 +43,44 @@ def _timed(fn: Callable[[], Any], n: int) -> list[float]:
     return out
 
 
-def _latency_child(rank: int, world: int, port: int, iterations: dict[str, int], queue: Any) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _latency_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]:
     import torch
     import torch.distributed as dist
 
     import fmesh
 
-    torch.set_num_threads(1)
+    world = ctx.world_size
     rows = []
-    with fmesh.Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=120) as ctx:
-        mesh = fmesh.make_mesh((world,), ("dp",))
-        group = ctx.group(mesh, "dp")
-        for label, numel in SIZES:
-            t = torch.zeros(numel)  # zeros: a sum of zeros stays finite however often it runs in place
-            n = iterations["large" if numel > 1024 else "small"]
-            bare: list[float] = []
-            wrapped: list[float] = []
-            clone: list[float] = []
-            bare_clone: list[float] = []
-            for fn in (lambda t=t: dist.all_reduce(t, group=group), lambda t=t: ctx.all_reduce(t, mesh, "dp")):
-                _timed(fn, max(5, n // 10))  # warm-up
-            blocks = 10
-            for _ in range(blocks):  # interleaved, so drift hits both alike
-                bare += _timed(lambda t=t: dist.all_reduce(t, group=group), n // blocks)
-                wrapped += _timed(lambda t=t: ctx.all_reduce(t, mesh, "dp"), n // blocks)
-                bare_clone += _timed(lambda t=t: dist.all_reduce(t.clone(), group=group), n // blocks)
-                clone += _timed(t.clone, n // blocks)
-            rows.append((world, label, statistics.median(bare), statistics.median(wrapped),
-                         statistics.median(bare_clone), statistics.median(clone)))
-        ctx.barrier()
-    queue.put((rank, rows))
+    mesh = fmesh.make_mesh((world,), ("dp",))
+    group = ctx.group(mesh, "dp")
+    for label, numel in SIZES:
+        t = torch.zeros(numel)  # zeros: a sum of zeros stays finite however often it runs in place
+        n = iterations["large" if numel > 1024 else "small"]
+        bare: list[float] = []
+        wrapped: list[float] = []
+        clone: list[float] = []
+        bare_clone: list[float] = []
+        for fn in (lambda t=t: dist.all_reduce(t, group=group), lambda t=t: ctx.all_reduce(t, mesh, "dp")):
+            _timed(fn, max(5, n // 10))  # warm-up
+        blocks = 10
+        for _ in range(blocks):  # interleaved, so drift hits both alike
+            bare += _timed(lambda t=t: dist.all_reduce(t, group=group), n // blocks)
+            wrapped += _timed(lambda t=t: ctx.all_reduce(t, mesh, "dp"), n // blocks)
+            bare_clone += _timed(lambda t=t: dist.all_reduce(t.clone(), group=group), n // blocks)
+            clone += _timed(t.clone, n // blocks)
+        rows.append((world, label, statistics.median(bare), statistics.median(wrapped),
+                     statistics.median(bare_clone), statistics.median(clone)))
+    ctx.barrier()
+    return rows
 
 
 def latency(worlds: list[int], iterations: dict[str, int]) -> list[tuple[Any, ...]]:
+    import fmesh
+
     rows: list[tuple[Any, ...]] = []
-    context = mp.get_context("spawn")
     for world in worlds:
-        queue = context.Queue()
-        port = _free_port()
-        procs = [context.Process(target=_latency_child, args=(r, world, port, iterations, queue)) for r in range(world)]
-        for p in procs:
-            p.start()
-        results = dict(queue.get(timeout=600) for _ in range(world))
-        for p in procs:
-            p.join(timeout=30)
+        results = fmesh.launch(functools.partial(_latency_rank, iterations=iterations), world, timeout=600,
+                               context_options={"timeout": 120}, start_method="spawn")
         rows.extend(results[0])  # rank 0's view
     return rows
 
@@ -112,8 +98,8 @@ def lookup_overhead(calls: int) -> list[tuple[str, float]]:
         group = ctx.group(mesh, "tp")
         t = torch.zeros(256)
         cases: list[tuple[str, Callable[[], Any]]] = [
-            ("ctx._lookup(mesh, 'tp') (cached group lookup)", lambda: ctx._lookup(mesh, "tp")),
-            ("ctx._lookup(mesh, ('dp', 'tp'))", lambda: ctx._lookup(mesh, ("dp", "tp"))),
+            ("ctx.group(mesh, 'tp') (cached group lookup)", lambda: ctx.group(mesh, "tp")),
+            ("ctx.group(mesh, ('dp', 'tp'))", lambda: ctx.group(mesh, ("dp", "tp"))),
             ("t.clone(), 1 KiB", t.clone),
             ("dist.all_reduce(t, group) on fake (no comm)", lambda: dist.all_reduce(t, group=group)),
             ("ctx.all_reduce(t, mesh, 'tp') on fake (no comm)", lambda: ctx.all_reduce(t, mesh, "tp")),
@@ -276,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
               f"| {'yes' if same else 'NO'} |")
     for world in worlds:
         sizes, (efsdp, ep) = _titan_sizes(world)
-        print(f"\nworld {world}: {dict(zip(TITAN_AXES, sizes))}, dp_shard*cp -> efsdp={efsdp}, ep={ep}.", end="")
+        axes = dict(zip(TITAN_AXES, sizes, strict=True))
+        print(f"\nworld {world}: {axes}, dp_shard*cp -> efsdp={efsdp}, ep={ep}.", end="")
     print("\ngroups = process groups this rank holds afterwards (torch's `pg_map`); time = building the meshes "
           "and groups (torch calls `new_group` for every subgroup of a dim, members or not; fmesh creates this "
           "rank's groups only). 'asked again': torch's `_flatten` finds its cached views, `_unflatten` "

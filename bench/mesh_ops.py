@@ -12,7 +12,8 @@ Prints three markdown tables:
    at several world sizes. DeviceMesh runs on the ``fake`` process-group backend, so building
    a mesh (and flattening/unflattening one) creates its process groups eagerly, as it does in
    a real job; that cost is part of what is compared. fmesh values create no groups.
-2. fmesh alone at 2^20 ranks: every operation and single-rank queries.
+2. fmesh alone at 2^20 ranks: every operation and single-rank queries, and the planning tools
+   (recipes, host spans, ``python -m fmesh plan``, pictures) that unit tests no longer time.
 3. Peak Python memory (tracemalloc) of building a mesh and doing the operations at
    2^10, 2^15 and 2^20 ranks.
 
@@ -46,7 +47,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh  # noqa: E402
-from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 import fmesh  # noqa: E402
 
@@ -192,7 +192,7 @@ def compare(world: int, fmesh_budget: Budget, dm_budget: Budget) -> list[Row]:
     """Time every op on both sides at one world size; DeviceMesh on a fresh fake process group."""
     shape = SHAPES[world]
     assert math.prod(shape) == world, (world, shape)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    dist.init_process_group("fake", rank=0, world_size=world)  # the fake backend makes its own store
     try:
         check_agreement(shape)
         ours = fmesh_ops(shape, rank=0)
@@ -219,6 +219,7 @@ def large_world(fmesh_budget: Budget) -> list[Row]:
     ops["group (dp_shard, cp)"] = lambda: mesh.group(rank, ("dp_shard", "cp"))
     flat = fmesh.flatten(mesh, ("dp_replicate", "dp_shard"), "dp")
     ops["group dp (flattened)"] = lambda: flat.group(rank, "dp")
+    ops.update(planning_ops(world))
     rows = []
     for op, fn in ops.items():
         seconds, reps = time_op(fn, fmesh_budget)
@@ -226,6 +227,21 @@ def large_world(fmesh_budget: Budget) -> list[Row]:
         size = len(result) if op.startswith("group") and isinstance(result, tuple) else None
         rows.append(Row(op, world, shape, seconds * 1e6, reps, result_ranks=size))
     return rows
+
+
+def planning_ops(world: int) -> dict[str, Callable[[], object]]:
+    """The planning tools at ``world`` ranks, 8 per host: recipes, host spans, the plan, pictures."""
+    degrees = {"pp": 8, "dp_replicate": 4, "cp": 2, "tp": 8, "ep": 64}
+    dims = fmesh.ParallelDims(world, **degrees)
+    topology = fmesh.Topology(world // 8, 8)
+    mesh = fmesh.make_mesh(SHAPES[world], NAMES)
+    return {
+        "ParallelDims(...).meshes()": lambda: fmesh.ParallelDims(world, **degrees).meshes(),
+        "Topology.spans(every recipe mesh)": lambda: topology.spans(dims.meshes()),
+        "build_plan (python -m fmesh plan)": lambda: fmesh.planning.build_plan(world, 8, **degrees),
+        "render (text picture)": lambda: fmesh.render(mesh, highlight="tp"),
+        "rendering.html (notebook picture)": lambda: fmesh.rendering.html(mesh),
+    }
 
 
 def workload(shape: tuple[int, ...]) -> None:

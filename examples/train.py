@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fmesh
-from fmesh.cli import build_plan, format_plan
+from fmesh.planning import build_plan, format_plan
 
 # A tiny shipped corpus (character level); the model learns its spelling quickly.
 CORPUS = (

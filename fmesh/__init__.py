@@ -3,6 +3,17 @@
 Mesh values are pure and cheap at any world size; a Context (the only part
 with side effects) turns them into process groups when a collective needs one.
 
+The package is layered, each layer importing only from those below it:
+
+* :mod:`fmesh.errors`: every exception and warning fmesh raises;
+* :mod:`fmesh.layout`: the CuTe-style layout algebra over tuples of ints;
+* :mod:`fmesh.mesh`: ``Universe``, ``Mesh`` and the pure transforms;
+* recipes: :mod:`fmesh.parallel`, :mod:`fmesh.topology`, :mod:`fmesh.planning`, :mod:`fmesh.rendering`;
+* :mod:`fmesh.context`: the only code that touches ``torch.distributed``;
+* :mod:`fmesh.cli`: ``python -m fmesh``.
+
+Only the context needs torch; it is imported on first use of one of its names.
+
 >>> import fmesh
 >>> mesh = fmesh.make_mesh((2, 2, 4), ("dp", "cp", "tp"))
 >>> fmesh.flatten(mesh, ("dp", "cp"), "dp_cp").group(0, "dp_cp")
@@ -11,7 +22,16 @@ with side effects) turns them into process groups when a collective needs one.
 
 from typing import TYPE_CHECKING, Any
 
-from fmesh import parallel, rendering, topology
+from fmesh import parallel, planning, rendering, topology
+from fmesh.errors import (
+    CommandLineError,
+    ContextClosedError,
+    GroupTimeoutError,
+    LaunchError,
+    MeshMismatchError,
+    PlacementWarning,
+    RemoteTraceback,
+)
 from fmesh.layout import Layout
 from fmesh.mesh import Mesh, Universe, concat, flatten, make_mesh, rename, select, slice, unflatten
 from fmesh.parallel import ParallelDims
@@ -23,11 +43,7 @@ if TYPE_CHECKING:
         AxisOptions,
         Context,
         GroupPlan,
-        GroupTimeoutError,
-        LaunchError,
-        MeshMismatchError,
         PlannedGroup,
-        RemoteTraceback,
         Simulation,
         from_device_mesh,
         launch,
@@ -37,20 +53,7 @@ if TYPE_CHECKING:
 # The Context needs torch.distributed; importing it lazily keeps `import fmesh` light
 # for planning meshes in a notebook.
 _CONTEXT_NAMES = frozenset(
-    {
-        "AxisOptions",
-        "Context",
-        "GroupPlan",
-        "GroupTimeoutError",
-        "LaunchError",
-        "MeshMismatchError",
-        "PlannedGroup",
-        "RemoteTraceback",
-        "Simulation",
-        "from_device_mesh",
-        "launch",
-        "simulate",
-    }
+    {"AxisOptions", "Context", "GroupPlan", "PlannedGroup", "Simulation", "from_device_mesh", "launch", "simulate"}
 )
 
 
@@ -62,9 +65,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'fmesh' has no attribute {name!r}")
 
 
+rendering.show_in_notebooks()
+
 __all__ = [
     "AxisOptions",
+    "CommandLineError",
     "Context",
+    "ContextClosedError",
     "GroupPlan",
     "GroupTimeoutError",
     "LaunchError",
@@ -72,6 +79,7 @@ __all__ = [
     "Mesh",
     "MeshMismatchError",
     "ParallelDims",
+    "PlacementWarning",
     "PlannedGroup",
     "RemoteTraceback",
     "Simulation",
@@ -83,6 +91,7 @@ __all__ = [
     "launch",
     "make_mesh",
     "parallel",
+    "planning",
     "rename",
     "render",
     "rendering",

@@ -1,10 +1,11 @@
 """``python -m fmesh``: a short demo, and ``python -m fmesh plan``: the meshes of a job before launching it.
 
-Everything here is pure layout arithmetic: a plan for a million ranks prints at once,
-and no process group is ever created.
+Argument parsing and printing only; the plan itself is :mod:`fmesh.planning`. Nothing here needs
+torch or creates a process group.
 
->>> print(format_plan(build_plan(16, 8, tp=8)).splitlines()[0])
-world 16 = 2 hosts x 8 ranks (block order); pp=1 dp_replicate=1 dp_shard=2 cp=1 tp=8; data parallel: fsdp
+>>> import io; out = io.StringIO()
+>>> main(["plan", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8"], stdout=out)
+0
 """
 
 from __future__ import annotations
@@ -13,152 +14,19 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn, TextIO
+from typing import NoReturn, TextIO
 
-from fmesh.mesh import Mesh, make_mesh
-from fmesh.parallel import DEGREE_NAMES, WORLD_AXES, ParallelDims
-from fmesh.topology import Topology, check_placement
+from fmesh.errors import CommandLineError
+from fmesh.mesh import make_mesh
+from fmesh.parallel import DEGREE_NAMES
+from fmesh.planning import build_plan, format_plan
 
-__all__ = ["build_plan", "demo", "format_plan", "main"]
-
-_HEAD = 6  # ranks shown before an ellipsis
-_FULL = 12  # groups up to this size are shown whole
-
-
-class _UsageError(Exception):
-    pass
+__all__ = ["demo", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
-
-
-def _rank0_group(mesh: Mesh) -> tuple[list[int], bool]:
-    """Rank 0's group along all axes of ``mesh``: the first few ranks and the last, and whether that is all."""
-    if mesh.size <= _FULL or mesh.frame or mesh.pinned.size > 1:
-        group = mesh.group(0)
-        if len(group) <= _FULL:
-            return list(group), True
-        return [*group[:_HEAD], group[-1]], False
-    # Without enumerating: rank 0's group is base + layout(i), read through the universe's rank map.
-    layout = mesh.axes_layout()
-    _, base = layout.decompose(mesh.universe.slot_of(0))
-    indices = [*range(_HEAD), mesh.size - 1]
-    return [mesh.universe.rank_of(base + layout(i)) for i in indices], False
-
-
-def _group_text(ranks: list[int], complete: bool, size: int) -> str:
-    if complete:
-        return "[" + ", ".join(map(str, ranks)) + "]"
-    return "[" + ", ".join(map(str, ranks[:-1])) + f", ..., {ranks[-1]}] ({size} ranks)"
-
-
-def build_plan(
-    world_size: int,
-    gpus_per_node: int,
-    *,
-    rank_order: str = "block",
-    **degrees: int,
-) -> dict[str, Any]:
-    """The plan as JSON-ready data: degrees, each mesh with its groups and hosts, and warnings.
-
-    ``degrees`` are :class:`~fmesh.ParallelDims` keywords (``pp``, ``dp_replicate``,
-    ``dp_shard``, ``cp``, ``tp``, ``ep``, ``etp``).
-
-    >>> plan = build_plan(16, 8, dp_replicate=2, tp=8)
-    >>> [(m["name"], m["placement"]) for m in plan["meshes"]][:5]
-    [('pp', 'intra-host'), ('dp_replicate', 'inter-host'), ('dp_shard', 'intra-host'), ('cp', 'intra-host'), \
-('tp', 'intra-host')]
-    """
-    for key in degrees:
-        if key not in DEGREE_NAMES:
-            raise TypeError(f"unknown degree {key!r}: valid degrees are {DEGREE_NAMES}")
-    if not isinstance(gpus_per_node, int) or isinstance(gpus_per_node, bool) or gpus_per_node < 1:
-        raise ValueError(f"gpus per node must be a positive int, got {gpus_per_node!r}")
-    dims = ParallelDims(
-        world_size,
-        pp=degrees.get("pp", 1),
-        dp_replicate=degrees.get("dp_replicate", 1),
-        dp_shard=degrees.get("dp_shard", -1),
-        cp=degrees.get("cp", 1),
-        tp=degrees.get("tp", 1),
-        ep=degrees.get("ep", 1),
-        etp=degrees.get("etp", 1),
-    )
-    if world_size % gpus_per_node != 0:
-        raise ValueError(
-            f"world size {world_size} is not a multiple of {gpus_per_node} gpus per node: hosts must be full"
-        )
-    topo = Topology(world_size // gpus_per_node, gpus_per_node, rank_order)
-    meshes = {
-        name: mesh for name, mesh in dims.meshes().items() if dims.ep_enabled or name not in ("ep", "efsdp", "etp")
-    }
-    spans = topo.spans(meshes)
-    fsdp = dims.fsdp_mesh()
-    rows: list[tuple[str, Mesh]] = [*meshes.items(), ("fsdp_mesh", fsdp)]
-    if dims.ep_enabled:
-        rows.append(("expert_fsdp_mesh", dims.expert_fsdp_mesh()))
-    entries = []
-    for name, mesh in rows:
-        span = spans[name] if name in spans else topo.span(mesh, name=name)
-        ranks, complete = _rank0_group(mesh)
-        entries.append(
-            {
-                "name": name,
-                "axes": dict(mesh.shape),
-                "size": mesh.size,
-                "num_groups": span.num_groups,
-                "rank0_group": ranks,
-                "rank0_group_complete": complete,
-                "hosts_per_group": span.hosts_max,
-                "hosts_per_group_min": span.hosts_min,
-                "placement": span.placement,
-            }
-        )
-    return {
-        "world_size": world_size,
-        "gpus_per_node": gpus_per_node,
-        "hosts": topo.hosts,
-        "rank_order": rank_order,
-        "degrees": {**{n: getattr(dims, n) for n in DEGREE_NAMES}, "efsdp": dims.efsdp},
-        "data_parallel": dims.data_parallel,
-        "meshes": entries,
-        "warnings": list(check_placement(spans)),
-    }
-
-
-def format_plan(plan: dict[str, Any]) -> str:
-    """A readable table of a :func:`build_plan` result.
-
-    >>> format_plan(build_plan(8, 4, dp_shard=2, tp=4)).splitlines()[6].split()
-    ['tp', '4', '2', '[0,', '1,', '2,', '3]', '1', 'intra-host']
-    """
-    degrees = plan["degrees"]
-    world = " ".join(f"{n}={degrees[n]}" for n in WORLD_AXES)
-    if degrees["ep"] > 1:
-        world += f" ep={degrees['ep']} etp={degrees['etp']} efsdp={degrees['efsdp']}"
-    lines = [
-        f"world {plan['world_size']} = {plan['hosts']} hosts x {plan['gpus_per_node']} ranks "
-        f"({plan['rank_order']} order); {world}; data parallel: {plan['data_parallel']}",
-    ]
-    table = [("mesh", "size", "groups", "rank 0's group", "hosts", "placement")]
-    for entry in plan["meshes"]:
-        name = entry["name"]
-        if name.endswith("_mesh"):
-            name += "(" + ", ".join(entry["axes"]) + ")"
-        hosts = entry["hosts_per_group"]
-        hosts_text = str(hosts) if hosts == entry["hosts_per_group_min"] else f"{entry['hosts_per_group_min']}..{hosts}"
-        group = _group_text(entry["rank0_group"], entry["rank0_group_complete"], entry["size"])
-        table.append((name, str(entry["size"]), str(entry["num_groups"]), group, hosts_text, entry["placement"]))
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    aligned = (0, 1, 1, 0, 1, 0)  # 1: right-aligned numbers
-    for row in table:
-        cells = [cell.rjust(w) if right else cell.ljust(w) for cell, w, right in zip(row, widths, aligned)]
-        lines.append("  ".join(cells).rstrip())
-    for warning in plan["warnings"]:
-        lines.append(f"warning: {warning}")
-    return "\n".join(lines)
+    def error(self, message: str) -> NoReturn:  # argparse would print usage and exit; we say one line
+        raise CommandLineError(message)
 
 
 def demo() -> str:
@@ -168,7 +36,7 @@ def demo() -> str:
     Mesh(dp=2, cp=2, tp=4; world=16)
     """
     mesh = make_mesh((2, 2, 4), ("dp", "cp", "tp"))
-    lines = [repr(mesh), f"ranks: {mesh.ranks().tolist()}"]
+    lines = [repr(mesh), f"ranks: {mesh.rank_grid()}"]
     for axes in [*((n,) for n in mesh.axis_names), ("dp", "cp")]:
         groups = " ".join("[" + ",".join(map(str, g)) + "]" for g in mesh.groups(axes))
         lines.append(f"groups along {'x'.join(axes):6} {groups}")
@@ -216,10 +84,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             return 0
         degrees = {name: getattr(args, name) for name in DEGREE_NAMES}
         plan = build_plan(args.world_size, args.gpus_per_node, rank_order=args.rank_order, **degrees)
-    except _UsageError as error:
-        print(f"{prefix}: error: {error}", file=err)
-        return 2
-    except (ValueError, TypeError, KeyError) as error:
+    except (ValueError, TypeError, KeyError) as error:  # CommandLineError is a ValueError
         message = error.args[0] if error.args else str(error)
         print(f"{prefix}: error: {message}", file=err)
         return 2

@@ -27,6 +27,7 @@ left out.
 from __future__ import annotations
 
 import html as _html
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ from fmesh.layout.int_tuple import product
 from fmesh.layout.layout import Modes, complement_modes, decompose_modes
 from fmesh.mesh.mesh import Mesh
 
-__all__ = ["PALETTE", "html", "render"]
+__all__ = ["PALETTE", "html", "render", "show_in_notebooks"]
 
 HighlightArg = str | Sequence[str] | None
 
@@ -107,7 +108,7 @@ def _unravel(index: int, sizes: Sequence[int]) -> tuple[int, ...]:
 
 def _ravel(coordinate: Sequence[int], sizes: Sequence[int]) -> int:
     index = 0
-    for digit, size in zip(coordinate, sizes):
+    for digit, size in zip(coordinate, sizes, strict=True):
         index = index * size + digit
     return index
 
@@ -132,9 +133,9 @@ class _Instance:
 
     def rank(self, coordinate: Sequence[int]) -> int:
         index = self.base
-        for layout, digit in zip(self.mesh.layouts, coordinate):
+        for layout, digit in zip(self.mesh.layouts, coordinate, strict=True):
             index += _axis_offset(layout.modes, digit)
-        return self.mesh._rank_at(index)
+        return self.mesh.rank_at(index)
 
     @property
     def num_groups(self) -> int:
@@ -149,7 +150,7 @@ class _Instance:
 
     def group_label(self, group: int) -> str:
         digits = _unravel(group, [self.sizes[i] for i in self.others])
-        return ", ".join(f"{self.names[i]}={d}" for i, d in zip(self.others, digits)) or "(whole instance)"
+        return ", ".join(f"{self.names[i]}={d}" for i, d in zip(self.others, digits, strict=True)) or "(whole instance)"
 
     def group_ranks(self, group: int, limit: int) -> list[int | None]:
         """The group's ranks, row-major along the highlighted axes (as ``mesh.group``), elided past ``limit``."""
@@ -158,13 +159,13 @@ class _Instance:
         picks = _pick(product(tuple(hsizes)), limit, limit // 2 - 2)
         ranks: list[int | None] = []
         coordinate = [0] * len(self.sizes)
-        for i, digit in zip(self.others, fixed):
+        for i, digit in zip(self.others, fixed, strict=True):
             coordinate[i] = digit
         for flat in picks:
             if flat is None:
                 ranks.append(None)
                 continue
-            for i, digit in zip(self.highlight, _unravel(flat, hsizes)):
+            for i, digit in zip(self.highlight, _unravel(flat, hsizes), strict=True):
                 coordinate[i] = digit
             ranks.append(self.rank(coordinate))
         return ranks
@@ -189,7 +190,7 @@ def _instance(mesh: Mesh, highlight: HighlightArg, rank: int | None) -> _Instanc
     if rank is None:
         base = mesh.offset
     else:
-        _, base = layout.decompose(mesh._require_index(rank))
+        _, base = layout.decompose(mesh.index_of(rank))
     instances = complement_modes(layout.modes + mesh.pinned.modes, mesh.world_size)
     number = decompose_modes(instances, base)[0]
     positions = tuple(mesh.axis_index(name) for name in chosen)
@@ -334,7 +335,7 @@ def render(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) 
         if block is None:
             blocks.append((ELLIPSIS, []))
             continue
-        label = ", ".join(f"{n}={d}" for n, d in zip(mesh.axis_names, _unravel(block, frame.block_sizes)))
+        label = ", ".join(f"{n}={d}" for n, d in zip(mesh.axis_names, _unravel(block, frame.block_sizes), strict=False))
         rows: list[tuple[str, list[str]]] = []
         for row in frame.rows:
             row_label = "" if ndim < 2 else ELLIPSIS if row is None else f"{mesh.axis_names[-2]}={row}"
@@ -468,7 +469,7 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
             label = (
                 f"{ELLIPSIS} blocks elided"
                 if block is None
-                else ", ".join(f"{n}={d}" for n, d in zip(names, _unravel(block, frame.block_sizes)))
+                else ", ".join(f"{n}={d}" for n, d in zip(names, _unravel(block, frame.block_sizes), strict=False))
             )
             out.append(f'<tr><th colspan="{span}" style="text-align:left">{_esc(label)}</th></tr>')
         if block is None:
@@ -483,7 +484,7 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
                 coordinate = frame.coordinate(block, row, col, ndim)
                 cell_rank = inst.rank(coordinate)
                 title = f"rank {cell_rank}: " + (
-                    ", ".join(f"{n}={d}" for n, d in zip(names, coordinate)) or "no axes"
+                    ", ".join(f"{n}={d}" for n, d in zip(names, coordinate, strict=True)) or "no axes"
                 )
                 background = "#fff"
                 if inst.highlight:
@@ -517,3 +518,22 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
             out.append(f"<div>{_esc(f'({inst.num_groups} groups in all; only those drawn are listed)')}</div>")
     out.append("</div>")
     return "".join(out)
+
+
+def show_in_notebooks() -> bool:
+    """Make IPython (Jupyter) draw every :class:`~fmesh.Mesh` with :func:`html`; ``True`` if a shell runs.
+
+    ``import fmesh`` calls it, so a notebook cell that ends with a mesh shows the coloured table.
+    It registers :func:`html` in the running shell's own table of HTML formatters (IPython's
+    ``for_type``), so the mesh values themselves know nothing of pictures. Outside IPython it does
+    nothing.
+
+    >>> show_in_notebooks()  # a plain interpreter: no shell to tell
+    False
+    """
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return False
+    shell.display_formatter.formatters["text/html"].for_type(Mesh, html)
+    return True

@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from fmesh.errors import PlacementWarning
 from fmesh.mesh import Mesh
 
 __all__ = [
@@ -42,10 +43,6 @@ CHEAP_AXES: tuple[str, ...] = ("dp_replicate", "dp_shard", "dp", "pp")
 """Axes that tolerate the slower links between hosts."""
 
 ORDERS: tuple[str, ...] = ("block", "cyclic")
-
-
-class PlacementWarning(UserWarning):
-    """A bandwidth-hungry mesh axis crosses hosts while a cheaper one stays inside."""
 
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:

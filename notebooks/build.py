@@ -99,7 +99,7 @@ PLANNING = [
 4096 GPUs, 8 per host, with tensor parallelism 8, context parallelism 2, pipeline parallelism 4 and expert
 parallelism 8. Everything here is pure: no process group, no GPU."""),
     ("code", """import fmesh
-from fmesh.cli import build_plan, format_plan
+from fmesh.planning import build_plan, format_plan
 
 dims = fmesh.ParallelDims(4096, pp=4, cp=2, tp=8, ep=8)
 dims"""),

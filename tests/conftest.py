@@ -1,6 +1,13 @@
-"""Make tests/reference.py importable as ``reference``."""
+"""Shared test set-up: ``tests/`` on the path (for ``reference``, ``architecture``, ``fake_torch``)
+and the one hypothesis profile every property test runs under."""
 
 import os
 import sys
 
+from hypothesis import settings
+
 sys.path.insert(0, os.path.dirname(__file__))
+
+# deadline=None: examples run multi-process groups or big meshes on a shared 2-core machine.
+settings.register_profile("fmesh", max_examples=150, deadline=None)
+settings.load_profile("fmesh")

@@ -126,7 +126,7 @@ def concat(*meshes: RefMesh) -> RefMesh:
         grid = np.empty(sizes, dtype=np.int64)
         for index in np.ndindex(*sizes):
             slot = base
-            for (line_of, _), c in zip(walks, index):
+            for (line_of, _), c in zip(walks, index, strict=True):
                 slot = int(line_of[slot][c])
             grid[index] = slot
         instances.append(grid)

@@ -17,7 +17,7 @@ def test_quick_collectives_benchmark_runs() -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout
     assert "| procs | size | bare µs | fmesh µs | overhead µs | ratio |" in out
-    assert "| call | µs |" in out and "ctx._lookup(mesh, 'tp') (cached group lookup)" in out
+    assert "| call | µs |" in out and "ctx.group(mesh, 'tp') (cached group lookup)" in out
     assert "| world | what | torch groups | fmesh groups | torch ms | fmesh ms | same groups |" in out
     rows = [line for line in out.splitlines() if line.startswith("| 2 | ")]
     assert len(rows) == 3  # 1 elem, 1 KiB, 1 MiB on 2 processes

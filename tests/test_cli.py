@@ -6,7 +6,6 @@ import io
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -116,12 +115,10 @@ def test_bad_arguments_give_one_line_and_status_2(args: list[str], message: str)
     assert message in err
 
 
-def test_million_ranks_answer_instantly() -> None:
-    start = time.perf_counter()
+def test_million_ranks_plan() -> None:  # how fast: bench/mesh_ops.py
     plan = plan_json(
         "--world-size", "1048576", "--gpus-per-node", "8", "--pp", "8", "--cp", "2", "--tp", "8", "--ep", "32"
     )  # fmt: skip
-    assert time.perf_counter() - start < 1.0
     assert by_name(plan)["dp_shard"]["size"] == 8192
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
-from multiproc import failures_of, run
 
 import fmesh
 from fmesh import Context, Mesh
@@ -20,47 +21,62 @@ MESHES = {
 }
 
 
+def launch(fn: Callable[[Context], Any], world: int, timeout: float, context_timeout: float = 60,
+           **options: Any) -> list[Any]:
+    """Every rank's result (or, for a failing rank, its exception) of ``fn`` on gloo processes."""
+    return fmesh.launch(fn, world, timeout=timeout, context_options={"timeout": context_timeout, **options},
+                        return_exceptions=True, start_method="spawn")
+
+
+def succeeded(results: list[Any]) -> list[Any]:
+    """``results``, once no rank failed (a failure is raised with its rank's traceback)."""
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
 def axis_sets(mesh: Mesh) -> list[tuple[str, ...]]:
     return [(n,) for n in mesh.axis_names] + list(itertools.permutations(mesh.axis_names, 2))
 
 
-def check_collectives(rank: int, world: int) -> list[str]:
+def check_collectives(ctx: Context) -> list[str]:
     """Every collective along every axis and pair of axes, against values computed from mesh.group."""
+    rank, world = ctx.rank, ctx.world_size
     problems: list[str] = []
     checked = 0
-    with Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=60) as ctx:
-        for sizes, names, rank_map in MESHES[world]:
-            mesh = fmesh.make_mesh(sizes, names, rank_map=rank_map)
-            for axes in axis_sets(mesh):
-                group = mesh.group(rank, axes)
-                n, me = len(group), group.index(rank)
+    for sizes, names, rank_map in MESHES[world]:
+        mesh = fmesh.make_mesh(sizes, names, rank_map=rank_map)
+        for axes in axis_sets(mesh):
+            group = mesh.group(rank, axes)
+            n, me = len(group), group.index(rank)
 
-                where = f"{axes} {sizes} {rank_map}"
+            where = f"{axes} {sizes} {rank_map}"
 
-                def expect(label: str, got: torch.Tensor, want: torch.Tensor, where: str = where) -> None:
-                    if not torch.equal(got, want):
-                        problems.append(f"{label} {where}: got {got.tolist()} want {want.tolist()}")
+            def expect(label: str, got: torch.Tensor, want: torch.Tensor, where: str = where) -> None:
+                if not torch.equal(got, want):
+                    problems.append(f"{label} {where}: got {got.tolist()} want {want.tolist()}")
 
-                x = torch.tensor([float(rank), 1.0])
-                expect("all_reduce", ctx.all_reduce(x, mesh, axes), torch.tensor([float(sum(group)), float(n)]))
-                expect("all_reduce max", ctx.all_reduce(x, mesh, axes, op="max"),
-                       torch.tensor([float(max(group)), 1.0]))
-                expect("all_reduce avg", ctx.all_reduce(x, mesh, axes, op="avg"),
-                       torch.tensor([sum(group) / n, 1.0]))
-                expect("all_gather", ctx.all_gather(torch.tensor([rank]), mesh, axes), torch.tensor(group))
-                gathered = ctx.all_gather(torch.full((2, 1), rank), mesh, axes, dim=1)
-                expect("all_gather dim1", gathered, torch.tensor([group, group]))
-                rows = torch.arange(n * 2, dtype=torch.float).reshape(n, 2) + 100 * rank
-                expect("reduce_scatter", ctx.reduce_scatter(rows, mesh, axes),
-                       sum(torch.arange(n * 2, dtype=torch.float).reshape(n, 2)[me:me + 1] + 100 * r for r in group))
-                for src in range(n):
-                    expect("broadcast", ctx.broadcast(torch.tensor([rank]), mesh, axes, src=src),
-                           torch.tensor([group[src]]))
-                sent = torch.tensor([1000 * rank + i for i in range(n)])
-                expect("all_to_all", ctx.all_to_all(sent, mesh, axes), torch.tensor([1000 * r + me for r in group]))
-                ctx.barrier(mesh, axes)
-                checked += 1
-        ctx.barrier()
+            x = torch.tensor([float(rank), 1.0])
+            expect("all_reduce", ctx.all_reduce(x, mesh, axes), torch.tensor([float(sum(group)), float(n)]))
+            expect("all_reduce max", ctx.all_reduce(x, mesh, axes, op="max"),
+                   torch.tensor([float(max(group)), 1.0]))
+            expect("all_reduce avg", ctx.all_reduce(x, mesh, axes, op="avg"),
+                   torch.tensor([sum(group) / n, 1.0]))
+            expect("all_gather", ctx.all_gather(torch.tensor([rank]), mesh, axes), torch.tensor(group))
+            gathered = ctx.all_gather(torch.full((2, 1), rank), mesh, axes, dim=1)
+            expect("all_gather dim1", gathered, torch.tensor([group, group]))
+            rows = torch.arange(n * 2, dtype=torch.float).reshape(n, 2) + 100 * rank
+            expect("reduce_scatter", ctx.reduce_scatter(rows, mesh, axes),
+                   sum(torch.arange(n * 2, dtype=torch.float).reshape(n, 2)[me:me + 1] + 100 * r for r in group))
+            for src in range(n):
+                expect("broadcast", ctx.broadcast(torch.tensor([rank]), mesh, axes, src=src),
+                       torch.tensor([group[src]]))
+            sent = torch.tensor([1000 * rank + i for i in range(n)])
+            expect("all_to_all", ctx.all_to_all(sent, mesh, axes), torch.tensor([1000 * r + me for r in group]))
+            ctx.barrier(mesh, axes)
+            checked += 1
+    ctx.barrier()
     if checked == 0:
         problems.append("nothing was checked")
     return problems
@@ -68,94 +84,89 @@ def check_collectives(rank: int, world: int) -> list[str]:
 
 @pytest.mark.parametrize("world", [4, 8])
 def test_collectives_along_every_axis_and_pair(world: int) -> None:
-    results = run(check_collectives, world, timeout=240)
+    results = succeeded(launch(check_collectives, world, timeout=240))
     assert results == [[] for _ in range(world)]
 
 
-def count_groups(rank: int, world: int) -> dict[str, object]:
+def count_groups(ctx: Context) -> dict[str, object]:
     from torch.distributed.device_mesh import DeviceMesh
 
     from fmesh.context import _torch
 
-    with Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=60) as ctx:
-        mesh = fmesh.make_mesh((2, 2, 2), ("pp", "dp", "tp"))
-        one = torch.ones(1)
-        ctx.all_reduce(one, mesh, "tp")
-        ctx.all_reduce(one, mesh, "tp")  # cached
-        ctx.all_reduce(one, mesh["dp", "tp"], "tp")  # a slice: same ranks, shared
-        flat = fmesh.flatten(mesh, ("dp", "tp"), "dp_tp")
-        ctx.all_reduce(one, flat, "dp_tp")
-        ctx.all_reduce(one, mesh, ("dp", "tp"))  # the same ranks in the same order as dp_tp
-        ctx.all_reduce(one, mesh, ("tp", "dp"))  # same ranks, another order: another group
-        # Unflattening one axis twice into the same layout: one group each, made once.
-        world_1d = fmesh.make_mesh((8,), ("world",))
-        for _ in range(2):
-            split = fmesh.unflatten(world_1d, "world", {"a": 2, "b": 2, "c": 2})
-            ctx.all_reduce(one, split, "c")
-            ctx.all_reduce(one, split, ("b", "c"))
-        stats = ctx.stats()
-        distinct = {
-            mesh.group(rank, "tp"), mesh.group(rank, ("dp", "tp")), mesh.group(rank, ("tp", "dp")),
-        }
-        # torch 2.13: the same two unflattens make new groups each time.
-        before = _torch.group_count()
-        root = DeviceMesh("cpu", torch.arange(8), mesh_dim_names=("world",))
-        after_root = _torch.group_count()
-        root._unflatten(0, (2, 2, 2), ("a", "b", "c"))
-        after_first = _torch.group_count()
-        root._unflatten(0, (2, 2, 2), ("a", "b", "c"))
-        after_second = _torch.group_count()
-        return {
-            "created": stats["groups_created"], "hits": stats["cache_hits"], "distinct": len(distinct),
-            "torch_first": after_first - after_root, "torch_second": after_second - after_first,
-            "torch_root": after_root - before,
-        }
+    rank = ctx.rank
+    mesh = fmesh.make_mesh((2, 2, 2), ("pp", "dp", "tp"))
+    one = torch.ones(1)
+    ctx.all_reduce(one, mesh, "tp")
+    ctx.all_reduce(one, mesh, "tp")  # cached
+    ctx.all_reduce(one, mesh["dp", "tp"], "tp")  # a slice: same ranks, shared
+    flat = fmesh.flatten(mesh, ("dp", "tp"), "dp_tp")
+    ctx.all_reduce(one, flat, "dp_tp")
+    ctx.all_reduce(one, mesh, ("dp", "tp"))  # the same ranks in the same order as dp_tp
+    ctx.all_reduce(one, mesh, ("tp", "dp"))  # same ranks, another order: another group
+    # Unflattening one axis twice into the same layout: one group each, made once.
+    world_1d = fmesh.make_mesh((8,), ("world",))
+    for _ in range(2):
+        split = fmesh.unflatten(world_1d, "world", {"a": 2, "b": 2, "c": 2})
+        ctx.all_reduce(one, split, "c")
+        ctx.all_reduce(one, split, ("b", "c"))
+    stats = ctx.stats()
+    distinct = {
+        mesh.group(rank, "tp"), mesh.group(rank, ("dp", "tp")), mesh.group(rank, ("tp", "dp")),
+    }
+    # torch 2.13: the same two unflattens make new groups each time.
+    before = _torch.group_count()
+    root = DeviceMesh("cpu", torch.arange(8), mesh_dim_names=("world",))
+    after_root = _torch.group_count()
+    root._unflatten(0, (2, 2, 2), ("a", "b", "c"))
+    after_first = _torch.group_count()
+    root._unflatten(0, (2, 2, 2), ("a", "b", "c"))
+    after_second = _torch.group_count()
+    return {
+        "created": stats["groups_created"], "hits": stats["cache_hits"], "distinct": len(distinct),
+        "torch_first": after_first - after_root, "torch_second": after_second - after_first,
+        "torch_root": after_root - before,
+    }
 
 
 def test_groups_are_shared_and_created_once() -> None:
-    for result in run(count_groups, 8, timeout=240):
+    for result in succeeded(launch(count_groups, 8, timeout=240)):
         # tp, dp*tp, tp*dp from the 3-D mesh; the unflattened c and (b, c) are the tp and dp*tp groups again.
         assert result["created"] == result["distinct"] == 3
         assert result["hits"] >= 6
         assert result["torch_first"] == result["torch_second"] == 3  # torch makes new groups every time
 
 
-def mismatched(rank: int, world: int) -> str:
-    rank_map = [0, 1] if rank == 0 else [1, 0]
-    with Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=20) as ctx:
-        mesh = fmesh.make_mesh((2,), ("dp",), rank_map=rank_map)
-        ctx.all_reduce(torch.ones(1), mesh, "dp")
+def mismatched(ctx: Context) -> str:
+    rank_map = [0, 1] if ctx.rank == 0 else [1, 0]
+    mesh = fmesh.make_mesh((2,), ("dp",), rank_map=rank_map)
+    ctx.all_reduce(torch.ones(1), mesh, "dp")
     return "no error"
 
 
 def test_inconsistent_meshes_raise_on_every_rank_quickly() -> None:
-    import time
-
-    started = time.perf_counter()
-    errors = failures_of(mismatched, 2, timeout=60)
-    assert time.perf_counter() - started < 30
-    for rank in (0, 1):
-        assert "MeshMismatchError" in errors[rank], errors[rank]
-        assert "disagree" in errors[rank] and "permuted" in errors[rank]
+    # The launch's own timeout (30 s) is the bound: a hang would raise TimeoutError instead.
+    errors = launch(mismatched, 2, timeout=30, context_timeout=20)
+    for error in errors:
+        assert isinstance(error, fmesh.MeshMismatchError), error
+        assert "disagree" in str(error) and "permuted" in str(error)
 
 
-def missing_rank(rank: int, world: int) -> str:
-    with Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=3) as ctx:
-        mesh = fmesh.make_mesh((2,), ("dp",))
-        if rank == 0:
-            ctx.all_reduce(torch.ones(1), mesh, "dp")
-        else:
-            import time
+def missing_rank(ctx: Context) -> str:
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    if ctx.rank == 0:
+        ctx.all_reduce(torch.ones(1), mesh, "dp")
+    else:
+        import time
 
-            time.sleep(6)  # never joins
+        time.sleep(6)  # never joins
     return "no error"
 
 
 def test_missing_rank_times_out_naming_axes_and_ranks() -> None:
-    errors = failures_of(missing_rank, 2, timeout=60)
-    assert "GroupTimeoutError" in errors[0]
-    assert "('dp',)" in errors[0] and "ranks [1]" in errors[0]
-    assert errors[1] == ""
+    first, second = launch(missing_rank, 2, timeout=60, context_timeout=3)
+    assert isinstance(first, fmesh.GroupTimeoutError), first
+    assert "('dp',)" in str(first) and "ranks [1]" in str(first)
+    assert second == "no error"
 
 
 def test_bad_use_fails_before_anything_is_sent() -> None:
@@ -174,7 +185,7 @@ def test_bad_use_fails_before_anything_is_sent() -> None:
         with pytest.raises(ValueError, match="not divisible by group size 4"):
             ctx.all_to_all(torch.ones(6), mesh, ("dp", "tp"))
         assert ctx.stats()["groups_created"] == 0
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(fmesh.ContextClosedError, match="closed"):
         ctx.all_reduce(torch.ones(1), mesh, "tp")
     with Context.fake(12) as ctx:
         flat = fmesh.slice(fmesh.flatten(fmesh.make_mesh((3, 2, 2), ("a", "b", "c")), ("a", "c"), "ac"), "ac")
@@ -203,27 +214,27 @@ def test_plan_and_materialize_on_fake_backend() -> None:
         assert "dp_cp" in str(done)
 
 
-def axis_overrides(rank: int, world: int) -> dict[str, object]:
-    overrides = {"dp": fmesh.AxisOptions(timeout=17), "other": fmesh.AxisOptions(timeout=17),
-                 "y": fmesh.AxisOptions(timeout=5)}
-    with Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=60,
-                 axis_options=overrides) as ctx:
-        mesh = fmesh.make_mesh((2,), ("dp",))
-        same_ranks = fmesh.rename(mesh, {"dp": "x"})  # no override: another group
-        also_17 = fmesh.rename(mesh, {"dp": "other"})  # the same override: shares dp's group
-        for m, axis in ((mesh, "dp"), (same_ranks, "x"), (also_17, "other")):
-            assert ctx.all_reduce(torch.ones(1), m, axis).item() == 2.0
-        timeouts = {
-            axis: ctx.group(m, axis)._get_backend(torch.device("cpu")).options._timeout.total_seconds()
-            for m, axis in ((mesh, "dp"), (same_ranks, "x"), (also_17, "other"))
-        }
-        with pytest.raises(ValueError, match="different axis_options"):
-            ctx.all_reduce(torch.ones(1), fmesh.make_mesh((1, 2), ("dp", "y")), ("dp", "y"))
-        return {"created": ctx.stats()["groups_created"], "timeouts": timeouts}
+AXIS_OVERRIDES = {"dp": fmesh.AxisOptions(timeout=17), "other": fmesh.AxisOptions(timeout=17),
+                  "y": fmesh.AxisOptions(timeout=5)}
+
+
+def axis_overrides(ctx: Context) -> dict[str, object]:
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    same_ranks = fmesh.rename(mesh, {"dp": "x"})  # no override: another group
+    also_17 = fmesh.rename(mesh, {"dp": "other"})  # the same override: shares dp's group
+    for m, axis in ((mesh, "dp"), (same_ranks, "x"), (also_17, "other")):
+        assert ctx.all_reduce(torch.ones(1), m, axis).item() == 2.0
+    timeouts = {
+        axis: ctx.group(m, axis)._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+        for m, axis in ((mesh, "dp"), (same_ranks, "x"), (also_17, "other"))
+    }
+    with pytest.raises(ValueError, match="different axis_options"):
+        ctx.all_reduce(torch.ones(1), fmesh.make_mesh((1, 2), ("dp", "y")), ("dp", "y"))
+    return {"created": ctx.stats()["groups_created"], "timeouts": timeouts}
 
 
 def test_axis_options_are_part_of_the_group_key() -> None:
-    for result in run(axis_overrides, 2, timeout=120):
+    for result in succeeded(launch(axis_overrides, 2, timeout=120, axis_options=AXIS_OVERRIDES)):
         assert result["created"] == 2
         assert result["timeouts"] == {"dp": 17.0, "x": 60.0, "other": 17.0}
     with pytest.raises(ValueError, match="unknown backend 'ncl'"):

@@ -69,11 +69,44 @@ def test_a_hang_ends_at_the_timeout_and_leaves_no_process() -> None:
     assert not multiprocessing.active_children()
 
 
+def test_return_exceptions_keeps_every_ranks_outcome() -> None:
+    def body(ctx: fmesh.Context) -> int:
+        if ctx.rank == 1:
+            raise KeyError(f"no batch for rank {ctx.rank}")
+        return 10 * ctx.rank
+
+    results = fmesh.launch(body, world_size=3, timeout=60, return_exceptions=True)
+    assert results[0] == 0 and results[2] == 20
+    assert isinstance(results[1], KeyError) and results[1].rank == 1  # type: ignore[attr-defined]
+    assert "raise KeyError" in str(results[1].__cause__)
+    assert not multiprocessing.active_children()
+
+
+def backend_and_timeout(ctx: fmesh.Context) -> tuple[str, int, float]:
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    timeout = ctx.group(mesh, "dp")._get_backend(torch.device("cpu")).options._timeout
+    return ctx.backend, ctx.world_size, timeout.total_seconds()
+
+
+def test_spawned_ranks_get_the_context_options() -> None:
+    results = fmesh.launch(backend_and_timeout, world_size=2, timeout=60, context_options={"timeout": 7},
+                           start_method="spawn")
+    assert results == [("gloo", 2, 7.0), ("gloo", 2, 7.0)]
+
+    def local(ctx: fmesh.Context) -> None:
+        pass
+
+    with pytest.raises(TypeError, match="must be a module-level function"):
+        fmesh.launch(local, world_size=2, start_method="spawn")
+
+
 def test_launch_rejects_bad_arguments_before_starting_anything() -> None:
     with pytest.raises(ValueError, match="positive int, got 0"):
         fmesh.launch(lambda ctx: None, world_size=0)
     with pytest.raises(TypeError, match="function of one argument"):
         fmesh.launch("not callable", world_size=2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"start_method must be one of .*'spawn'.*got 'thread'"):
+        fmesh.launch(lambda ctx: None, world_size=2, start_method="thread")
     with fmesh.Context.fake(2), pytest.raises(RuntimeError, match="already has a default process group"):
         fmesh.launch(lambda ctx: None, world_size=2)
 

@@ -8,7 +8,6 @@ off by transposing the grouped axes last and reshaping.
 from __future__ import annotations
 
 import math
-import time
 
 import attrs
 import numpy as np
@@ -276,12 +275,10 @@ def test_aliases_and_unknown_names() -> None:
         dims.mesh("dpp")
 
 
-def test_million_ranks_are_instant() -> None:
-    start = time.perf_counter()
+def test_million_ranks() -> None:  # how fast: bench/mesh_ops.py
     dims = ParallelDims(2**20, pp=8, dp_replicate=4, cp=2, tp=8, ep=64)
     sizes = {name: mesh.size for name, mesh in dims.meshes().items()}
     first_tp = dims.mesh("tp").group(0)
-    assert time.perf_counter() - start < 1.0
     assert sizes["dp_shard"] == 2**20 // (8 * 4 * 2 * 8)
     assert sizes["efsdp"] == sizes["dp_shard"] * 2 * 8 // 64
     assert first_tp == tuple(range(8))

@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.distributed as dist
 from fake_torch import fake_world, torch_groups
-from multiproc import run
 
 import fmesh
 from fmesh import Context, Mesh
@@ -25,8 +24,9 @@ WORLD = 4
 RANK_MAPS: list[list[int] | None] = [None, [3, 0, 2, 1]]
 
 
-def _gloo(rank: int, world: int) -> Context:
-    return Context(backend="gloo", init_method="env://", rank=rank, world_size=world, timeout=60)
+def _launch(fn: Callable[[Context], Any], timeout: float) -> list[Any]:
+    """Every rank's result of ``fn``, on WORLD gloo processes (explicit: a GPU machine runs them too)."""
+    return fmesh.launch(fn, WORLD, timeout=timeout, context_options={"timeout": 60}, start_method="spawn")
 
 
 def _section(results: dict[str, list[str]], name: str, check: Callable[[list[str]], None]) -> None:
@@ -48,164 +48,164 @@ def _expected_slice(full: torch.Tensor, mesh: Mesh, rank: int, shard_dims: dict[
     if coordinate is None:
         raise ValueError(f"rank {rank} not in {mesh!r}")
     local = full
-    for axis, index in zip(mesh.axis_names, coordinate):
+    for axis, index in zip(mesh.axis_names, coordinate, strict=True):
         if axis in shard_dims:
             local = local.chunk(mesh.shape[axis], dim=shard_dims[axis])[index]
     return local
 
 
-def dtensor_worker(rank: int, world: int) -> dict[str, Any]:
+def dtensor_worker(ctx: Context) -> dict[str, Any]:
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     from fmesh.context import _torch
 
+    rank = ctx.rank
     results: dict[str, Any] = {}
-    with _gloo(rank, world) as ctx:
-        for rank_map in RANK_MAPS:
-            tag = f"rank_map={rank_map}"
-            mesh2 = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=rank_map)
-            mesh1 = fmesh.make_mesh((4,), ("world",), rank_map=rank_map)
-            flat = fmesh.flatten(mesh2, ("dp", "tp"), "dp_tp")
-            meshes = {"1d": mesh1, "2d": mesh2, "flat": flat, "tp": mesh2["tp"], "dp": mesh2["dp"]}
-            exported = {name: ctx.device_mesh(m) for name, m in meshes.items()}
-            before = _torch.group_count()
-            full = torch.arange(8 * 12, dtype=torch.float32).reshape(8, 12) + 1000 * (0 if rank_map is None else 1)
-
-            def check_1d(problems: list[str], exported: Any = exported, full: torch.Tensor = full,
-                         meshes: dict[str, Mesh] = meshes, tag: str = tag) -> None:
-                for name in ("1d", "flat", "tp", "dp"):
-                    dm, mesh = exported[name], meshes[name]
-                    axis = mesh.axis_names[0]
-                    for dim in (0, 1):
-                        d = distribute_tensor(full, dm, [Shard(dim)])
-                        want = _expected_slice(full, mesh, rank, {axis: dim})
-                        if not torch.equal(d.to_local(), want):
-                            problems.append(f"{tag} {name} Shard({dim}) local {d.to_local().shape} != expected")
-                        if not torch.equal(d.full_tensor(), full):
-                            problems.append(f"{tag} {name} Shard({dim}).full_tensor() != full")
-                        moved = d.redistribute(dm, [Shard(1 - dim)])
-                        if not torch.equal(moved.to_local(), _expected_slice(full, mesh, rank, {axis: 1 - dim})):
-                            problems.append(f"{tag} {name} Shard({dim})->Shard({1 - dim}) wrong local shard")
-                        if not torch.equal(moved.redistribute(dm, [Replicate()]).to_local(), full):
-                            problems.append(f"{tag} {name} ->Replicate wrong")
-                        summed = (d * 2).sum().full_tensor()
-                        if summed.item() != float(full.sum() * 2):
-                            problems.append(f"{tag} {name} sum {summed.item()} != {float(full.sum() * 2)}")
-
-            def check_2d(problems: list[str], exported: Any = exported, full: torch.Tensor = full,
-                         meshes: dict[str, Mesh] = meshes, tag: str = tag) -> None:
-                dm, mesh = exported["2d"], meshes["2d"]
-                cases: list[tuple[list[Any], dict[str, int]]] = [
-                    ([Shard(0), Shard(1)], {"dp": 0, "tp": 1}),
-                    ([Shard(1), Shard(0)], {"dp": 1, "tp": 0}),
-                    ([Replicate(), Shard(0)], {"tp": 0}),
-                    ([Shard(0), Replicate()], {"dp": 0}),
-                    ([Replicate(), Replicate()], {}),
-                ]
-                for placements, dims in cases:
-                    d = distribute_tensor(full, dm, placements)
-                    if not torch.equal(d.to_local(), _expected_slice(full, mesh, rank, dims)):
-                        problems.append(f"{tag} 2d {placements} wrong local shard")
-                    for target, target_dims in cases:
-                        moved = d.redistribute(dm, target)
-                        if not torch.equal(moved.to_local(), _expected_slice(full, mesh, rank, target_dims)):
-                            problems.append(f"{tag} 2d {placements}->{target} wrong local shard")
-                    if not torch.equal(d.full_tensor(), full):
-                        problems.append(f"{tag} 2d {placements}.full_tensor() != full")
-                # Both mesh dims shard dim 0: full_tensor() gathers over the flattened dp_tp group
-                # (found in the root's _flatten_mapping, because flat was exported).
-                both = distribute_tensor(full, dm, [Shard(0), Shard(0)])
-                coordinate = mesh.coordinate(rank)
-                if coordinate is None:
-                    raise ValueError("not covered")
-                want = full.chunk(4, dim=0)[coordinate[0] * 2 + coordinate[1]]
-                if not torch.equal(both.to_local(), want):
-                    problems.append(f"{tag} 2d [Shard(0), Shard(0)] wrong local shard")
-                if not torch.equal(both.full_tensor(), full):
-                    problems.append(f"{tag} 2d [Shard(0), Shard(0)].full_tensor() != full")
-
-            _section(results, f"dtensor 1-D {tag}", check_1d)
-            _section(results, f"dtensor 2-D {tag}", check_2d)
-            after = _torch.group_count()
-            results[f"dtensor groups {tag}"] = [] if after == before else [f"group count {before} -> {after}"]
-            created = ctx.stats()["groups_created"]
-            if created > 3 * len(RANK_MAPS) + 1:  # world, dp, tp and dp_tp per rank map at most
-                results[f"dtensor groups {tag}"].append(f"fmesh created {created} groups")
-
-        # (c) from_device_mesh(ctx.device_mesh(mesh)) has the same groups along every axis.
-        def check_round_trip(problems: list[str]) -> None:
-            for rank_map in RANK_MAPS:
-                mesh = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=rank_map)
-                for m in (mesh, mesh["tp"], mesh["tp", "dp"], fmesh.flatten(mesh, ("dp", "tp"), "dp_tp")):
-                    back = fmesh.from_device_mesh(ctx.device_mesh(m))
-                    if back.axis_names != m.axis_names:
-                        problems.append(f"{m!r}: names {back.axis_names}")
-                    for name in m.axis_names:
-                        if back.groups(name) != m.groups(name) or back.group(rank, name) != m.group(rank, name):
-                            problems.append(f"{m!r} {rank_map}: axis {name} {back.groups(name)} != {m.groups(name)}")
-                    if back.coordinate(rank) != m.coordinate(rank):
-                        problems.append(f"{m!r}: coordinate {back.coordinate(rank)} != {m.coordinate(rank)}")
-
-        # (d) one object per mesh value; dp and tp exports concatenate (one root).
-        def check_identity_and_concatenate(problems: list[str]) -> None:
-            from torch.distributed.device_mesh import DeviceMesh
-
-            for rank_map in RANK_MAPS:
-                mesh = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=rank_map)
-                again = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=rank_map)
-                if ctx.device_mesh(mesh) is not ctx.device_mesh(again):
-                    problems.append("equal meshes gave different DeviceMesh objects")
-                if ctx.device_mesh(mesh["tp"]) is not ctx.device_mesh(fmesh.slice(again, "tp")):
-                    problems.append("equal slices gave different DeviceMesh objects")
-                dp, tp = ctx.device_mesh(mesh["dp"]), ctx.device_mesh(mesh["tp"])
-                if dp._get_root_mesh() is not tp._get_root_mesh():
-                    problems.append("dp and tp exports have different roots")
-                joined = DeviceMesh._concatenate([dp, tp])
-                if joined != ctx.device_mesh(mesh):
-                    problems.append(f"concatenate(dp, tp) {joined} != export of the 2-D mesh")
-                for name in ("dp", "tp"):
-                    if joined.get_group(name) is not ctx.group(mesh, name):
-                        problems.append(f"concatenated mesh's {name} group is not the context's")
-                    if dist.get_process_group_ranks(joined.get_group(name)) != list(mesh.group(rank, name)):
-                        problems.append(f"concatenated {name} group ranks differ from mesh.group")
-            # One axis name, two layouts, in both export orders: get_group(name) must give each mesh's
-            # own group, although torch's get_group consults the shared root's _flatten_mapping first.
-            for first, second in (("1d", "2d"), ("2d", "1d")):
-                by_kind = {"1d": fmesh.make_mesh((4,), (f"x_{first}",), rank_map=[3, 0, 2, 1]),
-                           "2d": fmesh.make_mesh((2, 2), ("y", f"x_{first}"), rank_map=[3, 0, 2, 1])}
-                for kind in (first, second):
-                    m = by_kind[kind]
-                    dm = ctx.device_mesh(m)
-                    for name in m.axis_names:
-                        got = dist.get_process_group_ranks(dm.get_group(name))
-                        if got != list(m.group(rank, name)):
-                            problems.append(f"{m!r} (exported {kind}, order {first},{second}) get_group({name!r}) "
-                                            f"gave {got}, want {list(m.group(rank, name))}")
-                for kind in (first, second):  # and still right after both exist
-                    m = by_kind[kind]
-                    got = dist.get_process_group_ranks(ctx.device_mesh(m).get_group(f"x_{first}"))
-                    if got != list(m.group(rank, f"x_{first}")):
-                        problems.append(f"{m!r} after both exports: get_group gave {got}")
-            try:
-                other = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 0, 2, 1])
-                DeviceMesh._concatenate([ctx.device_mesh(fmesh.make_mesh((4,), ("w",))),
-                                         ctx.device_mesh(other["tp"])])
-                problems.append("concatenating exports of two universes did not raise")
-            except RuntimeError:
-                pass
-
+    for rank_map in RANK_MAPS:
+        tag = f"rank_map={rank_map}"
+        mesh2 = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=rank_map)
+        mesh1 = fmesh.make_mesh((4,), ("world",), rank_map=rank_map)
+        flat = fmesh.flatten(mesh2, ("dp", "tp"), "dp_tp")
+        meshes = {"1d": mesh1, "2d": mesh2, "flat": flat, "tp": mesh2["tp"], "dp": mesh2["dp"]}
+        exported = {name: ctx.device_mesh(m) for name, m in meshes.items()}
         before = _torch.group_count()
-        _section(results, "from_device_mesh round trip", check_round_trip)
-        _section(results, "device_mesh identity and concatenate", check_identity_and_concatenate)
+        full = torch.arange(8 * 12, dtype=torch.float32).reshape(8, 12) + 1000 * (0 if rank_map is None else 1)
+
+        def check_1d(problems: list[str], exported: Any = exported, full: torch.Tensor = full,
+                     meshes: dict[str, Mesh] = meshes, tag: str = tag) -> None:
+            for name in ("1d", "flat", "tp", "dp"):
+                dm, mesh = exported[name], meshes[name]
+                axis = mesh.axis_names[0]
+                for dim in (0, 1):
+                    d = distribute_tensor(full, dm, [Shard(dim)])
+                    want = _expected_slice(full, mesh, rank, {axis: dim})
+                    if not torch.equal(d.to_local(), want):
+                        problems.append(f"{tag} {name} Shard({dim}) local {d.to_local().shape} != expected")
+                    if not torch.equal(d.full_tensor(), full):
+                        problems.append(f"{tag} {name} Shard({dim}).full_tensor() != full")
+                    moved = d.redistribute(dm, [Shard(1 - dim)])
+                    if not torch.equal(moved.to_local(), _expected_slice(full, mesh, rank, {axis: 1 - dim})):
+                        problems.append(f"{tag} {name} Shard({dim})->Shard({1 - dim}) wrong local shard")
+                    if not torch.equal(moved.redistribute(dm, [Replicate()]).to_local(), full):
+                        problems.append(f"{tag} {name} ->Replicate wrong")
+                    summed = (d * 2).sum().full_tensor()
+                    if summed.item() != float(full.sum() * 2):
+                        problems.append(f"{tag} {name} sum {summed.item()} != {float(full.sum() * 2)}")
+
+        def check_2d(problems: list[str], exported: Any = exported, full: torch.Tensor = full,
+                     meshes: dict[str, Mesh] = meshes, tag: str = tag) -> None:
+            dm, mesh = exported["2d"], meshes["2d"]
+            cases: list[tuple[list[Any], dict[str, int]]] = [
+                ([Shard(0), Shard(1)], {"dp": 0, "tp": 1}),
+                ([Shard(1), Shard(0)], {"dp": 1, "tp": 0}),
+                ([Replicate(), Shard(0)], {"tp": 0}),
+                ([Shard(0), Replicate()], {"dp": 0}),
+                ([Replicate(), Replicate()], {}),
+            ]
+            for placements, dims in cases:
+                d = distribute_tensor(full, dm, placements)
+                if not torch.equal(d.to_local(), _expected_slice(full, mesh, rank, dims)):
+                    problems.append(f"{tag} 2d {placements} wrong local shard")
+                for target, target_dims in cases:
+                    moved = d.redistribute(dm, target)
+                    if not torch.equal(moved.to_local(), _expected_slice(full, mesh, rank, target_dims)):
+                        problems.append(f"{tag} 2d {placements}->{target} wrong local shard")
+                if not torch.equal(d.full_tensor(), full):
+                    problems.append(f"{tag} 2d {placements}.full_tensor() != full")
+            # Both mesh dims shard dim 0: full_tensor() gathers over the flattened dp_tp group
+            # (found in the root's _flatten_mapping, because flat was exported).
+            both = distribute_tensor(full, dm, [Shard(0), Shard(0)])
+            coordinate = mesh.coordinate(rank)
+            if coordinate is None:
+                raise ValueError("not covered")
+            want = full.chunk(4, dim=0)[coordinate[0] * 2 + coordinate[1]]
+            if not torch.equal(both.to_local(), want):
+                problems.append(f"{tag} 2d [Shard(0), Shard(0)] wrong local shard")
+            if not torch.equal(both.full_tensor(), full):
+                problems.append(f"{tag} 2d [Shard(0), Shard(0)].full_tensor() != full")
+
+        _section(results, f"dtensor 1-D {tag}", check_1d)
+        _section(results, f"dtensor 2-D {tag}", check_2d)
         after = _torch.group_count()
-        results["round trip groups"] = [] if after - before <= 1 else [f"group count {before} -> {after}"]
-        ctx.barrier()
+        results[f"dtensor groups {tag}"] = [] if after == before else [f"group count {before} -> {after}"]
+        created = ctx.stats()["groups_created"]
+        if created > 3 * len(RANK_MAPS) + 1:  # world, dp, tp and dp_tp per rank map at most
+            results[f"dtensor groups {tag}"].append(f"fmesh created {created} groups")
+
+    # (c) from_device_mesh(ctx.device_mesh(mesh)) has the same groups along every axis.
+    def check_round_trip(problems: list[str]) -> None:
+        for rank_map in RANK_MAPS:
+            mesh = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=rank_map)
+            for m in (mesh, mesh["tp"], mesh["tp", "dp"], fmesh.flatten(mesh, ("dp", "tp"), "dp_tp")):
+                back = fmesh.from_device_mesh(ctx.device_mesh(m))
+                if back.axis_names != m.axis_names:
+                    problems.append(f"{m!r}: names {back.axis_names}")
+                for name in m.axis_names:
+                    if back.groups(name) != m.groups(name) or back.group(rank, name) != m.group(rank, name):
+                        problems.append(f"{m!r} {rank_map}: axis {name} {back.groups(name)} != {m.groups(name)}")
+                if back.coordinate(rank) != m.coordinate(rank):
+                    problems.append(f"{m!r}: coordinate {back.coordinate(rank)} != {m.coordinate(rank)}")
+
+    # (d) one object per mesh value; dp and tp exports concatenate (one root).
+    def check_identity_and_concatenate(problems: list[str]) -> None:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        for rank_map in RANK_MAPS:
+            mesh = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=rank_map)
+            again = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=rank_map)
+            if ctx.device_mesh(mesh) is not ctx.device_mesh(again):
+                problems.append("equal meshes gave different DeviceMesh objects")
+            if ctx.device_mesh(mesh["tp"]) is not ctx.device_mesh(fmesh.slice(again, "tp")):
+                problems.append("equal slices gave different DeviceMesh objects")
+            dp, tp = ctx.device_mesh(mesh["dp"]), ctx.device_mesh(mesh["tp"])
+            if dp._get_root_mesh() is not tp._get_root_mesh():
+                problems.append("dp and tp exports have different roots")
+            joined = DeviceMesh._concatenate([dp, tp])
+            if joined != ctx.device_mesh(mesh):
+                problems.append(f"concatenate(dp, tp) {joined} != export of the 2-D mesh")
+            for name in ("dp", "tp"):
+                if joined.get_group(name) is not ctx.group(mesh, name):
+                    problems.append(f"concatenated mesh's {name} group is not the context's")
+                if dist.get_process_group_ranks(joined.get_group(name)) != list(mesh.group(rank, name)):
+                    problems.append(f"concatenated {name} group ranks differ from mesh.group")
+        # One axis name, two layouts, in both export orders: get_group(name) must give each mesh's
+        # own group, although torch's get_group consults the shared root's _flatten_mapping first.
+        for first, second in (("1d", "2d"), ("2d", "1d")):
+            by_kind = {"1d": fmesh.make_mesh((4,), (f"x_{first}",), rank_map=[3, 0, 2, 1]),
+                       "2d": fmesh.make_mesh((2, 2), ("y", f"x_{first}"), rank_map=[3, 0, 2, 1])}
+            for kind in (first, second):
+                m = by_kind[kind]
+                dm = ctx.device_mesh(m)
+                for name in m.axis_names:
+                    got = dist.get_process_group_ranks(dm.get_group(name))
+                    if got != list(m.group(rank, name)):
+                        problems.append(f"{m!r} (exported {kind}, order {first},{second}) get_group({name!r}) "
+                                        f"gave {got}, want {list(m.group(rank, name))}")
+            for kind in (first, second):  # and still right after both exist
+                m = by_kind[kind]
+                got = dist.get_process_group_ranks(ctx.device_mesh(m).get_group(f"x_{first}"))
+                if got != list(m.group(rank, f"x_{first}")):
+                    problems.append(f"{m!r} after both exports: get_group gave {got}")
+        try:
+            other = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 0, 2, 1])
+            DeviceMesh._concatenate([ctx.device_mesh(fmesh.make_mesh((4,), ("w",))),
+                                     ctx.device_mesh(other["tp"])])
+            problems.append("concatenating exports of two universes did not raise")
+        except RuntimeError:
+            pass
+
+    before = _torch.group_count()
+    _section(results, "from_device_mesh round trip", check_round_trip)
+    _section(results, "device_mesh identity and concatenate", check_identity_and_concatenate)
+    after = _torch.group_count()
+    results["round trip groups"] = [] if after - before <= 1 else [f"group count {before} -> {after}"]
+    ctx.barrier()
     return results
 
 
 @pytest.fixture(scope="module")
 def dtensor_results() -> list[dict[str, Any]]:
-    return run(dtensor_worker, WORLD, timeout=180)
+    return _launch(dtensor_worker, timeout=180)
 
 
 def _problems(results: list[dict[str, Any]], prefix: str) -> Iterator[str]:
@@ -291,10 +291,9 @@ def _train(ctx: Context, model: torch.nn.Module, mesh: Mesh, dp_axes: tuple[str,
 SETUPS = ("fsdp", "hsdp", "fsdp+tp")
 
 
-def fsdp_worker(rank: int, world: int) -> dict[str, dict[str, Any]]:
-    with _gloo(rank, world) as ctx:
-        results = {setup: _train_setup(ctx, setup) for setup in SETUPS}
-        ctx.barrier()
+def fsdp_worker(ctx: Context) -> dict[str, dict[str, Any]]:
+    results = {setup: _train_setup(ctx, setup) for setup in SETUPS}
+    ctx.barrier()
     return results
 
 
@@ -347,7 +346,7 @@ def _train_setup(ctx: Context, setup: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def training_results() -> list[dict[str, dict[str, Any]]]:
-    return run(fsdp_worker, WORLD, timeout=240)
+    return _launch(fsdp_worker, timeout=240)
 
 
 @pytest.mark.parametrize("setup", SETUPS)

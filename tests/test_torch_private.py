@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.distributed as dist
 from fake_torch import fake_world
-from multiproc import run
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh
@@ -81,29 +80,27 @@ def test_bound_device_and_fake_store() -> None:
         _torch.default_store().set("fmesh/probe", "1")
 
 
-def created_in_our_order(rank: int, world: int) -> dict[str, Any]:
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
-    try:
-        # Created by its members under a content-derived name; group rank 0 is global rank 1.
-        group = _torch.create_group([1, 0], "fmesh-private:reversed", backend="gloo", timeout=timedelta(seconds=30))
-        gathered = [torch.zeros(1) for _ in range(2)]
-        dist.all_gather(gathered, torch.tensor([float(rank)]), group=group)
-        out = torch.zeros(2)
-        dist.all_gather_into_tensor(out, torch.tensor([float(rank)]), group=group)
-        src0 = torch.tensor([float(rank)])
-        dist.broadcast(src0, src=dist.get_global_rank(group, 0), group=group)
-        result = {
-            "list": [t.item() for t in gathered], "tensor": out.tolist(), "broadcast": src0.item(),
-            "group_rank": group.rank(), "ranks": dist.get_process_group_ranks(group),
-        }
-        dist.destroy_process_group(group)
-        return result
-    finally:
-        dist.destroy_process_group()
+def created_in_our_order(ctx: fmesh.Context) -> dict[str, Any]:
+    """On the gloo default group a launched Context made: our group [1, 0], made by its members."""
+    rank = ctx.rank
+    # Created by its members under a content-derived name; group rank 0 is global rank 1.
+    group = _torch.create_group([1, 0], "fmesh-private:reversed", backend="gloo", timeout=timedelta(seconds=30))
+    gathered = [torch.zeros(1) for _ in range(2)]
+    dist.all_gather(gathered, torch.tensor([float(rank)]), group=group)
+    out = torch.zeros(2)
+    _torch.all_gather_single(out, torch.tensor([float(rank)]), group=group)
+    src0 = torch.tensor([float(rank)])
+    dist.broadcast(src0, src=dist.get_global_rank(group, 0), group=group)
+    result = {
+        "list": [t.item() for t in gathered], "tensor": out.tolist(), "broadcast": src0.item(),
+        "group_rank": group.rank(), "ranks": dist.get_process_group_ranks(group),
+    }
+    dist.destroy_process_group(group)
+    return result
 
 
 def test_create_group_order_is_the_collectives_order_on_gloo() -> None:
-    for rank, result in enumerate(run(created_in_our_order, 2, timeout=90)):
+    for rank, result in enumerate(fmesh.launch(created_in_our_order, 2, timeout=90, start_method="spawn")):
         assert result["ranks"] == [1, 0]
         assert result["group_rank"] == 1 - rank
         assert result["list"] == [1.0, 0.0] and result["tensor"] == [1.0, 0.0]  # gathered in group-rank order

@@ -57,7 +57,7 @@ def test_loss_falls_and_matches_one_process(runs: dict[str, object]) -> None:
     _, one = losses(tmp / "one.json")
     assert len(four) == len(one) == 8
     assert four[-1] < four[0] - 1.0, f"the loss does not fall: {four}"
-    for step, (a, b) in enumerate(zip(four, one)):
+    for step, (a, b) in enumerate(zip(four, one, strict=True)):
         assert abs(a - b) <= TOLERANCE * max(1.0, abs(b)), f"step {step}: 4 ranks {a} vs 1 rank {b}"
     parallel = runs["parallel"]
     assert isinstance(parallel, subprocess.CompletedProcess)
@@ -111,5 +111,5 @@ def test_hsdp_with_tensor_parallelism_on_eight_ranks_matches_one_process(runs: d
     _, eight = losses(tmp / "eight.json")
     _, one = losses(tmp / "one.json")
     assert len(eight) == 4
-    for step, (a, b) in enumerate(zip(eight, one)):
+    for step, (a, b) in enumerate(zip(eight, one, strict=False)):
         assert abs(a - b) <= TOLERANCE * max(1.0, abs(b)), f"step {step}: 8 ranks {a} vs 1 rank {b}"

@@ -1,19 +1,30 @@
-"""The Context: the only part of fmesh that touches ``torch.distributed``."""
+"""The Context: the only part of fmesh that touches ``torch.distributed``.
+
+Modules, one concept each:
+
+* ``context``: :class:`Context`, the thin owner of the rooms below and the public API;
+* ``world``: this process, its device and the default process group;
+* ``options``: what makes two groups the same (:class:`AxisOptions`, group specs);
+* ``groups``: the registry of process groups and their creation;
+* ``agreement``: the cross-rank check that members mean the same group;
+* ``collectives``: collectives along mesh axes;
+* ``export``: torch ``DeviceMesh`` objects on the context's groups;
+* ``group_plan``: which groups a program will need (:class:`GroupPlan`);
+* ``launch``: :func:`launch` and :func:`simulate`, ranks for notebooks and tests;
+* ``_torch``: every private torch name fmesh uses, and nothing else.
+"""
 
 from fmesh.context._torch import from_device_mesh
-from fmesh.context.agreement import GroupTimeoutError, MeshMismatchError
-from fmesh.context.context import AxisOptions, Context, GroupPlan, PlannedGroup
-from fmesh.context.launch import LaunchError, RemoteTraceback, Simulation, launch, simulate
+from fmesh.context.context import Context
+from fmesh.context.group_plan import GroupPlan, PlannedGroup
+from fmesh.context.launch import Simulation, launch, simulate
+from fmesh.context.options import AxisOptions
 
 __all__ = [
     "AxisOptions",
     "Context",
     "GroupPlan",
-    "GroupTimeoutError",
-    "LaunchError",
-    "MeshMismatchError",
     "PlannedGroup",
-    "RemoteTraceback",
     "Simulation",
     "from_device_mesh",
     "launch",

@@ -9,6 +9,10 @@
 * ``export_device_mesh`` / ``from_device_mesh``: ``DeviceMesh`` fields
   ``_layout``, ``_rank_map``, ``_dim_group_names``, ``_root_mesh``,
   ``_flatten_mapping`` and ``_pg_registry``.
+* ``local_tensor_mode``: torch's ``LocalTensorMode``, every rank in one process (``fmesh.simulate``).
+* The collectives torch renamed (``all_gather_single``, ``reduce_scatter_single``), by version.
+
+No other fmesh module names anything private of torch; ``tests/test_architecture.py`` checks it.
 
 ``tests/test_torch_private.py`` pins each assumption made here.
 """
@@ -32,6 +36,18 @@ from fmesh.mesh import Mesh, Universe
 def default_store() -> dist.Store:
     """The default group's store (the one ``init_process_group`` made)."""
     return c10d._get_default_store()
+
+
+# torch 2.13 deprecates the *_into_tensor/*_tensor names in favour of *_single.
+all_gather_single: Any = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def local_tensor_mode(world_size: int) -> Any:
+    """torch's ``LocalTensorMode``: every rank's tensors and collectives in this process."""
+    from torch.distributed._local_tensor import LocalTensorMode
+
+    return LocalTensorMode(world_size)
 
 
 def bound_device(group: dist.ProcessGroup | None = None) -> torch.device | None:

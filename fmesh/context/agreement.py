@@ -16,13 +16,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-
-class MeshMismatchError(ValueError):
-    """Ranks disagree about a mesh (a different rank map, axis sizes or axis order)."""
-
-
-class GroupTimeoutError(TimeoutError):
-    """A rank did not arrive in time to create a group or to run a collective."""
+from fmesh.errors import GroupTimeoutError, MeshMismatchError
 
 
 def agree(
@@ -40,14 +34,14 @@ def agree(
     keys = [f"{key}/{m}" for m in others]
     try:
         store.wait(keys, timeout)
-    except Exception as error:  # the store raises DistStoreError (a RuntimeError) on timeout
-        missing = [m for m, k in zip(others, keys) if not store.check([k])]
+    except dist.DistStoreError as error:  # what a store's wait raises when it times out
+        missing = [m for m, k in zip(others, keys, strict=True) if not store.check([k])]
         raise GroupTimeoutError(
             f"{what}: rank {rank} waited {timeout.total_seconds():g}s for ranks {missing} of group "
             f"{list(members)}, which never arrived (they did not create this group, or crashed)"
         ) from error
     seen = [value.decode() for value in store.multi_get(keys)]
-    differing = [(m, v) for m, v in zip(others, seen) if v != description]
+    differing = [(m, v) for m, v in zip(others, seen, strict=True) if v != description]
     if differing:
         views = "; ".join(f"rank {m} sees {v}" for m, v in differing)
         raise MeshMismatchError(

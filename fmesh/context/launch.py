@@ -1,4 +1,4 @@
-"""Run collectives on simulated ranks from a notebook on a CPU.
+"""Run collectives on simulated ranks from a notebook, or in tests, on a CPU.
 
 * :func:`launch` starts ``world_size`` real gloo processes on loopback, gives each
   a :class:`~fmesh.Context`, runs ``fn(ctx)`` and returns every rank's result.
@@ -18,35 +18,38 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
 import torch
 
+from fmesh.context import _torch
 from fmesh.context.context import Context
+from fmesh.errors import LaunchError, RemoteTraceback
+
+START_METHODS = ("fork", "spawn", "forkserver")
 
 
-class RemoteTraceback(Exception):
-    """The traceback of an exception raised on a launched rank (its ``__cause__``)."""
+def free_port() -> int:
+    """A TCP port on loopback that nobody listens on right now (for a rendezvous).
 
-
-class LaunchError(RuntimeError):
-    """A launched rank failed with an exception that could not be sent back as itself."""
-
-
-def _free_port() -> int:
+    >>> 0 < free_port() < 65536
+    True
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _child(fn: Callable[[Context], Any], rank: int, world_size: int, port: int, timeout: float, out: Any) -> None:
+def _child(fn: Callable[[Context], Any], rank: int, world_size: int, port: int, options: dict[str, Any],
+           out: Any) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     try:
-        with Context(backend="gloo", init_method="env://", rank=rank, world_size=world_size, timeout=timeout) as ctx:
+        with Context(backend="gloo", init_method="env://", rank=rank, world_size=world_size, **options) as ctx:
             result = fn(ctx)
         out.put((rank, "ok", pickle.dumps(result)))
     except BaseException as error:
@@ -59,13 +62,53 @@ def _child(fn: Callable[[Context], Any], rank: int, world_size: int, port: int, 
         out.put((rank, "error", (payload, f"{type(error).__name__}: {error}", text)))
 
 
-def launch(fn: Callable[[Context], Any], world_size: int = 4, *, timeout: float = 120) -> list[Any]:
+def _remote_error(rank: int, payload: tuple[bytes | None, str, str]) -> BaseException:
+    """The exception a rank reported, with ``.rank`` set and its traceback as ``__cause__``."""
+    original, summary, text = payload
+    error: BaseException = pickle.loads(original) if original is not None else LaunchError(
+        f"rank {rank} failed: {summary}")
+    error.rank = rank  # type: ignore[attr-defined]
+    error.__cause__ = RemoteTraceback(f"on rank {rank}:\n{text}")
+    return error
+
+
+def _check_launch(fn: object, world_size: object, start_method: str | None) -> str:
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if not callable(fn):
+        raise TypeError(f"launch runs a function of one argument (the Context), got {fn!r}")
+    if start_method is None:
+        start_method = "fork" if sys.platform.startswith("linux") else "spawn"
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+    if start_method != "fork":
+        try:
+            pickle.dumps(fn)
+        except Exception as error:
+            raise TypeError(
+                f"with start_method={start_method!r} each process imports fn, so it must be a module-level "
+                f"function; {fn!r} is not importable ({error}). Define it at module level, or use 'fork'"
+            ) from None
+    return start_method
+
+
+def launch(
+    fn: Callable[[Context], Any],
+    world_size: int = 4,
+    *,
+    timeout: float = 120,
+    context_options: Mapping[str, Any] | None = None,
+    return_exceptions: bool = False,
+    start_method: str | None = None,
+) -> list[Any]:
     """``[fn(ctx) for each rank]``, each rank a real gloo process with its own :class:`Context`.
 
-    Works with functions defined in a notebook cell (processes are forked on
-    Linux; elsewhere ``fn`` must be importable). A rank that raises makes the
-    whole launch raise that exception, with the rank's traceback as its
-    ``__cause__``; a launch that outlives ``timeout`` seconds raises
+    Works with functions defined in a notebook cell (processes are forked on Linux; with
+    ``start_method="spawn"``, or off Linux, ``fn`` must be importable). ``context_options`` go to
+    each rank's ``Context`` (its ``timeout`` defaults to the launch's). A rank that raises makes the
+    whole launch raise that exception, with ``.rank`` set and the rank's traceback as its
+    ``__cause__``; with ``return_exceptions=True`` the exception takes that rank's place in the
+    result instead, and the other ranks run on. A launch that outlives ``timeout`` seconds raises
     ``TimeoutError``. Either way no process is left behind.
 
     >>> import fmesh, torch
@@ -75,21 +118,18 @@ def launch(fn: Callable[[Context], Any], world_size: int = 4, *, timeout: float 
     >>> fmesh.launch(total, world_size=2)
     [3.0, 3.0]
     """
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if not callable(fn):
-        raise TypeError(f"launch runs a function of one argument (the Context), got {fn!r}")
+    method = _check_launch(fn, world_size, start_method)
+    options = {"timeout": timeout, **(context_options or {})}
     if torch.distributed.is_initialized():
         raise RuntimeError(
             "this process already has a default process group (a Context is open?); close it before "
             "launch(), whose processes would otherwise inherit it"
         )
-    method = "fork" if sys.platform.startswith("linux") else "spawn"
     context: Any = mp.get_context(method)
     out = context.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
-        context.Process(target=_child, args=(fn, rank, world_size, port, timeout, out), daemon=True)
+        context.Process(target=_child, args=(fn, rank, world_size, port, options, out), daemon=True)
         for rank in range(world_size)
     ]
     results: dict[int, Any] = {}
@@ -102,9 +142,13 @@ def launch(fn: Callable[[Context], Any], world_size: int = 4, *, timeout: float 
                 rank, status, payload = out.get(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
             except queue.Empty:
                 dead = [r for r, p in enumerate(procs) if r not in results and p.exitcode not in (None, 0)]
-                if dead:
-                    raise LaunchError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}") from None
-                if time.monotonic() > deadline:
+                for rank in dead:
+                    error = LaunchError(f"rank {rank} died with exit code {procs[rank].exitcode}")
+                    if not return_exceptions:
+                        raise error from None
+                    error.rank = rank  # type: ignore[attr-defined]
+                    results[rank] = error
+                if time.monotonic() > deadline and len(results) < world_size:
                     waiting = sorted(set(range(world_size)) - results.keys())
                     raise TimeoutError(
                         f"launch: ranks {waiting} did not finish within {timeout}s (a hang, or a rank waiting "
@@ -114,18 +158,16 @@ def launch(fn: Callable[[Context], Any], world_size: int = 4, *, timeout: float 
             if status == "ok":
                 results[rank] = pickle.loads(payload)
                 continue
-            original, summary, text = payload
-            cause = RemoteTraceback(f"on rank {rank}:\n{text}")
-            if original is not None:
-                error = pickle.loads(original)
-                error.rank = rank
-                raise error from cause
-            raise LaunchError(f"rank {rank} failed: {summary}") from cause
+            failure = _remote_error(rank, payload)
+            if not return_exceptions:
+                raise failure
+            results[rank] = failure
     finally:
-        for proc in procs:
+        started = [proc for proc in procs if proc.pid is not None]
+        for proc in started:
             if proc.is_alive():
                 proc.terminate()
-        for proc in procs:
+        for proc in started:
             proc.join(timeout=5)
             if proc.is_alive():
                 proc.kill()
@@ -174,7 +216,5 @@ def simulate(world_size: int) -> Iterator[Simulation]:
     ...     {rank: t.item() for rank, t in sim.values(total).items()}
     {0: 1.0, 1: 1.0, 2: 5.0, 3: 5.0}
     """
-    from torch.distributed._local_tensor import LocalTensorMode
-
-    with Context.fake(world_size, rank=0, simulated=True) as ctx, LocalTensorMode(world_size) as mode:
+    with Context.fake(world_size, rank=0, simulated=True) as ctx, _torch.local_tensor_mode(world_size) as mode:
         yield Simulation(ctx, mode)

@@ -68,7 +68,7 @@ def congruent(a: IntTuple, b: IntTuple) -> bool:
     (True, False)
     """
     if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(congruent(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(congruent(x, y) for x, y in zip(a, b, strict=True))
     return not isinstance(a, tuple) and not isinstance(b, tuple)
 
 

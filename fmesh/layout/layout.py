@@ -67,7 +67,9 @@ def _default_stride(layout: Layout) -> IntTuple:
 
 
 def _flat_modes(layout: Layout) -> Modes:
-    return tuple(zip(flatten(layout.shape), flatten(layout.stride)))
+    # attrs runs this default before the validators: a stride of another structure is reported by
+    # _check_stride, so do not fail here on lengths.
+    return tuple(zip(flatten(layout.shape), flatten(layout.stride), strict=False))
 
 
 @attrs.frozen(repr=False)
@@ -199,7 +201,7 @@ class Layout:
             raise ValueError(f"{self!r} is not a bijection onto range({self.size}), so it has no inverse")
         modes = [(s, d) for s, d in self.modes if s > 1]
         weights = flatten(suffix_product(tuple(s for s, _ in modes)))
-        by_value = sorted(zip(modes, weights), key=lambda item: -item[0][1])
+        by_value = sorted(zip(modes, weights, strict=True), key=lambda item: -item[0][1])
         return _from_modes(coalesce_modes(tuple((s, w) for (s, _), w in by_value)))
 
     def decompose(self, value: int) -> tuple[int, int]:
@@ -262,12 +264,12 @@ def _evaluate(shape: IntTuple, stride: IntTuple, index: IntTuple) -> int:
         if not isinstance(shape, tuple) or len(index) != len(shape):
             raise ValueError(f"coordinate {index!r} does not match layout shape {shape!r}")
         strides = cast(tuple[IntTuple, ...], stride)  # congruent with shape since construction
-        return sum(_evaluate(s, d, i) for s, d, i in zip(shape, strides, index))
+        return sum(_evaluate(s, d, i) for s, d, i in zip(shape, strides, index, strict=True))
     size = product(shape)
     if not is_int(index) or not 0 <= index < size:
         raise ValueError(f"index {index!r} is outside the layout's range(0, {size})")
     digits = row_major_coordinate(index, flatten(shape))
-    return sum(c * d for c, d in zip(digits, flatten(stride)))
+    return sum(c * d for c, d in zip(digits, flatten(stride), strict=True))
 
 
 def coalesce_modes(modes: Modes) -> Modes:
@@ -331,7 +333,7 @@ def _compose(
 ) -> tuple[IntTuple, IntTuple]:
     if isinstance(shape, tuple):
         strides = cast(tuple[IntTuple, ...], stride)
-        parts = [_compose(outer, s, d, left, right) for s, d in zip(shape, strides)]
+        parts = [_compose(outer, s, d, left, right) for s, d in zip(shape, strides, strict=True)]
         return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
     try:
         modes = _compose_mode(outer, shape, cast(int, stride))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from fmesh.layout.int_tuple import is_int, product
+from fmesh.layout.int_tuple import IntTuple, is_int, product
 from fmesh.layout.layout import (
     Layout,
     Modes,
@@ -29,6 +29,7 @@ from fmesh.layout.layout import (
     modes_values,
     sorted_by_stride,
 )
+from fmesh.mesh import frame as frames
 from fmesh.mesh import transforms
 from fmesh.mesh.universe import Universe
 
@@ -73,10 +74,6 @@ def _check_axis_names(mesh: Mesh, attribute: attrs.Attribute[Any], names: tuple[
         raise ValueError(f"axis names must be unique, but {duplicates} appear more than once in {names!r}")
 
 
-def _all_modes(layouts: Sequence[Layout]) -> Modes:
-    return tuple(mode for layout in layouts for mode in layout.modes)
-
-
 @attrs.frozen(repr=False, cache_hash=True)
 class Mesh:
     """Named axes over a universe of ranks: a frozen, hashable, picklable value.
@@ -114,11 +111,9 @@ class Mesh:
         if self.frame:
             self._drop_frame_if_redundant()
         world = self.universe.world_size
-        for layout in self.frame:
-            if layout.size != world or layout.cosize != world or not layout.non_overlapping():
-                raise ValueError(f"frame layout {layout!r} is not a bijection of range(0, {world})")
+        frames.check(self.frame, world)
         try:
-            complement_modes(_all_modes((*self.layouts, self.pinned)), world, self._describe_layouts())
+            complement_modes(frames.axes_modes((*self.layouts, self.pinned)), world, self._describe_layouts())
         except ValueError as error:
             raise ValueError(f"these axes do not tile a universe of {world} ranks: {error}") from None
         if not is_int(self.offset) or not 0 <= self.offset < world:
@@ -129,22 +124,20 @@ class Mesh:
     def _drop_frame_if_redundant(self) -> None:
         # If every layout survives composition back to slots, the frame adds nothing:
         # dropping it keeps one canonical value per set of groups (equal meshes compare equal).
-        layouts = [*self.layouts, self.pinned]
-        offset = self.offset
         try:
-            for frame_layout in reversed(self.frame):
-                layouts = [frame_layout.composition(layout) for layout in layouts]
-                offset = frame_layout(offset)
-            complement_modes(_all_modes(layouts), self.universe.world_size)  # and they must still tile
+            layouts, pinned, offset = frames.leave(
+                self.frame, (list(self.layouts), self.pinned, self.offset), self.universe.world_size
+            )
         except ValueError:
             return
-        object.__setattr__(self, "layouts", _canonical_layouts(layouts[:-1]))
-        object.__setattr__(self, "pinned", _canonical_pinned(layouts[-1]))
+        object.__setattr__(self, "layouts", _canonical_layouts(layouts))
+        object.__setattr__(self, "pinned", _canonical_pinned(pinned))
         object.__setattr__(self, "offset", offset)
         object.__setattr__(self, "frame", ())
 
     def _describe_layouts(self) -> str:
-        parts = [f"{name}={layout.shape}:{layout.stride}" for name, layout in zip(self.axis_names, self.layouts)]
+        named = zip(self.axis_names, self.layouts, strict=True)
+        parts = [f"{name}={layout.shape}:{layout.stride}" for name, layout in named]
         if self.pinned.size > 1:
             parts.append(f"pinned={self.pinned.shape}:{self.pinned.stride}")
         return "(" + ", ".join(parts) + ")"
@@ -167,7 +160,7 @@ class Mesh:
         >>> import fmesh; dict(fmesh.make_mesh((2, 4), ("dp", "tp")).shape)
         {'dp': 2, 'tp': 4}
         """
-        return MappingProxyType(dict(zip(self.axis_names, self.axis_sizes)))
+        return MappingProxyType(dict(zip(self.axis_names, self.axis_sizes, strict=True)))
 
     @property
     def size(self) -> int:
@@ -245,15 +238,35 @@ class Mesh:
         """
         return self.layouts[self.axis_index(name)]
 
+    def as_axes(self, axes: AxesArg) -> tuple[str, ...]:
+        """The normal form of an ``axes`` argument, not yet checked against the mesh: ``None`` is
+        every axis, a string one axis, any other sequence a tuple. Every entry point that takes
+        ``axes`` goes through here (and :meth:`resolve_axes`), so caches key on one form.
+
+        >>> import fmesh; m = fmesh.make_mesh((2, 4), ("dp", "tp"))
+        >>> m.as_axes("tp"), m.as_axes(["dp", "tp"]), m.as_axes(None)
+        (('tp',), ('dp', 'tp'), ('dp', 'tp'))
+        """
+        if axes is None:
+            return self.axis_names
+        if isinstance(axes, str):
+            return (axes,)
+        if isinstance(axes, tuple):
+            return axes
+        if isinstance(axes, Sequence):
+            return tuple(axes)
+        raise TypeError(
+            f"expected axes as an axis name, a sequence of names or None, but got {axes!r}; "
+            f"this mesh has axes {self.axis_names}"
+        )
+
     def resolve_axes(self, axes: AxesArg) -> tuple[str, ...]:
-        """Normalise an ``axes`` argument: ``None`` means all axes, a string one axis.
+        """:meth:`as_axes`, checked: every name an axis of this mesh, none twice.
 
         >>> import fmesh; fmesh.make_mesh((2, 4), ("dp", "tp")).resolve_axes("tp")
         ('tp',)
         """
-        if axes is None:
-            return self.axis_names
-        names = (axes,) if isinstance(axes, str) else tuple(axes)
+        names = self.as_axes(axes)
         for name in names:
             self.axis_index(name)
         duplicates = sorted({name for name in names if names.count(name) > 1})
@@ -275,25 +288,30 @@ class Mesh:
 
     # ---------------------------------------------------------------- queries
 
-    def _index_of(self, rank: int) -> int:
-        value = self.universe.slot_of(rank)
-        for layout in self.frame:
-            value = decompose_modes(layout.modes, value)[0]
-        return value
+    def rank_at(self, index: int) -> int:
+        """The global rank at ``index`` of this mesh's index space (the universe's slots,
+        re-indexed by the ``frame`` if there is one): the inverse of :meth:`index_of`.
 
-    def _rank_at(self, index: int) -> int:
-        for layout in reversed(self.frame):
-            index = layout(index)
-        return self.universe.rank_of(index)
+        >>> import fmesh; fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 2, 1, 0]).rank_at(1)
+        2
+        """
+        return self.universe.rank_of(frames.to_slot(self.frame, index))
 
     def _covered_index(self, rank: int) -> int | None:
-        index = self._index_of(rank)
+        index = frames.to_index(self.frame, self.universe.slot_of(rank))
         if not self.pinned.modes:
             return index
         _, rest = decompose_modes(self.pinned.modes, index)
         return index if index - rest == self.offset else None
 
-    def _require_index(self, rank: int) -> int:
+    def index_of(self, rank: int) -> int:
+        """The index of ``rank`` in this mesh's index space; ``ValueError`` if no instance covers it.
+
+        The layouts map coordinates to these indices: ``mesh.rank_at(mesh.index_of(r)) == r``.
+
+        >>> import fmesh; fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 2, 1, 0]).index_of(2)
+        1
+        """
         index = self._covered_index(rank)
         if index is None:
             raise ValueError(
@@ -322,10 +340,10 @@ class Mesh:
         ((0, 2), (0, 4, 1, 5))
         """
         modes = self._axes_modes(axes)
-        _, base = decompose_modes(modes, self._require_index(rank))
+        _, base = decompose_modes(modes, self.index_of(rank))
         if not self.frame and self.universe.is_identity:  # index = slot = rank
             return tuple(modes_values(base, modes))
-        return tuple(self._rank_at(index) for index in modes_values(base, modes))
+        return tuple(self.rank_at(index) for index in modes_values(base, modes))
 
     def groups(self, axes: AxesArg = None) -> tuple[tuple[int, ...], ...]:
         """Every group along ``axes``; together they partition the covered ranks.
@@ -335,22 +353,21 @@ class Mesh:
         """
         modes = self._axes_modes(axes)
         others = complement_modes(modes + self.pinned.modes, self.world_size)
-        rank_at = self._rank_at
+        rank_at = self.rank_at
         return tuple(
             tuple(rank_at(index) for index in modes_values(base, modes))
             for base in modes_values(self.offset, others)
         )
 
-    def ranks(self, rank: int | None = None) -> torch.Tensor:
-        """``torch.Tensor`` of shape ``axis_sizes``: the global ranks of the instance holding ``rank``.
+    def rank_grid(self, rank: int | None = None) -> IntTuple:
+        """The global ranks of the instance holding ``rank``, nested tuples of shape ``axis_sizes``.
 
-        ``rank`` may be left out when the mesh has a single instance.
+        The same answer as :meth:`ranks`, without torch. ``rank`` may be left out when the mesh
+        has a single instance.
 
-        >>> import fmesh; fmesh.make_mesh((2, 2), ("dp", "tp"))["tp"].ranks(3)
-        tensor([2, 3])
+        >>> import fmesh; fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 2, 1, 0]).rank_grid()
+        ((3, 2), (1, 0))
         """
-        import torch
-
         modes = self._axes_modes(None)
         if rank is None:
             if self.num_instances != 1:
@@ -359,9 +376,22 @@ class Mesh:
                 )
             base = self.offset
         else:
-            _, base = decompose_modes(modes, self._require_index(rank))
-        indices = modes_values(base, modes)
-        return torch.tensor([self._rank_at(i) for i in indices], dtype=torch.long).reshape(self.axis_sizes)
+            _, base = decompose_modes(modes, self.index_of(rank))
+        grid: list[IntTuple] = [self.rank_at(index) for index in modes_values(base, modes)]
+        for size in reversed(self.axis_sizes):  # nest the innermost axis first
+            grid = [tuple(grid[i : i + size]) for i in range(0, len(grid), size)]
+        return grid[0]
+
+    def ranks(self, rank: int | None = None) -> torch.Tensor:
+        """``torch.Tensor`` of shape ``axis_sizes``: the global ranks of the instance holding ``rank``
+        (:meth:`rank_grid` as a tensor; the one query that needs torch).
+
+        >>> import fmesh; fmesh.make_mesh((2, 2), ("dp", "tp"))["tp"].ranks(3)
+        tensor([2, 3])
+        """
+        import torch
+
+        return torch.tensor(self.rank_grid(rank), dtype=torch.long)
 
     # ------------------------------------------------------------ transforms
 
@@ -413,24 +443,8 @@ class Mesh:
         """
         return transforms.select(self, **coordinates)
 
-    def describe(self, highlight: AxesArg = None, rank: int | None = None) -> str:
-        """See :func:`fmesh.render`: a text picture of the instance holding ``rank``.
-
-        >>> import fmesh; print(fmesh.make_mesh((4,), ("tp",)).describe().splitlines()[-1])
-        0     1     2     3
-        """
-        from fmesh.rendering import render
-
-        return render(self, highlight, rank)
-
-    def _repr_html_(self) -> str:
-        """HTML for notebooks: see :func:`fmesh.rendering.html` (groups along the last axis coloured)."""
-        from fmesh.rendering import html
-
-        return html(self)
-
     def __repr__(self) -> str:
-        axes = ", ".join(f"{name}={size}" for name, size in zip(self.axis_names, self.axis_sizes))
+        axes = ", ".join(f"{name}={size}" for name, size in zip(self.axis_names, self.axis_sizes, strict=True))
         covered = f", covers {self.num_covered}" if self.num_covered != self.world_size else ""
         return f"Mesh({axes}; world={self.world_size}{covered})"
 

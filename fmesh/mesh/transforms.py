@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, cast
 import attrs
 
 from fmesh.layout.int_tuple import IntTuple, is_int, product
-from fmesh.layout.layout import Layout, sorted_by_stride
+from fmesh.layout.layout import Layout
 from fmesh.layout.layout import concat as concat_layouts
+from fmesh.mesh import frame as frames
 
 if TYPE_CHECKING:
     from fmesh.mesh.mesh import Mesh
@@ -63,7 +64,7 @@ def flatten(mesh: Mesh, axis_names: Sequence[str], name: str) -> Mesh:
     layout = concat_layouts(*(mesh.axis_layout(n) for n in merged))
     position = mesh.axis_index(merged[0])
     names, layouts = [], []
-    for index, (axis, axis_layout) in enumerate(zip(mesh.axis_names, mesh.layouts)):
+    for index, (axis, axis_layout) in enumerate(zip(mesh.axis_names, mesh.layouts, strict=True)):
         if index == position:
             names.append(name)
             layouts.append(layout)
@@ -105,13 +106,12 @@ def unflatten(mesh: Mesh, axis_name: str, sizes: Mapping[str, int] | Sequence[tu
     except ValueError:
         # The sizes cut the axis's strided modes unevenly (torch's _unflatten fails here):
         # re-index the universe so that this axis is contiguous, where any factorisation is a layout.
-        to_old = concat_layouts(layout.complement(mesh.world_size), layout).coalesce()
-        to_new = to_old.inverse()
-        layouts = [to_new.composition(axis) for axis in layouts]
-        pinned, offset, frame = to_new.composition(pinned), to_new(offset), (*frame, to_old)
+        to_old = frames.reindexing(layout, mesh.world_size)
+        layouts, pinned, offset = frames.enter(to_old, (layouts, pinned, offset))
+        frame = (*frame, to_old)
         split = layouts[position].composition(Layout(new_sizes))
     shapes, strides = cast(tuple[IntTuple, ...], split.shape), cast(tuple[IntTuple, ...], split.stride)
-    layouts[position : position + 1] = [Layout(s, d) for s, d in zip(shapes, strides)]
+    layouts[position : position + 1] = [Layout(s, d) for s, d in zip(shapes, strides, strict=True)]
     names = [*mesh.axis_names[:position], *new_names, *mesh.axis_names[position + 1 :]]
     return attrs.evolve(mesh, axis_names=names, layouts=layouts, pinned=pinned, offset=offset, frame=frame)
 
@@ -138,14 +138,21 @@ def concat(*meshes: Mesh) -> Mesh:
                 f"cannot concat meshes from different universes: {mesh.universe!r} at position {index} "
                 f"vs {first.universe!r}; derive both from one make_mesh() call"
             )
-        layouts, pinned, offset = _in_frame(mesh, first.frame, index)
+        try:
+            layouts, pinned, offset = frames.express(mesh.frame, first.frame, (list(mesh.layouts), mesh.pinned,
+                                                                               mesh.offset))
+        except ValueError:
+            raise ValueError(
+                f"cannot concat {mesh!r} (position {index}): another mesh split a strided axis unevenly and "
+                "this one cannot be expressed over its re-indexed universe; concat before that unflatten"
+            ) from None
         if (pinned, offset) != (first.pinned, first.offset):
             raise ValueError(
                 f"cannot concat {mesh!r} (position {index}) with {first!r}: they select different ranks; "
                 "apply select() after concat instead"
             )
         parts.append((mesh.axis_names, layouts))
-    axes = [(name, layout) for names, layouts in parts for name, layout in zip(names, layouts)]
+    axes = [(name, layout) for names, layouts in parts for name, layout in zip(names, layouts, strict=True)]
     for i, (name_i, layout_i) in enumerate(axes):
         for name_j, layout_j in axes[i + 1 :]:
             if name_i == name_j:
@@ -156,26 +163,6 @@ def concat(*meshes: Mesh) -> Mesh:
                     "concat needs meshes over disjoint sets of axes"
                 )
     return attrs.evolve(first, axis_names=[n for n, _ in axes], layouts=[lay for _, lay in axes])
-
-
-def _in_frame(mesh: Mesh, frame: tuple[Layout, ...], index: int) -> tuple[list[Layout], Layout, int]:
-    """``mesh``'s layouts, pinned modes and offset over the index space of ``frame``."""
-    layouts, pinned, offset = list(mesh.layouts), mesh.pinned, mesh.offset
-    if mesh.frame == frame:
-        return layouts, pinned, offset
-    try:
-        if mesh.frame:
-            raise ValueError("both meshes were re-indexed")
-        for to_old in frame:  # slot = frame[0](frame[1](...(index))): peel from the outside in
-            to_new = to_old.inverse()
-            layouts = [to_new.composition(layout) for layout in layouts]
-            pinned, offset = to_new.composition(pinned), to_new(offset)
-    except ValueError:
-        raise ValueError(
-            f"cannot concat {mesh!r} (position {index}): another mesh split a strided axis unevenly and "
-            "this one cannot be expressed over its re-indexed universe; concat before that unflatten"
-        ) from None
-    return layouts, sorted_by_stride(pinned), offset
 
 
 def rename(mesh: Mesh, mapping: Mapping[str, str]) -> Mesh:

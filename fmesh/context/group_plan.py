@@ -1,0 +1,127 @@
+"""Which groups a program will need, before any is created: :func:`plan_groups`.
+
+A plan lists each distinct group layout once (the same layout asked for through several meshes is
+one entry), with its size, how many groups it has, how many hosts one group touches, the backend,
+this rank's group, and whether that group exists yet. :meth:`fmesh.Context.materialize` creates
+what a plan lists through the registry, like any other group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from fmesh.context.groups import GroupRegistry
+from fmesh.context.world import World
+from fmesh.mesh import Mesh
+from fmesh.mesh.mesh import AxesArg
+from fmesh.topology import Topology
+
+PlanItem = Mesh | tuple[Mesh, AxesArg]
+
+
+@attrs.frozen
+class PlannedGroup:
+    """One distinct group layout a program needs (see :meth:`fmesh.Context.plan`).
+
+    >>> import fmesh
+    >>> with fmesh.Context.fake(8) as ctx:
+    ...     print(ctx.plan(fmesh.make_mesh((2, 4), ("dp", "tp"))).groups[1])
+    tp                       size 4     groups 2      hosts/group 1    fake  to create mine [0, 1, 2, 3]
+    """
+
+    mesh: Mesh
+    axes: tuple[str, ...]
+    size: int
+    num_groups: int
+    backend: str
+    ranks: tuple[int, ...] | None
+    hosts_per_group: int
+    exists: bool
+
+    def __str__(self) -> str:
+        state = "exists" if self.exists else "to create"
+        mine = "-" if self.ranks is None else list(self.ranks)
+        return (
+            f"{'x'.join(self.axes):<24} size {self.size:<5} groups {self.num_groups:<6} "
+            f"hosts/group {self.hosts_per_group:<4} {self.backend:<5} {state:<9} mine {mine}"
+        )
+
+
+@attrs.frozen
+class GroupPlan:
+    """The groups a program will need, before any is created (see :meth:`fmesh.Context.plan`).
+
+    >>> GroupPlan(()).to_create
+    0
+    """
+
+    groups: tuple[PlannedGroup, ...]
+
+    @property
+    def to_create(self) -> int:
+        """How many of the planned layouts still need a group on this rank."""
+        return sum(1 for g in self.groups if not g.exists and g.ranks is not None)
+
+    def __str__(self) -> str:
+        header = f"{len(self.groups)} distinct group layouts, {self.to_create} to create on this rank"
+        return "\n".join([header, *(str(g) for g in self.groups)])
+
+
+def plan_items(items: Iterable[object], registry: GroupRegistry) -> list[tuple[Mesh, tuple[str, ...]]]:
+    """Meshes (every axis, one by one) and ``(mesh, axes)`` pairs as checked ``(mesh, names)`` pairs.
+
+    >>> import fmesh
+    >>> from fmesh.context.options import GroupSettings
+    >>> world = World.start(backend="fake", rank=0, world_size=4)
+    >>> mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+    >>> plan_items([mesh, (mesh, ["tp", "dp"])], GroupRegistry(world, GroupSettings.of(None, 60, backend="fake")))
+    [(Mesh(dp=2, tp=2; world=4), ('dp',)), (Mesh(dp=2, tp=2; world=4), ('tp',)), \
+(Mesh(dp=2, tp=2; world=4), ('tp', 'dp'))]
+    >>> world.close()
+    """
+    pairs: list[tuple[Mesh, tuple[str, ...]]] = []
+    for item in items:
+        if isinstance(item, Mesh):
+            pairs.extend((item, (name,)) for name in item.axis_names)
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], Mesh):
+            pairs.append((item[0], item[0].resolve_axes(item[1])))
+        else:
+            raise TypeError(f"plan/materialize take meshes or (mesh, axes) pairs, but got {item!r}")
+    for mesh, _ in pairs:
+        registry.check_mesh(mesh)
+    return pairs
+
+
+def _topology(world: World) -> Topology | None:
+    hosts = max(1, world.world_size // max(1, world.local_world_size))
+    return Topology(hosts, world.world_size // hosts) if world.world_size % hosts == 0 else None
+
+
+def plan_groups(items: Iterable[object], registry: GroupRegistry, world: World) -> GroupPlan:
+    """The plan of ``items`` (see :func:`plan_items`) on this rank; creates nothing."""
+    registry.check_open()
+    topology = _topology(world)
+    planned: dict[tuple[Any, ...], PlannedGroup] = {}
+    for mesh, names in plan_items(items, registry):
+        layout = mesh.axes_layout(names)
+        covered = mesh.coordinate(world.rank) is not None
+        target = registry.target(mesh, names) if covered else None
+        spec = target.spec if target is not None else registry.spec(names, ())
+        key = (mesh.universe.id, layout.coalesce(), mesh.frame, spec.backend, spec.options_key)
+        if key in planned:
+            continue
+        span = topology.span(mesh, names) if topology is not None else None
+        planned[key] = PlannedGroup(
+            mesh=mesh,
+            axes=names,
+            size=layout.size,
+            num_groups=mesh.num_covered // layout.size,
+            backend=spec.backend,
+            ranks=target.ranks if target is not None else None,
+            hosts_per_group=span.hosts_max if span is not None else 0,
+            exists=target is not None and registry.exists(target),
+        )
+    return GroupPlan(tuple(planned.values()))

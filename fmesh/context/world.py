@@ -1,0 +1,142 @@
+"""This process in the job: its rank, the world size, its device, and the default process group.
+
+A :class:`World` is made once per Context. It initialises torch's default group when nobody has
+(and then owns it, destroying it on :meth:`World.close`), or joins the one that exists. Everything
+else in the Context reads the world; nothing else initialises or destroys the default group.
+
+>>> world = World.start(backend="fake", rank=1, world_size=4)
+>>> world.rank, world.world_size, world.fake, world.device
+(1, 4, True, device(type='cpu'))
+>>> world.close()
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from fmesh.context import _torch
+from fmesh.context.options import DEFAULT_TIMEOUT, normalize_backend
+
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _check_count(label: str, value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ValueError(f"{label} must be a non-negative int, got {value!r}")
+
+
+def _default_device(backend: str) -> torch.device:
+    if backend == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@attrs.frozen
+class World:
+    """This process: ``rank`` of ``world_size``, its ``device``, ranks per host, and whether it
+    initialised (and so owns) the default process group.
+
+    ``epoch`` numbers the contexts of one ``name`` alike on every rank, so that a group created
+    again after ``close()`` never meets the rendezvous keys of the old one.
+    """
+
+    rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+    local_world_size: int
+    name: str
+    epoch: int
+    owns_default_group: bool
+
+    @property
+    def fake(self) -> bool:
+        """Torch's ``fake`` backend: no communication (a dry run, or :func:`fmesh.simulate`)."""
+        return self.backend == "fake"
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        backend: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        store: dist.Store | None = None,
+        init_method: str | None = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+        device: torch.device | str | None = None,
+        gpus_per_node: int | None = None,
+        name: str = "fmesh",
+    ) -> World:
+        """Join the default process group, initialising it first if nobody has.
+
+        Every argument is checked before the default group is touched.
+        """
+        backend = normalize_backend(backend)
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"name must be a non-empty string without '/', got {name!r}")
+        for label, value in (("rank", rank), ("world_size", world_size), ("gpus_per_node", gpus_per_node)):
+            _check_count(label, value)
+        if world_size is not None and rank is not None and rank >= world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}: valid ranks are 0..{world_size - 1}")
+        owns = not dist.is_initialized()
+        if owns:
+            dist.init_process_group(
+                backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+                init_method=init_method,
+                rank=-1 if rank is None else rank,
+                world_size=-1 if world_size is None else world_size,
+                store=store,
+                timeout=timeout,
+            )
+        elif world_size is not None and world_size != dist.get_world_size():
+            raise ValueError(
+                f"world_size={world_size}, but the default group already has {dist.get_world_size()} ranks"
+            )
+        backend = backend or str(dist.get_backend())
+        size = int(dist.get_world_size())
+        epoch = 0
+        if backend != "fake":
+            epoch = (_torch.default_store().add(f"fmesh/{name}/contexts", 1) - 1) // size
+        return cls(
+            rank=int(dist.get_rank()),
+            world_size=size,
+            backend=backend,
+            device=torch.device(device) if device is not None else _default_device(backend),
+            local_world_size=gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", size)),
+            name=name,
+            epoch=epoch,
+            owns_default_group=owns,
+        )
+
+    @classmethod
+    def from_env(cls, *, backend: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT, **kwargs: Any) -> World:
+        """Under ``torchrun`` (any ``env://`` launch): NCCL with CUDA else gloo, bound to ``cuda:LOCAL_RANK``."""
+        missing = [v for v in LAUNCHER_VARIABLES if v not in os.environ]
+        if missing and not dist.is_initialized():
+            raise ValueError(
+                f"Context.from_env needs the launcher's environment variables {missing}; start the program "
+                "with torchrun (e.g. torchrun --nproc-per-node 4 train.py) or use Context(...) explicitly"
+            )
+        backend = normalize_backend(backend) or ("nccl" if torch.cuda.is_available() else "gloo")
+        device: torch.device | None = None
+        if backend == "nccl":
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local_rank)
+            device = torch.device("cuda", local_rank)
+        return cls.start(backend=backend, init_method="env://", timeout=timeout, device=device, **kwargs)
+
+    def store(self) -> dist.Store:
+        """The default group's store, where group creation rendezvous and agreement happen."""
+        return _torch.default_store()
+
+    def close(self) -> None:
+        """Destroy the default group if this world initialised it."""
+        if self.owns_default_group and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,88 @@
+"""Every exception and warning fmesh raises of its own, with the situation that raises it.
+
+Importing this module needs nothing (no torch), so a program can catch fmesh's errors wherever
+it runs. Bad arguments are plain ``TypeError``/``ValueError``/``KeyError`` naming the value and the
+valid choices; the classes here are for what arguments alone cannot show.
+
+>>> import fmesh
+>>> issubclass(fmesh.MeshMismatchError, ValueError), issubclass(fmesh.GroupTimeoutError, TimeoutError)
+(True, True)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CommandLineError",
+    "ContextClosedError",
+    "GroupTimeoutError",
+    "LaunchError",
+    "MeshMismatchError",
+    "PlacementWarning",
+    "RemoteTraceback",
+]
+
+
+class MeshMismatchError(ValueError):
+    """Ranks disagree about a mesh: a different rank map, axis sizes or axis order.
+
+    Raised by the Context on every member of a group it is about to create, when the members'
+    descriptions of that group differ (``Mesh(a=2, b=1)`` on rank 0, ``Mesh(a=1, b=2)`` on rank 1).
+
+    >>> str(MeshMismatchError("rank 0 sees Mesh(dp=2; world=2); rank 1 sees Mesh(tp=2; world=2)"))[:6]
+    'rank 0'
+    """
+
+
+class GroupTimeoutError(TimeoutError):
+    """A rank did not arrive in time to create a group or to run a collective.
+
+    Raised by the Context when a member of a group never comes (it crashed, or its program took
+    another path); the message names the axes, the mesh and the ranks waited for.
+
+    >>> issubclass(GroupTimeoutError, TimeoutError)
+    True
+    """
+
+
+class ContextClosedError(RuntimeError):
+    """A closed :class:`~fmesh.Context` was asked for a group or a collective.
+
+    >>> issubclass(ContextClosedError, RuntimeError)
+    True
+    """
+
+
+class LaunchError(RuntimeError):
+    """A rank started by :func:`fmesh.launch` failed in a way that cannot be re-raised as itself:
+    its exception could not be pickled, or the process died without one.
+
+    >>> str(LaunchError("rank 1 died with exit code -9"))
+    'rank 1 died with exit code -9'
+    """
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised on a launched rank; the ``__cause__`` of what
+    :func:`fmesh.launch` re-raises.
+
+    >>> str(RemoteTraceback("on rank 2: ..."))
+    'on rank 2: ...'
+    """
+
+
+class CommandLineError(ValueError):
+    """Bad flags to ``python -m fmesh``; the command prints it as one line and exits with status 2.
+
+    >>> str(CommandLineError("--tp must be a positive int"))
+    '--tp must be a positive int'
+    """
+
+
+class PlacementWarning(UserWarning):
+    """A bandwidth-hungry mesh axis (tp, cp, ep) crosses hosts while a cheaper one stays inside.
+
+    Emitted by :func:`fmesh.topology.warn_placement`.
+
+    >>> issubclass(PlacementWarning, UserWarning)
+    True
+    """

@@ -1,0 +1,93 @@
+"""The package's architecture rules hold (tests/architecture.py), and the checks catch planted violations."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+from architecture import all_violations, exception_homes, layering, privacy
+
+import fmesh
+import fmesh.errors
+
+PACKAGE = pathlib.Path(fmesh.__file__).parent
+
+
+def test_imports_go_downward_and_only_the_context_imports_torch() -> None:
+    assert [str(v) for v in layering(PACKAGE)] == []
+
+
+def test_private_names_stay_home_and_torch_internals_live_in_one_module() -> None:
+    assert [str(v) for v in privacy(PACKAGE)] == []
+
+
+def test_every_exception_lives_in_errors_and_is_public() -> None:
+    assert [str(v) for v in exception_homes(PACKAGE)] == []
+    classes = [value for value in vars(fmesh.errors).values()
+               if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == "fmesh.errors"]
+    assert {c.__name__ for c in classes} == set(fmesh.errors.__all__)
+    for cls in classes:
+        assert getattr(fmesh, cls.__name__) is cls, f"fmesh.{cls.__name__} is not re-exported"
+        assert cls.__doc__ and len(cls.__doc__.split()) >= 8, f"{cls.__name__} does not say what raises it"
+
+
+PLANTED = [
+    ("mesh/mesh.py", "from fmesh.context import Context\n", "layers", "imports fmesh.context"),
+    ("topology.py", "import torch\n", "torch-free", "imports torch"),
+    ("cli.py", "import torch.distributed\n", "torch-free", "imports torch.distributed"),
+    ("parallel.py", "def store(c10d):\n    return c10d._get_default_store()\n", "torch-internals",
+     "_get_default_store"),
+    ("context/world.py", "from torch.distributed._mesh_layout import _MeshLayout\n", "torch-internals",
+     "torch.distributed._mesh_layout"),
+    ("rendering.py", "def peek(mesh):\n    return mesh._covered_index(0)\n", "privacy", "_covered_index"),
+    ("cli.py", "from fmesh.mesh.mesh import _EMPTY\n", "privacy", "_EMPTY"),
+    ("planning.py", "class PlanError(ValueError):\n    pass\n", "errors", "PlanError"),
+    ("layout/layout.py", "import fmesh\n", "layers", "facade"),
+]
+
+
+@pytest.mark.parametrize(("path", "code", "rule", "fragment"), PLANTED, ids=[f"{p[2]}:{p[0]}" for p in PLANTED])
+def test_a_planted_violation_is_caught(tmp_path: pathlib.Path, path: str, code: str, rule: str,
+                                       fragment: str) -> None:
+    copy = tmp_path / "fmesh"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert all_violations(copy) == []
+    target = copy / path
+    target.write_text(target.read_text() + "\n" + code)
+    found = [v for v in all_violations(copy) if v.rule == rule]
+    assert found and any(fragment in str(v) for v in found), [str(v) for v in all_violations(copy)]
+
+
+PURE = """
+import sys
+sys.modules["torch"] = None  # any import of torch now fails
+import fmesh
+mesh = fmesh.make_mesh((2, 2, 4), ("dp", "cp", "tp"), rank_map=list(range(15, -1, -1)))
+flat = fmesh.flatten(mesh, ("dp", "cp"), "dp_cp")
+split = fmesh.unflatten(fmesh.slice(fmesh.flatten(fmesh.make_mesh((3, 2, 2), ("a", "b", "c")), ("a", "c"), "ac"), "ac"),
+                        "ac", {"p": 2, "q": 3})
+print(flat.group(0, "dp_cp"), split.groups("q")[0], mesh.rank_grid()[0][0], fmesh.select(mesh, dp=1).rank_grid()[0])
+dims = fmesh.ParallelDims(64, pp=2, cp=2, tp=4)
+print(fmesh.Topology(8, 8).span(dims.world_mesh, "tp"))
+print(fmesh.render(mesh, highlight="tp").splitlines()[0], len(fmesh.rendering.html(mesh)) > 0)
+print(fmesh.planning.format_plan(fmesh.planning.build_plan(64, 8, tp=8)).splitlines()[0])
+from fmesh.cli import main
+main(["plan", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8", "--json"])
+try:
+    fmesh.Context
+except ImportError:
+    print("the context needs torch")
+"""
+
+
+def test_the_pure_layers_run_without_torch() -> None:
+    result = subprocess.run([sys.executable, "-c", PURE], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    # Rank 0 sits in the last slot (dp=1, cp=1, tp=3): its dp_cp group is the last tp column, reversed.
+    assert lines[0] == "(12, 8, 4, 0) (0, 1, 4) (15, 14, 13, 12) (7, 6, 5, 4)"
+    assert lines[1] == "AxisSpan(tp: size=4, groups=16, hosts/group=1)"
+    assert lines[-1] == "the context needs torch"

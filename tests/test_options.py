@@ -1,0 +1,84 @@
+"""What makes two groups the same: options normalised at the door, described exactly or refused."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+import fmesh
+from fmesh.context import collectives
+from fmesh.context.groups import Target
+from fmesh.context.options import AxisOptions, GroupSettings, describe_options
+
+
+def gloo_options(threads: int = 2) -> object:
+    options = dist.ProcessGroupGloo._Options()
+    options._threads = threads
+    return options
+
+
+def test_options_are_described_exactly_and_per_group_fields_ignored() -> None:
+    two, four = gloo_options(2), gloo_options(4)
+    assert describe_options(two) != describe_options(four)
+    before = describe_options(two)
+    # Fields torch writes into an options object for each group it creates are not the user's choice.
+    two.group_name, two.global_ranks_in_group, two._timeout = "some:group", [0, 1], timedelta(seconds=5)
+    assert describe_options(two) == before
+    settings = GroupSettings.of(two, 60, {"dp": AxisOptions(options=four)}, backend="gloo")
+    assert settings.spec(("tp",), (0, 1)) != settings.spec(("dp",), (0, 1))
+    assert settings.spec(("tp",), (0, 1)).digest() != settings.spec(("dp",), (0, 1)).digest()
+    assert settings.spec(("tp",), (0, 1)) == GroupSettings.of(gloo_options(2), 60, backend="gloo").spec(("x",), (0, 1))
+
+
+def test_options_that_cannot_be_described_are_refused_before_any_group() -> None:
+    opaque = gloo_options()
+    opaque._devices = [dist.ProcessGroupGloo.create_device(interface="lo")]
+    with pytest.raises(ValueError, match=r"options\._devices\[0\].*cannot describe exactly"):
+        AxisOptions(options=opaque)
+    with pytest.raises(ValueError, match=r"options\._devices\[0\]"):
+        fmesh.Context(backend="gloo", rank=0, world_size=1, options=opaque)
+    assert not dist.is_initialized()
+
+
+def test_axis_options_are_normalised_where_they_enter() -> None:
+    assert AxisOptions(backend="GLOO", timeout=30) == AxisOptions(backend="gloo", timeout=timedelta(seconds=30))
+    with pytest.raises(ValueError, match="unknown backend 'ncl'"):
+        AxisOptions(backend="ncl")
+    with pytest.raises(ValueError, match="timeout must be positive, got -1"):
+        AxisOptions(timeout=-1)
+    with pytest.raises(TypeError, match=r"timeout must be seconds or a datetime\.timedelta, got '5'"):
+        AxisOptions(timeout="5")
+
+
+def test_axes_are_normalised_once_and_cached_once() -> None:
+    import torch
+
+    with fmesh.Context.fake(4) as ctx:
+        mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+        for axes in ("tp", ("tp",), ["tp"]):
+            ctx.all_reduce(torch.ones(1), mesh, axes)
+        line = fmesh.make_mesh((4,), ("w",))
+        for every in (None, "w", ["w"], ("w",)):
+            ctx.all_gather(torch.ones(1), line, every)
+        stats = ctx.stats()
+        assert stats["meshes_seen"] == 2 and stats["groups_created"] == 2
+        assert stats["cache_hits"] == 5
+        with pytest.raises(TypeError, match=r"expected axes as an axis name.*but got 3"):
+            ctx.all_reduce(torch.ones(1), mesh, 3)  # type: ignore[arg-type]
+
+
+def test_a_timeout_is_told_by_its_type_or_by_the_time_waited() -> None:
+    mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+    target = Target(mesh, ("tp",), (0, 1), GroupSettings.of(None, 60, backend="gloo").spec(("tp",), (0, 1)))
+    minute, now = timedelta(seconds=60), time.monotonic()
+    with pytest.raises(fmesh.GroupTimeoutError, match=r"all_reduce along axes \('tp',\).*ranks \[0, 1\]"):
+        collectives.failed("all_reduce", target, target.ranks, minute, now, dist.DistStoreError("wait"))
+    with pytest.raises(fmesh.GroupTimeoutError, match="timed out after 60s"):
+        collectives.failed("all_reduce", target, target.ranks, minute, now - 60, RuntimeError("peer closed"))
+    quick = RuntimeError("Timed out? No: an error that merely mentions a timeout, raised at once")
+    with pytest.raises(RuntimeError) as caught:
+        collectives.failed("all_reduce", target, target.ranks, minute, now, quick)
+    assert caught.value is quick
