@@ -30,6 +30,7 @@ from fmesh.errors import (
     LaunchError,
     MeshMismatchError,
     PlacementWarning,
+    RankLostError,
     RemoteTraceback,
 )
 from fmesh.layout import Layout
@@ -81,6 +82,7 @@ __all__ = [
     "ParallelDims",
     "PlacementWarning",
     "PlannedGroup",
+    "RankLostError",
     "RemoteTraceback",
     "Simulation",
     "Topology",

@@ -18,6 +18,7 @@ __all__ = [
     "LaunchError",
     "MeshMismatchError",
     "PlacementWarning",
+    "RankLostError",
     "RemoteTraceback",
 ]
 
@@ -40,6 +41,18 @@ class GroupTimeoutError(TimeoutError):
     another path); the message names the axes, the mesh and the ranks waited for.
 
     >>> issubclass(GroupTimeoutError, TimeoutError)
+    True
+    """
+
+
+class RankLostError(RuntimeError):
+    """A collective failed because members of its group are gone (a process exited or crashed).
+
+    Raised by the Context on the surviving members, in the time the backend takes to notice (seconds
+    on gloo), naming the mesh, the axes and the members that did not answer a roll call through the
+    store; the backend's own error is its ``__cause__``.
+
+    >>> issubclass(RankLostError, RuntimeError)
     True
     """
 

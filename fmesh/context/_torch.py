@@ -102,6 +102,36 @@ def split_groups(
     )
 
 
+def _registered(group: dist.ProcessGroup | None) -> bool:
+    return group is None or group in c10d._world.pg_map
+
+
+def destroy_group(group: dist.ProcessGroup) -> None:
+    """Destroy ``group`` in the orderly way (its pending work finishes); one aborted already is gone."""
+    if _registered(group):
+        dist.destroy_process_group(group)
+
+
+def abort_group(group: dist.ProcessGroup | None = None) -> None:
+    """Tear ``group`` (``None``: every group, the default one too) down without waiting for peers."""
+    if _registered(group):
+        c10d._abort_process_group(group)
+
+
+def release_groups(root: DeviceMesh) -> None:
+    """Let go of the groups an exported root mesh keeps alive (its ``_pg_registry`` and names)."""
+    registry = getattr(root, "_pg_registry", None)
+    if registry is not None:
+        registry.clear()
+    root._flatten_mapping.clear()
+
+
+def host_store(port: int, world_size: int, timeout: float) -> dist.Store:
+    """A store server on loopback for ``world_size`` clients, as torchrun's agent hosts one."""
+    return dist.TCPStore("127.0.0.1", port, world_size, is_master=True, timeout=timedelta(seconds=timeout),
+                         wait_for_workers=False)
+
+
 def group_count() -> int:
     """How many process groups this process holds (the default group included)."""
     return len(c10d._world.pg_map)

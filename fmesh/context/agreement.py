@@ -1,50 +1,275 @@
-"""Check, through the store, that every member of a group means the same group before creating it.
+"""Check, through the store, that every member of a group means the same group before creating it,
+and find out, when a member does not come, why.
 
-torch's ``DeviceMesh`` hangs when ranks disagree about a mesh: each side waits
-for a rendezvous the other never joins. Here each member publishes a short
-description of what it is about to create under a key all members can compute
-without agreeing first (the context, the axis names and how many groups this
-rank already made for them), then reads everyone else's. A different
-description is reported at once on every member that sees it; a member that
-never publishes is reported after the timeout, by rank.
+torch's ``DeviceMesh`` hangs when ranks disagree about a mesh: each side waits for a rendezvous the
+other never joins. Here the members of a group meet under a key derived from the group's content
+(its ordered ranks, backend, options and timeout: ``<prefix>/agree/<digest>``) and compare a
+fixed-size digest of what each means by it (the mesh, the axes and the options). Per member that is
+a constant number of store operations and bytes, whatever the group size:
+
+1. post ``status/<rank>``: waiting at this key, with a description (a few hundred bytes);
+2. ``compare_set(<key>/digest, "", mine)``: the first member's digest stays, and the store hands it
+   back; a member whose digest differs writes a mismatch verdict to ``<key>/done``;
+3. ``add(<key>/arrived, 1)``: the member that brings the count to the group size writes ``ok``;
+4. ``wait(<key>/done)`` and read the verdict; post ``status/<rank>``: running.
+
+Full descriptions are read only to write an error. A member that waits longer than a grace period
+starts the slow path: one waiter (elected with ``add``) reads the statuses of the members (one
+``multi_get``) and follows the members that have not arrived to what each is waiting for. A cycle
+(rank 0 waits here for rank 1, which waits elsewhere for rank 0) can never complete: it is a
+disagreement, reported as :class:`~fmesh.MeshMismatchError` on every rank of the cycle within
+seconds. A member that failed is reported with its own error (a mismatch stays a mismatch, anything
+else is :class:`~fmesh.RankLostError`). A member that is simply elsewhere
+(busy, or gone) is waited for until the creation timeout, then :class:`~fmesh.GroupTimeoutError`
+names the missing ranks and what each was last doing.
+
+The same board of statuses lets the survivors of a failed collective name the ranks that are gone
+(:meth:`Agreement.roll_call`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import time
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
+import attrs
 import torch.distributed as dist
 
-from fmesh.errors import GroupTimeoutError, MeshMismatchError
+from fmesh.errors import GroupTimeoutError, MeshMismatchError, RankLostError
+
+OK = "ok"
+MISMATCH = "mismatch"  # a verdict: the members disagree
+LOST = "lost"  # a verdict: a member failed instead of coming
+FAILED = "failed"  # a status: this rank raised
+GRACE_SECONDS = 1.0  # creation normally completes in milliseconds; slower is worth a look
+MAX_POLL_SECONDS = 8.0
+MAX_PAUSE_SECONDS = 0.25
+MAX_GROUPS_FOLLOWED = 64  # bounds the work of one diagnosis
 
 
-def agree(
-    store: dist.Store,
-    key: str,
-    rank: int,
-    members: Sequence[int],
-    description: str,
-    timeout: timedelta,
-    what: str,
-) -> None:
-    """Publish ``description`` under ``key`` and check every member published the same one."""
-    store.set(f"{key}/{rank}", description)
-    others = [m for m in members if m != rank]
-    keys = [f"{key}/{m}" for m in others]
+def digest(text: str) -> str:
+    """A fixed-size digest of ``text``, the same in every process.
+
+    >>> len(digest("Mesh(dp=2; world=2)"))
+    32
+    """
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _loads(raw: bytes) -> dict[str, Any]:
     try:
-        store.wait(keys, timeout)
-    except dist.DistStoreError as error:  # what a store's wait raises when it times out
-        missing = [m for m, k in zip(others, keys, strict=True) if not store.check([k])]
-        raise GroupTimeoutError(
-            f"{what}: rank {rank} waited {timeout.total_seconds():g}s for ranks {missing} of group "
-            f"{list(members)}, which never arrived (they did not create this group, or crashed)"
-        ) from error
-    seen = [value.decode() for value in store.multi_get(keys)]
-    differing = [(m, v) for m, v in zip(others, seen, strict=True) if v != description]
-    if differing:
-        views = "; ".join(f"rank {m} sees {v}" for m, v in differing)
-        raise MeshMismatchError(
-            f"{what}: ranks disagree about the mesh. Rank {rank} sees {description}; {views}. "
-            "Build the mesh from the same sizes, names and rank_map on every rank"
+        value = json.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError):
+        return {"state": "unknown"}
+    return value if isinstance(value, dict) else {"state": "unknown"}
+
+
+def describe_status(rank: int, status: dict[str, Any]) -> str:
+    """One line saying what ``rank`` was last doing, from its status.
+
+    >>> describe_status(3, {"state": "running"})
+    'rank 3 is not creating a group (busy elsewhere, or it took another path)'
+    """
+    state = status.get("state")
+    if state == "waiting":
+        return f"rank {rank} waits to create {status.get('what', '?')} ({status.get('description', '?')})"
+    if state == FAILED:
+        return f"rank {rank} failed: {status.get('error', '?')}"
+    if state == "closed":
+        return f"rank {rank} closed its context"
+    if state == "running":
+        return f"rank {rank} is not creating a group (busy elsewhere, or it took another path)"
+    return f"rank {rank} never posted a status (its context did not start, or it crashed)"
+
+
+@attrs.frozen
+class Agreement:
+    """The board of one Context in the store: this rank's status, and the agreement on each group.
+
+    ``prefix`` is the context's namespace (its name and epoch); ``creation_timeout`` bounds how long
+    a member waits for the others to come.
+    """
+
+    store: dist.Store
+    prefix: str
+    rank: int
+    creation_timeout: timedelta
+    grace: float = GRACE_SECONDS  # how long a waiter waits before it looks at what the missing ones do
+
+    # ------------------------------------------------------------ statuses
+
+    def _status_key(self, rank: int) -> str:
+        return f"{self.prefix}/status/{rank}"
+
+    def post(self, state: str, **fields: Any) -> None:
+        """Post this rank's status (``running``, ``waiting``, ``failed``, ``closed``)."""
+        self.store.set(self._status_key(self.rank), json.dumps({"state": state, **fields}))
+
+    def statuses(self, ranks: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """The statuses of ``ranks`` (one round trip; ranks that never posted one are ``missing``)."""
+        keys = [self._status_key(rank) for rank in ranks]
+        if self.store.check(keys):
+            return {rank: _loads(raw) for rank, raw in zip(ranks, self.store.multi_get(keys), strict=True)}
+        return {rank: _loads(self.store.get(key)) if self.store.check([key]) else {"state": "missing"}
+                for rank, key in zip(ranks, keys, strict=True)}
+
+    def failed(self, error: BaseException) -> None:
+        """Post that this rank failed with ``error`` (others waiting for it report it); never raises."""
+        self.post_quietly(FAILED, error=f"{type(error).__name__}: {error}"[:2000], kind=type(error).__name__)
+
+    def post_quietly(self, state: str, **fields: Any) -> None:
+        """:meth:`post`, on a way out: a store that is gone (its host died) is no reason to raise."""
+        # The store may be what failed; the error that brought us here matters more.
+        with contextlib.suppress(Exception):
+            self.post(state, **fields)
+
+    # ------------------------------------------------------------ agreement
+
+    def agree(self, key: str, members: Sequence[int], description: str, what: str) -> None:
+        """Meet the other ``members`` at ``key`` and check they mean ``description`` too.
+
+        ``what`` names the group in errors (axes, mesh, first ranks). Raises
+        :class:`~fmesh.MeshMismatchError`, :class:`~fmesh.RankLostError` or
+        :class:`~fmesh.GroupTimeoutError`; on success every member has arrived and agrees.
+        """
+        self.arrive(key, members, description, what)
+        self.settle(key, members, description, what)
+
+    def arrive(self, key: str, members: Sequence[int], description: str, what: str) -> None:
+        """Steps 1-3: post this rank's status, compare digests, count the arrival (no waiting)."""
+        base = f"{self.prefix}/agree/{key}"
+        mine = digest(description)
+        self.post("waiting", at=key, what=what, description=description)
+        first = self.store.compare_set(f"{base}/digest", "", mine).decode()
+        if first == mine:
+            if not self.store.check([f"{base}/description"]):
+                self.store.set(f"{base}/description", description)
+            if self.store.add(f"{base}/arrived", 1) == len(members):
+                self.store.compare_set(f"{base}/done", "", OK)
+        else:
+            theirs = self.store.get(f"{base}/description").decode()
+            verdict = (f"ranks disagree about {what}. Rank {self.rank} means: {description}; the first member "
+                       f"to arrive means: {theirs}")
+            self.store.compare_set(f"{base}/done", "", f"{MISMATCH}\n{verdict}")
+
+    def settle(self, key: str, members: Sequence[int], description: str, what: str) -> None:
+        """Step 4: wait for the verdict (looking into a slow wait), raise it unless it is ``ok``."""
+        self._wait(f"{self.prefix}/agree/{key}", key, members, description, what)
+        self.post("running")
+
+    def _wait(self, base: str, key: str, members: Sequence[int], description: str, what: str) -> None:
+        # Poll with `check` rather than `wait(timeout)`: a TCPStore logs a warning for every wait that
+        # times out, and the slow path needs to wake up now and then. The pause doubles from half a
+        # millisecond, so a group that completes at once is seen within milliseconds, and a long wait
+        # costs each member a few checks a second.
+        started = time.monotonic()
+        deadline = started + self.creation_timeout.total_seconds()
+        look_every, next_look, pause = self.grace, started + self.grace, 0.0005
+        diagnoser = False
+        while not self.store.check([f"{base}/done"]):
+            now = time.monotonic()
+            if now >= deadline:
+                self._time_out(key, members, what, started)
+            if now >= next_look:
+                diagnoser = diagnoser or self.store.add(f"{base}/diagnoser", 1) == 1
+                if diagnoser:
+                    self._diagnose(key, members)
+                look_every = min(look_every * 2, MAX_POLL_SECONDS)
+                next_look = now + look_every
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_PAUSE_SECONDS)
+        verdict = self.store.get(f"{base}/done").decode()
+        if verdict == OK:
+            return
+        kind, _, message = verdict.partition("\n")
+        error: Exception
+        if kind == MISMATCH:
+            error = MeshMismatchError(
+                f"on rank {self.rank}: {message}. Expected every rank to build this mesh from the same sizes, "
+                "names and rank_map, and to use its meshes in the same order; check the ranks named here")
+        else:
+            error = RankLostError(f"on rank {self.rank}: {message}. See that rank's error first")
+        self.failed(error)
+        raise error
+
+    def _time_out(self, key: str, members: Sequence[int], what: str, started: float) -> None:
+        statuses = self.statuses(members)
+        missing = [m for m in members if statuses[m].get("at") != key or statuses[m].get("state") != "waiting"]
+        doing = "; ".join(describe_status(m, statuses[m]) for m in missing[:8])
+        more = f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""
+        error = GroupTimeoutError(
+            f"rank {self.rank} waited {time.monotonic() - started:.0f}s to create {what}, but ranks "
+            f"{missing[:16]}{'...' if len(missing) > 16 else ''} never came: {doing}{more}. Expected every "
+            "member to create this group; check that they all build this mesh and run this collective, or raise "
+            "creation_timeout if ranks reach it minutes apart"
         )
+        self.failed(error)
+        raise error
+
+    # ------------------------------------------------------------- diagnosis
+
+    def _diagnose(self, key: str, members: Sequence[int]) -> None:
+        """The slow path: publish this group's members, then look for a member that failed or a cycle."""
+        base = f"{self.prefix}/agree/{key}"
+        if not self.store.check([f"{base}/members"]):
+            self.store.set(f"{base}/members", json.dumps(list(members)))
+        statuses = self.statuses(members)
+        for member in members:
+            status = statuses[member]
+            if status.get("state") == FAILED and member != self.rank:
+                kind = MISMATCH if status.get("kind") == "MeshMismatchError" else LOST
+                self.store.compare_set(f"{base}/done", "", f"{kind}\nrank {member}, a member of this group, failed "
+                                       f"instead of creating it: {status.get('error')}")
+                return
+        cycle = self._cycle(key, members, statuses)
+        if cycle:
+            lines = [describe_status(rank, status) for rank, status in cycle]
+            verdict = (f"{MISMATCH}\nranks disagree about the meshes: they wait for each other in a cycle, each to "
+                       f"create a group the next one does not create: {'; '.join(lines)}")
+            for _, status in cycle:
+                self.store.compare_set(f"{self.prefix}/agree/{status['at']}/done", "", verdict)
+
+    def _cycle(self, start: str, members: Sequence[int],
+               statuses: dict[int, dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+        """A cycle of waiting ranks through ``start``, as ``(rank, status)``; empty if none is known."""
+        me = self.statuses([self.rank])[self.rank]
+        stack: list[tuple[str, Sequence[int], dict[int, dict[str, Any]], list[tuple[int, dict[str, Any]]]]] = [
+            (start, members, statuses, [(self.rank, me)])
+        ]
+        seen = {start}
+        while stack and len(seen) <= MAX_GROUPS_FOLLOWED:
+            key, group, known, path = stack.pop()
+            for member in group:
+                status = known[member]
+                if status.get("state") != "waiting" or status.get("at") == key:
+                    continue  # arrived here, or not waiting for any group
+                elsewhere = str(status.get("at"))
+                if elsewhere == start:
+                    return [*path, (member, status)]
+                if elsewhere in seen:
+                    continue
+                seen.add(elsewhere)
+                listed = f"{self.prefix}/agree/{elsewhere}/members"
+                if not self.store.check([listed]):
+                    continue  # its members have not been published yet: look again next round
+                others = [int(r) for r in json.loads(self.store.get(listed).decode())]
+                stack.append((elsewhere, others, self.statuses(others), [*path, (member, status)]))
+        return []
+
+    # -------------------------------------------------------------- roll call
+
+    def roll_call(self, label: str, members: Sequence[int], seconds: float) -> list[int]:
+        """The ``members`` that do not answer within ``seconds`` (the survivors of a failed collective
+        each call this with the same ``label``); O(group size) store checks, on a failure path only."""
+        base = f"{self.prefix}/roll/{label}"
+        self.store.set(f"{base}/{self.rank}", "here")
+        keys = [f"{base}/{m}" for m in members]
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self.store.check(keys):
+            time.sleep(0.1)
+        return [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]

@@ -3,8 +3,12 @@ group, leaves its input alone and returns a new tensor.
 
 The group is ``None`` for a group of one, where every collective is a copy. Arguments are checked
 by the ``check_*`` helpers before the Context asks for a group, so a bad call never creates one.
-A backend error after the group's timeout has passed is reported as
-:class:`~fmesh.GroupTimeoutError` naming the mesh, the axes and the ranks; any other is re-raised.
+
+A failure is explained before it is raised (:func:`failed`): the survivors hold a roll call through
+the store, and the ranks that do not answer are named. A peer that failed with an error of fmesh's
+own passes it on (a mesh mismatch on one rank is a mismatch on all); a backend error after the
+group's timeout is :class:`~fmesh.GroupTimeoutError`; one with members gone is
+:class:`~fmesh.RankLostError`; with every member present, the backend's own error is raised.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch
+from fmesh.context.agreement import FAILED, Agreement, describe_status
 from fmesh.context.groups import Target
-from fmesh.errors import GroupTimeoutError
+from fmesh.errors import GroupTimeoutError, MeshMismatchError, RankLostError
 
 REDUCE_OPS: dict[str, Any] = {
     "sum": dist.ReduceOp.SUM,
@@ -30,6 +35,8 @@ REDUCE_OPS: dict[str, Any] = {
 }
 # A backend error raised after this share of the group's timeout is that timeout.
 _TIMED_OUT = 0.9
+# How long the survivors of a failed collective wait for each other to answer the roll call.
+ROLL_CALL_SECONDS = 5.0
 
 
 def reduce_op(op: object) -> Any:
@@ -62,27 +69,63 @@ def check_divisible(what: str, label: str, tensor: torch.Tensor, dim: int, size:
 
 
 def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: timedelta, started: float,
-           error: Exception) -> NoReturn:
-    """Re-raise a collective's ``error``: as ``GroupTimeoutError`` when it came after the timeout."""
-    if isinstance(error, dist.DistStoreError) or time.monotonic() - started >= _TIMED_OUT * timeout.total_seconds():
-        where = "the default group" if target is None else f"axes {target.axes} of {target.mesh!r}"
-        raise GroupTimeoutError(
-            f"{what} along {where} timed out after {timeout.total_seconds():g}s waiting for ranks {list(ranks)}: "
-            "a rank never arrived (it crashed, or its program took another path)"
-        ) from error
-    raise error
+           error: Exception, board: Agreement | None, group: dist.ProcessGroup | None = None) -> NoReturn:
+    """Raise what a collective's ``error`` means: see the module docstring. ``board`` is ``None`` on the
+    fake backend (no store): then only the timeout is told apart. ``group``, broken now, is aborted
+    first, so that members still blocked in it fail at once and answer the roll call too."""
+    where = "the default group" if target is None else target.label()
+    if group is not None and board is not None:
+        _torch.abort_group(group)
+    timed_out = isinstance(error, dist.DistStoreError) or (
+        time.monotonic() - started >= _TIMED_OUT * timeout.total_seconds())
+    if board is None:
+        if timed_out:
+            raise GroupTimeoutError(f"{what} along {where} timed out after {timeout.total_seconds():g}s") from error
+        raise error
+    try:
+        label = f"{what}-{target.spec.digest() if target is not None else 'world'}"
+        missing = board.roll_call(label, ranks, ROLL_CALL_SECONDS)
+        statuses = board.statuses(missing)
+    except Exception:  # the store is gone too: its host (rank 0) is likely what died
+        missing, statuses = list(ranks), {}
+    doing = "; ".join(describe_status(m, statuses[m]) if m in statuses else f"rank {m}: the store is unreachable"
+                      for m in missing[:8])
+    mismatch = next((m for m in missing if statuses.get(m, {}).get("kind") == "MeshMismatchError"), None)
+    explained: Exception
+    if mismatch is not None:
+        explained = MeshMismatchError(
+            f"on rank {board.rank}: {what} along {where} could not complete because rank {mismatch} disagrees "
+            f"about a mesh: {statuses[mismatch].get('error')}")
+    elif timed_out:
+        explained = GroupTimeoutError(
+            f"on rank {board.rank}: {what} along {where} timed out after {timeout.total_seconds():g}s; ranks "
+            f"{missing} did not answer a roll call: {doing or 'all answered, so one is stuck elsewhere'}. Expected "
+            "every member to run this collective; check the order of collectives on the ranks named here")
+    elif missing:
+        gone = [m for m in missing if statuses.get(m, {}).get("state") != FAILED]
+        explained = RankLostError(
+            f"on rank {board.rank}: {what} along {where} failed: ranks {missing} of the group did not answer a "
+            f"roll call within {ROLL_CALL_SECONDS:g}s: they are gone, or still blocked in this collective ({doing}). "
+            f"Expected every member alive; see the logs of ranks {gone or missing}, then restart the job "
+            f"(the backend said: {error})")
+    else:
+        raise error  # every member is there: the backend's own error says what went wrong
+    board.failed(explained)
+    raise explained from error
 
 
-def run(what: str, target: Target, call: Callable[[], object]) -> None:
-    """``call()``, with its errors translated by :func:`failed`."""
+def run(what: str, target: Target, group: dist.ProcessGroup, call: Callable[[], object],
+        board: Agreement | None) -> None:
+    """``call()`` on ``group``, with its errors explained by :func:`failed`."""
     started = time.monotonic()
     try:
         call()
     except RuntimeError as error:
-        failed(what, target, target.ranks, target.spec.timeout, started, error)
+        failed(what, target, target.ranks, target.spec.timeout, started, error, board, group)
 
 
-def all_reduce(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, op: str) -> torch.Tensor:
+def all_reduce(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, op: str,
+               board: Agreement | None) -> torch.Tensor:
     """Reduce over the group; ``op`` is checked by the caller (:func:`reduce_op`)."""
     result = tensor.clone()
     if group is None:
@@ -96,22 +139,23 @@ def all_reduce(target: Target, group: dist.ProcessGroup | None, tensor: torch.Te
         else:
             dist.all_reduce(result, op=REDUCE_OPS[op], group=group)
     except RuntimeError as error:
-        failed("all_reduce", target, target.ranks, target.spec.timeout, started, error)
+        failed("all_reduce", target, target.ranks, target.spec.timeout, started, error, board, group)
     return result
 
 
-def all_gather(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+def all_gather(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, dim: int,
+               board: Agreement | None) -> torch.Tensor:
     """Every member's ``tensor``, concatenated along ``dim`` in group order."""
     if group is None:
         return tensor.clone()
     moved = tensor.movedim(dim, 0).contiguous()
     output = torch.empty((target.size * moved.shape[0], *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    run("all_gather", target, lambda: _torch.all_gather_single(output, moved, group=group))
+    run("all_gather", target, group, lambda: _torch.all_gather_single(output, moved, group=group), board)
     return output.movedim(0, dim)
 
 
 def reduce_scatter(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, dim: int,
-                   op: str) -> torch.Tensor:
+                   op: str, board: Agreement | None) -> torch.Tensor:
     """Reduce over the group and keep this member's chunk of ``dim``; divisibility checked by the caller."""
     if group is None:
         return tensor.clone()
@@ -119,42 +163,44 @@ def reduce_scatter(target: Target, group: dist.ProcessGroup | None, tensor: torc
     output = torch.empty((moved.shape[0] // target.size, *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     gloo_avg = op == "avg" and target.spec.backend == "gloo"
     op_now = REDUCE_OPS["sum" if gloo_avg else op]
-    run("reduce_scatter", target, lambda: _torch.reduce_scatter_single(output, moved, op=op_now, group=group))
+    run("reduce_scatter", target, group, lambda: _torch.reduce_scatter_single(output, moved, op=op_now, group=group),
+        board)
     if gloo_avg:
         output.div_(target.size)
     return output.movedim(0, dim)
 
 
-def broadcast(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, src: int) -> torch.Tensor:
+def broadcast(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, src: int,
+              board: Agreement | None) -> torch.Tensor:
     """Member ``src``'s ``tensor`` on every member; ``src`` checked by the caller."""
     result = tensor.clone()
     if group is not None:
-        run("broadcast", target, lambda: dist.broadcast(result, src=target.ranks[src], group=group))
+        run("broadcast", target, group, lambda: dist.broadcast(result, src=target.ranks[src], group=group), board)
     return result
 
 
 def all_to_all(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, split_dim: int,
-               concat_dim: int) -> torch.Tensor:
+               concat_dim: int, board: Agreement | None) -> torch.Tensor:
     """Chunk ``i`` of ``split_dim`` to member ``i``; what arrives concatenated along ``concat_dim``."""
     if group is None:
         return tensor.clone()
     moved = tensor.movedim(split_dim, 0).contiguous()
     output = torch.empty_like(moved)
-    run("all_to_all", target, lambda: dist.all_to_all_single(output, moved, group=group))
+    run("all_to_all", target, group, lambda: dist.all_to_all_single(output, moved, group=group), board)
     chunks = output.movedim(0, split_dim).chunk(target.size, dim=split_dim)
     return torch.cat(chunks, dim=concat_dim)
 
 
-def barrier(target: Target, group: dist.ProcessGroup | None) -> None:
+def barrier(target: Target, group: dist.ProcessGroup | None, board: Agreement | None) -> None:
     """Wait for every member of the group."""
     if group is not None:
-        run("barrier", target, lambda: dist.barrier(group=group))
+        run("barrier", target, group, lambda: dist.barrier(group=group), board)
 
 
-def world_barrier(world_size: int, timeout: timedelta) -> None:
+def world_barrier(world_size: int, timeout: timedelta, board: Agreement | None) -> None:
     """Wait for every rank of the default group."""
     started = time.monotonic()
     try:
         dist.barrier()
     except RuntimeError as error:
-        failed("barrier", None, tuple(range(world_size)), timeout, started, error)
+        failed("barrier", None, tuple(range(world_size)), timeout, started, error, board)

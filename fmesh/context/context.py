@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch, collectives
+from fmesh.context.agreement import Agreement
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, plan_groups
 from fmesh.context.groups import GroupRegistry
@@ -70,8 +71,10 @@ class Context:
         gpus_per_node: int | None = None,
         name: str = "fmesh",
         simulated: bool = False,
+        creation_timeout: timedelta | float | None = None,
     ) -> None:
-        settings = GroupSettings.of(options, timeout, axis_options)  # every argument checked before any group
+        # Every argument is checked before any group is touched.
+        settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         world = World.start(backend=backend, rank=rank, world_size=world_size, store=store, init_method=init_method,
                             timeout=settings.timeout, device=device, gpus_per_node=gpus_per_node, name=name)
         self._own(world, settings, simulated)
@@ -79,8 +82,13 @@ class Context:
     def _own(self, world: World, settings: GroupSettings, simulated: bool = False) -> None:
         self._world = world
         self._settings = attrs.evolve(settings, backend=world.backend)
+        self._board: Agreement | None = None
+        if not world.fake:  # the fake backend's store cannot be used
+            self._board = Agreement(world.store(), f"fmesh/{world.name}/{world.epoch}", world.rank,
+                                    self._settings.creation_timeout)
+            self._board.post("running")
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
-        self._groups = GroupRegistry(world, self._settings, ascending_only=simulated)
+        self._groups = GroupRegistry(world, self._settings, agreement=self._board, ascending_only=simulated)
         self._exports = Exporter()
 
     # -------------------------------------------------------------- builders
@@ -95,6 +103,7 @@ class Context:
         axis_options: Mapping[str, AxisOptions] | None = None,
         gpus_per_node: int | None = None,
         name: str = "fmesh",
+        creation_timeout: timedelta | float | None = None,
     ) -> Context:
         """Under ``torchrun`` (any ``env://`` launch): init the default group if needed, NCCL with
         CUDA else gloo, and bind ``cuda:LOCAL_RANK``.
@@ -102,7 +111,7 @@ class Context:
         >>> Context.from_env.__name__
         'from_env'
         """
-        settings = GroupSettings.of(options, timeout, axis_options)
+        settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         world = World.from_env(backend=backend, timeout=settings.timeout, gpus_per_node=gpus_per_node, name=name)
         context = cls.__new__(cls)
         context._own(world, settings)
@@ -189,7 +198,7 @@ class Context:
         """
         collectives.reduce_op(op)
         target = self._groups.target(mesh, axes)
-        return collectives.all_reduce(target, self._groups.group(target), tensor, op)
+        return collectives.all_reduce(target, self._groups.group(target), tensor, op, self._board)
 
     def all_gather(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0) -> torch.Tensor:
         """Concatenate every member's ``tensor`` along ``dim``, in group (coordinate) order.
@@ -200,7 +209,7 @@ class Context:
         torch.Size([2, 6])
         """
         target = self._groups.target(mesh, axes)
-        return collectives.all_gather(target, self._groups.group(target), tensor, dim)
+        return collectives.all_gather(target, self._groups.group(target), tensor, dim, self._board)
 
     def reduce_scatter(
         self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0, op: str = "sum"
@@ -215,7 +224,7 @@ class Context:
         collectives.reduce_op(op)
         target = self._groups.target(mesh, axes)
         collectives.check_divisible("reduce_scatter", "dim", tensor, dim, target.size)
-        return collectives.reduce_scatter(target, self._groups.group(target), tensor, dim, op)
+        return collectives.reduce_scatter(target, self._groups.group(target), tensor, dim, op, self._board)
 
     def broadcast(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, src: int = 0) -> torch.Tensor:
         """Every member gets the ``tensor`` of member ``src`` (an index within the group).
@@ -227,7 +236,7 @@ class Context:
         """
         target = self._groups.target(mesh, axes)
         collectives.check_index("broadcast", "src", src, target.size)
-        return collectives.broadcast(target, self._groups.group(target), tensor, src)
+        return collectives.broadcast(target, self._groups.group(target), tensor, src, self._board)
 
     def all_to_all(
         self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, split_dim: int = 0, concat_dim: int = 0
@@ -242,7 +251,8 @@ class Context:
         """
         target = self._groups.target(mesh, axes)
         collectives.check_divisible("all_to_all", "split_dim", tensor, split_dim, target.size)
-        return collectives.all_to_all(target, self._groups.group(target), tensor, split_dim, concat_dim)
+        group = self._groups.group(target)
+        return collectives.all_to_all(target, group, tensor, split_dim, concat_dim, self._board)
 
     def barrier(self, mesh: Mesh | None = None, axes: AxesArg = None) -> None:
         """Wait until every member of the group along ``axes`` (default: the whole world) arrives.
@@ -253,10 +263,10 @@ class Context:
         """
         if mesh is None:
             self._groups.check_open()
-            collectives.world_barrier(self.world_size, self._settings.timeout)
+            collectives.world_barrier(self.world_size, self._settings.timeout, self._board)
             return
         target = self._groups.target(mesh, axes)
-        collectives.barrier(target, self._groups.group(target))
+        collectives.barrier(target, self._groups.group(target), self._board)
 
     # --------------------------------------------------------- plan, create
 
@@ -334,21 +344,47 @@ class Context:
     def close(self) -> None:
         """Destroy the groups this context made (and the default group, if it made that too).
 
+        Idempotent. Every reference fmesh holds to a group (the exported ``DeviceMesh`` roots too) is
+        dropped while the interpreter is alive, so no gloo group is left for interpreter shutdown.
+
         >>> ctx = Context.fake(2)
-        >>> ctx.close(); ctx
+        >>> ctx.close(); ctx.close(); ctx
         Context(rank=0, world=2, fake, closed)
         """
+        self._end(abort=False, error=None)
+
+    def abort(self) -> None:
+        """Tear down every group this context made without waiting for peers (a rank died, or this one
+        failed); the context is closed afterwards. ``with ctx:`` does this when an exception leaves it.
+
+        >>> ctx = Context.fake(2)
+        >>> ctx.abort(); ctx
+        Context(rank=0, world=2, fake, closed)
+        """
+        self._end(abort=True, error=None)
+
+    def _end(self, *, abort: bool, error: BaseException | None) -> None:
         if self._groups.closed:
             return
+        if self._board is not None:  # tell peers waiting for this rank why it will not come
+            if error is not None:
+                self._board.failed(error)
+            else:
+                self._board.post_quietly("closed")
         self._exports.clear()
-        self._groups.close()
-        self._world.close()
+        if abort:
+            self._groups.abort()
+        else:
+            self._groups.close()
+        self._world.close(abort=abort)
 
     def __enter__(self) -> Context:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        # After an exception peers may still be inside collectives: destroying groups in the orderly way
+        # could wait for them forever, so abort instead (torchtitan learned the same).
+        self._end(abort=error is not None, error=error)
 
     def __repr__(self) -> str:
         state = "closed" if self._groups.closed else f"{len(self._groups)} groups"

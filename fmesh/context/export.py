@@ -91,7 +91,10 @@ class Exporter:
         return len(self._exported)
 
     def clear(self) -> None:
-        """Forget every root and export (their groups are the registry's to destroy)."""
+        """Forget every root and export, and make the roots let go of our groups: the user may keep an
+        exported mesh (in a DTensor, say) past ``close()``; the groups must not live on in it."""
+        for root in self._roots.values():
+            _torch.release_groups(root)
         self._roots.clear()
         self._exported.clear()
         self._name_layouts.clear()

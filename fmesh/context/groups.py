@@ -1,4 +1,4 @@
-"""The one owner of fmesh's process groups: which exist, how each is created, what it cost.
+"""The one owner of fmesh's process groups: which exist, how each is created, what it cost, how they end.
 
 A :class:`GroupRegistry` answers two questions and remembers the answers:
 
@@ -11,11 +11,16 @@ A :class:`GroupRegistry` answers two questions and remembers the answers:
 
 :meth:`GroupRegistry.split` creates the groups of whole partitions of the world at once (one
 ``split_group`` per layout, for a default group bound to a device); it goes through the same
-agreement and the same bookkeeping.
+agreement and the same bookkeeping. Creation is serialised by a lock, so two threads asking for one
+group create it once. :meth:`GroupRegistry.close` destroys the groups and lets go of every
+reference to them while the interpreter is alive; :meth:`GroupRegistry.abort` tears them down
+without waiting for peers.
 """
 
 from __future__ import annotations
 
+import gc
+import threading
 import time
 from typing import Any
 
@@ -23,7 +28,7 @@ import attrs
 import torch.distributed as dist
 
 from fmesh.context import _torch
-from fmesh.context.agreement import agree
+from fmesh.context.agreement import Agreement, digest
 from fmesh.context.options import GroupSettings, GroupSpec
 from fmesh.context.world import World
 from fmesh.errors import ContextClosedError
@@ -46,8 +51,28 @@ class Target:
         return len(self.ranks)
 
     def describe(self) -> str:
-        """What every member must mean by this group: compared across ranks before it is created."""
-        return f"{describe_mesh(self.mesh)}, group {list(self.ranks)}"
+        """What every member must mean by this group, compared across ranks before it is created: the
+        mesh, the axes and the options (a few hundred bytes, whatever the group size)."""
+        return describe_group(self.mesh, self.axes, self.spec)
+
+    def label(self) -> str:
+        """The group in errors: its axes, its mesh and its first ranks.
+
+        >>> import fmesh
+        >>> from fmesh.context.options import GroupSettings
+        >>> spec = GroupSettings.of(None, 60, backend="gloo").spec(("dp",), (0, 2))
+        >>> Target(fmesh.make_mesh((2, 2), ("dp", "tp")), ("dp",), (0, 2), spec).label()
+        "the group [0, 2] along axes ('dp',) of Mesh(dp=2, tp=2; world=4)"
+        """
+        shown = list(self.ranks[:8])
+        ranks = f"{shown}" if len(self.ranks) <= 8 else f"{str(shown)[:-1]}, ... ({len(self.ranks)} ranks)]"
+        return f"the group {ranks} along axes {self.axes} of {self.mesh!r}"
+
+
+def describe_group(mesh: Mesh, axes: tuple[str, ...], spec: GroupSpec) -> str:
+    """A group as ranks must agree on it: the mesh, the axes, the backend, options and timeout."""
+    return (f"{describe_mesh(mesh)}; axes {axes}; backend {spec.backend}; options {spec.options_key}; "
+            f"timeout {spec.timeout.total_seconds():g}s")
 
 
 def describe_mesh(mesh: Mesh) -> str:
@@ -72,14 +97,17 @@ class GroupRegistry:
     >>> registry.close(); world.close()
     """
 
-    def __init__(self, world: World, settings: GroupSettings, *, ascending_only: bool = False) -> None:
+    def __init__(self, world: World, settings: GroupSettings, *, agreement: Agreement | None = None,
+                 ascending_only: bool = False) -> None:
         self._world = world
         self._settings = settings
+        self._agreement = agreement  # None on the fake backend, whose store cannot be used
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._ascending_only = ascending_only
         self._targets: dict[tuple[Mesh, tuple[str, ...]], Target] = {}
         self._groups: dict[GroupSpec, dist.ProcessGroup] = {}
-        self._created_for: dict[str, int] = {}  # how many groups this rank made per axes label
+        self._creating = threading.Lock()  # two threads asking for one group create it once
+        self._splits: set[str] = set()  # split_group calls made (every rank makes the same ones)
         self._hits = 0
         self._seconds = 0.0
         self._closed = False
@@ -149,52 +177,63 @@ class GroupRegistry:
         group = self._groups.get(target.spec)
         if group is not None:
             return group
-        self.check_open()
-        if _torch.bound_device() is not None and target.size > 1:
-            raise RuntimeError(
-                f"no group yet for axes {target.axes} of {target.mesh!r}: the default group is bound to a "
-                "device, so creating one needs every rank; call ctx.materialize(...) on every rank before "
-                "collectives"
-            )
-        started = time.perf_counter()
-        what = f"creating the group along axes {target.axes} of {target.mesh!r}"
-        self._agree(target.axes, target.describe(), target.ranks, target.spec, what)
-        group = _torch.create_group(
-            target.spec.ranks,
-            f"{self._world.name}:{self._world.epoch}:{target.spec.digest()}",
-            backend=target.spec.backend,
-            timeout=target.spec.timeout,
-            options=target.spec.options,
-            description=f"fmesh_{'_'.join(target.axes)}",
-        )
-        self._record(target.spec, group, started)
-        return group
+        with self._creating:
+            group = self._groups.get(target.spec)  # another thread may have made it meanwhile
+            if group is not None:
+                return group
+            self.check_open()
+            if _torch.bound_device() is not None and target.size > 1:
+                raise RuntimeError(
+                    f"no group yet for axes {target.axes} of {target.mesh!r}: the default group is bound to a "
+                    "device, so creating one needs every rank; call ctx.materialize(...) on every rank before "
+                    "collectives"
+                )
+            started = time.perf_counter()
+            self._agree(target.spec.digest(), target.ranks, target.describe(), target.label())
+            group = self._failing_as_posted(lambda: _torch.create_group(
+                target.spec.ranks,
+                f"{self._world.name}:{self._world.epoch}:{target.spec.digest()}",
+                backend=target.spec.backend,
+                timeout=target.spec.timeout,
+                options=target.spec.options,
+                description=f"fmesh_{'_'.join(target.axes)}",
+            ))
+            self._record(target.spec, group, started)
+            return group
 
     def split(self, mesh: Mesh, axes: tuple[str, ...], mine: tuple[int, ...] | None) -> None:
         """Create the groups along ``axes`` of ``mesh`` for the whole world at once (one
         ``split_group``): every rank calls this, for the same meshes, in the same order. ``mine`` is
         this rank's group (``None`` if the mesh does not cover it); it is recorded like any other."""
-        self.check_open()
-        spec = self.spec(axes, mine or ())
-        if mine is not None and spec in self._groups:
-            return
-        started = time.perf_counter()
-        world = tuple(range(self._world.world_size))
-        what = f"splitting the groups along axes {axes} of {mesh!r}"
-        self._agree(("split", *axes), f"split along {axes} of {describe_mesh(mesh)}", world, spec, what)
-        group = _torch.split_groups(mesh.groups(axes), timeout=spec.timeout, options=spec.options)
-        if group is not None and mine is not None and len(mine) > 1:
-            self._record(spec, group, started)
+        with self._creating:
+            self.check_open()
+            spec = self.spec(axes, mine or ())
+            if mine is not None and spec in self._groups:
+                return
+            description = f"split of {describe_group(mesh, axes, spec)}"
+            if digest(description) in self._splits:
+                return
+            self._splits.add(digest(description))
+            started = time.perf_counter()
+            world = tuple(range(self._world.world_size))
+            self._agree(digest(description), world, description, f"the split of axes {axes} of {mesh!r}")
+            group = self._failing_as_posted(
+                lambda: _torch.split_groups(mesh.groups(axes), timeout=spec.timeout, options=spec.options))
+            if group is not None and mine is not None and len(mine) > 1:
+                self._record(spec, group, started)
 
-    def _agree(self, label_axes: tuple[str, ...], description: str, members: tuple[int, ...], spec: GroupSpec,
-               what: str) -> None:
-        if self._world.fake or len(members) == 1:
-            return
-        label = ",".join(label_axes)
-        sequence = self._created_for.get(label, 0)
-        self._created_for[label] = sequence + 1
-        key = f"fmesh/{self._world.name}/{self._world.epoch}/agree/{label}/{sequence}"
-        agree(self._world.store(), key, self._world.rank, members, description, spec.timeout, what)
+    def _agree(self, key: str, members: tuple[int, ...], description: str, what: str) -> None:
+        if self._agreement is not None and len(members) > 1:
+            self._agreement.agree(key, members, description, what)
+
+    def _failing_as_posted(self, create: Any) -> Any:
+        """``create()``; a failure is posted on the board first, so peers waiting for us learn it."""
+        try:
+            return create()
+        except Exception as error:
+            if self._agreement is not None:
+                self._agreement.failed(error)
+            raise
 
     def _record(self, spec: GroupSpec, group: dist.ProcessGroup, started: float) -> None:
         self._groups[spec] = group
@@ -221,15 +260,29 @@ class GroupRegistry:
         }
 
     def close(self) -> None:
-        """Destroy every group made here; afterwards every question raises ``ContextClosedError``."""
-        if self._closed:
-            return
-        self._closed = True
-        if dist.is_initialized():
-            for group in self._groups.values():
-                dist.destroy_process_group(group)
-        self._groups.clear()
-        self._targets.clear()
+        """Destroy every group made here, and drop every reference to them now, while the interpreter is
+        alive (a gloo group whose last reference dies during interpreter shutdown takes the process down
+        with "terminate called without an active exception"). Afterwards every question raises
+        ``ContextClosedError``."""
+        self._end(_torch.destroy_group)
+
+    def abort(self) -> None:
+        """Tear every group made here down without waiting for peers (a rank died, or this one failed)."""
+        self._end(_torch.abort_group)
+
+    def _end(self, end_group: Any) -> None:
+        with self._creating:
+            if self._closed:
+                return
+            self._closed = True
+            groups = list(self._groups.values())
+            self._groups.clear()
+            self._targets.clear()
+            if dist.is_initialized():
+                for group in groups:
+                    end_group(group)
+            del groups
+            gc.collect()  # the C++ groups (and their worker threads) end here, not at interpreter exit
 
     @property
     def closed(self) -> bool:

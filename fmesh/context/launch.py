@@ -44,9 +44,11 @@ def free_port() -> int:
 
 def _child(fn: Callable[[Context], Any], rank: int, world_size: int, port: int, options: dict[str, Any],
            out: Any) -> None:
+    # The store is the launcher's (as torchrun's agent hosts it), so it outlives any rank: the others
+    # can still read what a failed rank posted.
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      OMP_NUM_THREADS="1")
+                      OMP_NUM_THREADS="1", TORCHELASTIC_USE_AGENT_STORE="True")
     torch.set_num_threads(1)
     try:
         with Context(backend="gloo", init_method="env://", rank=rank, world_size=world_size, **options) as ctx:
@@ -134,9 +136,12 @@ def launch(
     ]
     results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
+    store = None
     try:
         for proc in procs:
             proc.start()
+        # After the forks (a forked child must not inherit the store's server thread).
+        store = _torch.host_store(port, world_size, timeout)
         while len(results) < world_size:
             try:
                 rank, status, payload = out.get(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
@@ -173,6 +178,7 @@ def launch(
                 proc.kill()
                 proc.join()
         out.close()
+        del store  # the last reference: the server stops with it
     return [results[rank] for rank in range(world_size)]
 
 

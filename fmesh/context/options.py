@@ -24,6 +24,9 @@ import attrs
 
 BACKENDS = ("gloo", "nccl", "fake", "mpi", "ucc", "xccl")
 DEFAULT_TIMEOUT = timedelta(minutes=10)
+# How long members wait for each other to create a group: much shorter than the collectives' timeout,
+# since a member that has not come within minutes is gone or took another path.
+DEFAULT_CREATION_TIMEOUT = timedelta(minutes=2)
 # Fields that torch fills in itself for each group it creates from an options object: not a choice.
 _PER_GROUP_FIELDS = frozenset({"global_ranks_in_group", "group_name", "_timeout"})
 _DEPTH = 4
@@ -107,6 +110,12 @@ def _describe(value: object, where: str, depth: int) -> str:
     return f"{type(value).__name__}({described})"
 
 
+def _required(value: timedelta | None) -> timedelta:
+    if value is None:  # normalize_timeout returns its default for None, and the defaults are set
+        raise ValueError("a timeout is required here")
+    return value
+
+
 def _optional_timeout(value: object) -> timedelta | None:
     return normalize_timeout(value, None)
 
@@ -165,6 +174,7 @@ class GroupSettings:
     options_key: str
     timeout: timedelta
     axis_options: Mapping[str, AxisOptions]
+    creation_timeout: timedelta = DEFAULT_CREATION_TIMEOUT
 
     @classmethod
     def of(
@@ -173,6 +183,7 @@ class GroupSettings:
         timeout: object,
         axis_options: Mapping[str, AxisOptions] | None = None,
         backend: str = "",
+        creation_timeout: object = None,
     ) -> GroupSettings:
         """Normalise the Context's arguments (``ValueError``/``TypeError`` naming any bad one); the
         backend is the world's, set with ``attrs.evolve`` once the default group is known."""
@@ -180,10 +191,8 @@ class GroupSettings:
         for axis, override in overrides.items():
             if not isinstance(override, AxisOptions):
                 raise TypeError(f"axis_options[{axis!r}] must be fmesh.AxisOptions, got {override!r}")
-        timeout = normalize_timeout(timeout)
-        if timeout is None:  # normalize_timeout's default is never None here
-            raise ValueError("a context needs a timeout")
-        return cls(backend, options, describe_options(options), timeout, overrides)
+        return cls(backend, options, describe_options(options), _required(normalize_timeout(timeout)), overrides,
+                   _required(normalize_timeout(creation_timeout, DEFAULT_CREATION_TIMEOUT)))
 
     def spec(self, axes: tuple[str, ...], ranks: tuple[int, ...]) -> GroupSpec:
         """The spec of a group of ``ranks`` along ``axes``; ``ValueError`` if the axes' overrides clash."""

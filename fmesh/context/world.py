@@ -12,6 +12,7 @@ else in the Context reads the world; nothing else initialises or destroys the de
 
 from __future__ import annotations
 
+import gc
 import os
 from datetime import timedelta
 from typing import Any
@@ -136,7 +137,11 @@ class World:
         """The default group's store, where group creation rendezvous and agreement happen."""
         return _torch.default_store()
 
-    def close(self) -> None:
-        """Destroy the default group if this world initialised it."""
+    def close(self, abort: bool = False) -> None:
+        """End the default group if this world initialised it: destroy it, or abort it (no waiting)."""
         if self.owns_default_group and dist.is_initialized():
-            dist.destroy_process_group()
+            if abort:
+                _torch.abort_group(None)
+            else:
+                dist.destroy_process_group()
+            gc.collect()  # let the C++ group go now, while the interpreter is alive

@@ -1,0 +1,154 @@
+"""The agreement protocol on an in-process store, members as threads: what it costs each member, and what
+it reports when members disagree, wait in a cycle, fail or never come."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+import fmesh
+from fmesh.context.agreement import Agreement
+
+
+class CountingStore:
+    """A store that counts, per thread (= member), the distinct keys it touches and the bytes it moves."""
+
+    def __init__(self) -> None:
+        self.inner = dist.HashStore()
+        self.keys: dict[int, set[str]] = defaultdict(set)
+        self.bytes: dict[int, int] = defaultdict(int)
+
+    def _touch(self, keys: Sequence[str], moved: int = 0) -> None:
+        me = threading.get_ident()
+        self.keys[me].update(keys)
+        self.bytes[me] += moved + sum(len(k) for k in keys)
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._touch([key], len(value))
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        value = self.inner.get(key)
+        self._touch([key], len(value))
+        return bytes(value)
+
+    def add(self, key: str, amount: int) -> int:
+        self._touch([key], 8)
+        return int(self.inner.add(key, amount))
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        value = self.inner.compare_set(key, expected, desired)
+        self._touch([key], len(expected) + len(desired) + len(value))
+        return bytes(value)
+
+    def check(self, keys: list[str]) -> bool:
+        self._touch(keys)
+        return bool(self.inner.check(keys))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        values = [bytes(v) for v in self.inner.multi_get(keys)]
+        self._touch(keys, sum(map(len, values)))
+        return values
+
+
+def members_agree(store: Any, members: Sequence[int], key: Callable[[int], str], description: Callable[[int], str],
+                  *, grace: float = 0.2, creation: float = 20, who: Sequence[int] | None = None) -> dict[int, Any]:
+    """Each of ``who`` (default: ``members``) agrees in a thread; rank -> None or the exception raised."""
+    outcome: dict[int, Any] = {}
+
+    def member(rank: int) -> None:
+        board = Agreement(store, "test", rank, timedelta(seconds=creation), grace=grace)
+        board.post("running")
+        try:
+            board.agree(key(rank), members, description(rank), f"group {key(rank)}")
+            outcome[rank] = None
+        except Exception as error:
+            outcome[rank] = error
+
+    threads = [threading.Thread(target=member, args=(rank,)) for rank in (members if who is None else who)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "a member hung"
+    return outcome
+
+
+def test_each_member_touches_a_constant_number_of_keys_and_bytes() -> None:
+    costs = {}
+    for size in (2, 16, 128, 512):
+        store = CountingStore()
+        outcome = members_agree(store, range(size), lambda r: "group", lambda r: "Mesh(dp=N) axes dp " * 8,
+                                grace=60)  # no slow path: the cost of agreeing, not of diagnosing
+        assert set(outcome.values()) == {None}
+        costs[size] = (max(len(k) for k in store.keys.values()), max(store.bytes.values()))
+    keys, moved = costs[2]
+    assert all(k == keys for k, _ in costs.values()), costs  # the same keys whatever the group size
+    assert keys <= 8 and all(b <= 2 * moved for _, b in costs.values()), costs
+
+
+def test_a_member_that_means_another_group_is_a_mismatch_on_every_member() -> None:
+    outcome = members_agree(CountingStore(), range(4), lambda r: "g", lambda r: "Mesh(b)" if r == 2 else "Mesh(a)")
+    for rank, error in outcome.items():
+        assert isinstance(error, fmesh.MeshMismatchError), (rank, error)
+        assert f"on rank {rank}" in str(error) and "Mesh(a)" in str(error) and "Mesh(b)" in str(error)
+
+
+def test_ranks_waiting_for_each_other_in_a_cycle_are_told_in_seconds() -> None:
+    # Rank 0 waits with rank 1 under one group's key, rank 1 with rank 0 under another's (permuted maps).
+    outcome = members_agree(CountingStore(), [0, 1], lambda r: f"order{r}", lambda r: f"Mesh(order {r})")
+    for error in outcome.values():
+        assert isinstance(error, fmesh.MeshMismatchError), error
+        assert "in a cycle" in str(error) and "Mesh(order 0)" in str(error) and "Mesh(order 1)" in str(error)
+
+
+def test_a_member_that_never_comes_times_out_naming_it_and_what_it_does() -> None:
+    store = CountingStore()
+    Agreement(store, "test", 1, timedelta(seconds=60)).post("running")  # alive, doing something else
+    outcome = members_agree(store, [0, 1], lambda r: "g", lambda r: "Mesh(x)", creation=1.5, who=[0])
+    error = outcome[0]
+    assert isinstance(error, fmesh.GroupTimeoutError), error
+    assert "ranks [1] never came" in str(error) and "rank 1 is not creating a group" in str(error)
+
+
+def test_a_member_that_failed_is_reported_with_its_error() -> None:
+    store = CountingStore()
+    Agreement(store, "test", 1, timedelta(seconds=60)).failed(ValueError("no data on rank 1"))
+    outcome = members_agree(store, [0, 1], lambda r: "g", lambda r: "Mesh(x)", who=[0])
+    error = outcome[0]
+    assert isinstance(error, fmesh.RankLostError), error
+    assert "ValueError: no data on rank 1" in str(error)
+
+
+def test_a_failed_mismatch_stays_a_mismatch() -> None:
+    store = CountingStore()
+    Agreement(store, "test", 1, timedelta(seconds=60)).failed(fmesh.MeshMismatchError("rank 1 saw Mesh(z)"))
+    outcome = members_agree(store, [0, 1], lambda r: "g", lambda r: "Mesh(x)", who=[0])
+    assert isinstance(outcome[0], fmesh.MeshMismatchError) and "Mesh(z)" in str(outcome[0])
+
+
+def test_the_roll_call_names_who_does_not_answer() -> None:
+    store = dist.HashStore()
+    answers: dict[int, list[int]] = {}
+
+    def survivor(rank: int) -> None:
+        answers[rank] = Agreement(store, "test", rank, timedelta(seconds=60)).roll_call("ar", [0, 1, 2], 1.0)
+
+    threads = [threading.Thread(target=survivor, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert answers == {0: [2], 1: [2]}
+
+
+def test_statuses_of_ranks_that_never_posted_one() -> None:
+    store = dist.HashStore()
+    board = Agreement(store, "test", 0, timedelta(seconds=60))
+    board.post("running")
+    assert board.statuses([0, 1]) == {0: {"state": "running"}, 1: {"state": "missing"}}

@@ -1,0 +1,205 @@
+"""When ranks disagree, fail, die or are slow: every rank involved learns why, in seconds, and nothing hangs.
+
+Every run is bounded by its launch timeout: a hang fails the test with ``TimeoutError``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import fmesh
+from fmesh import Context
+
+
+def launch(fn: Callable[[Context], Any], world: int, timeout: float = 60, **options: Any) -> list[Any]:
+    """Every rank's result, or its exception, of ``fn`` on gloo processes."""
+    return fmesh.launch(fn, world, timeout=timeout, context_options={"timeout": 60, **options},
+                        return_exceptions=True, start_method="spawn")
+
+
+# ------------------------------------------------------------------------------------------- disagreement
+
+
+def swapped_axes(ctx: Context) -> str:
+    """The issue's example: each rank's group along one axis is itself alone, along the other both ranks."""
+    sizes = (2, 1) if ctx.rank == 0 else (1, 2)
+    mesh = fmesh.make_mesh(sizes, ("a", "b"))
+    ctx.all_reduce(torch.ones(1), mesh, "a")
+    ctx.all_reduce(torch.ones(1), mesh, "b")
+    return "no error"
+
+
+def test_swapped_axis_sizes_are_a_mismatch_on_both_ranks() -> None:
+    errors = launch(swapped_axes, 2, timeout=30)
+    for rank, error in enumerate(errors):
+        assert isinstance(error, fmesh.MeshMismatchError), error
+        message = str(error)
+        assert f"on rank {rank}" in message and "Mesh(a=2, b=1; world=2)" in message
+        assert "Mesh(a=1, b=2; world=2)" in message and "axes ('a',)" in message and "axes ('b',)" in message
+
+
+def three_way_cycle(ctx: Context) -> str:
+    """Rank r waits with rank r+1 (mod 3) for a group that rank r+1 does not create: a cycle of three."""
+    if ctx.rank == 3:
+        return "not involved"
+    rank_map = [[0, 1, 2, 3], [1, 2, 0, 3], [2, 0, 1, 3]][ctx.rank]
+    mesh = fmesh.make_mesh((2, 2), ("p", "q"), rank_map=rank_map)  # q groups: (r, r+1) and the rest
+    ctx.all_reduce(torch.ones(1), mesh, "q")
+    return "no error"
+
+
+def test_a_cycle_of_three_ranks_is_a_mismatch_on_each() -> None:
+    results = launch(three_way_cycle, 4, timeout=40)
+    assert results[3] == "not involved"
+    for rank in range(3):
+        error = results[rank]
+        assert isinstance(error, fmesh.MeshMismatchError), error
+        assert "in a cycle" in str(error) and all(f"rank {r} waits" in str(error) for r in range(3))
+
+
+def slow_member(ctx: Context) -> float:
+    """Rank 1 comes 4 s late (busy, not creating any group): rank 0 must wait for it, not fail."""
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    if ctx.rank == 1:
+        time.sleep(4)
+    return ctx.all_reduce(torch.ones(1), mesh, "dp").item()
+
+
+def test_a_late_member_is_waited_for() -> None:
+    assert launch(slow_member, 2, timeout=60) == [2.0, 2.0]
+
+
+def chain_to_a_busy_rank(ctx: Context) -> float:
+    """Rank 0 waits for rank 1 (group 0-1); rank 1 first waits for rank 2 (group 1-2); rank 2 is busy for a
+    while, then creates 1-2. No cycle: everything completes."""
+    first = fmesh.make_mesh((2, 2), ("p", "q"), rank_map=[1, 2, 0, 3])  # q groups (1, 2) and (0, 3)
+    second = fmesh.make_mesh((2, 2), ("p", "q"), rank_map=[0, 1, 2, 3])  # q groups (0, 1) and (2, 3)
+    total = 0.0
+    if ctx.rank == 2:
+        time.sleep(4)
+    if ctx.rank in (1, 2):
+        total += ctx.all_reduce(torch.ones(1), first, "q").item()
+    if ctx.rank in (0, 1):
+        total += ctx.all_reduce(torch.ones(1), second, "q").item()
+    return total
+
+
+def test_a_chain_of_waits_ending_at_a_busy_rank_completes() -> None:
+    assert launch(chain_to_a_busy_rank, 4, timeout=60) == [2.0, 4.0, 2.0, 0.0]
+
+
+# --------------------------------------------------------------------------------------------- failures
+
+
+def fails_before_its_group(ctx: Context) -> str:
+    """Rank 1 raises before creating the group rank 0 waits in; rank 0 hears of it at once."""
+    if ctx.rank == 1:
+        raise ValueError("rank 1 has no data")
+    ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("dp",)), "dp")
+    return "no error"
+
+
+def test_a_member_that_failed_is_reported_not_waited_for() -> None:
+    first, second = launch(fails_before_its_group, 2, timeout=40)  # creation timeout: 2 min, unused
+    assert isinstance(second, ValueError)
+    assert isinstance(first, fmesh.RankLostError), first
+    assert "rank 1" in str(first) and "ValueError: rank 1 has no data" in str(first)
+
+
+def dies_mid_job(ctx: Context) -> str:
+    mesh = fmesh.make_mesh((3,), ("dp",))
+    ctx.all_reduce(torch.ones(1), mesh, "dp")  # the group exists on every rank
+    if ctx.rank == 2:
+        os._exit(3)  # gone without a word
+    ctx.all_reduce(torch.ones(1), mesh, "dp")
+    return "no error"
+
+
+def test_a_rank_that_dies_mid_job_is_named_by_the_survivors() -> None:
+    results = launch(dies_mid_job, 3, timeout=60)
+    assert isinstance(results[2], fmesh.LaunchError) and "exit code 3" in str(results[2])
+    named: list[str] = []
+    for rank in (0, 1):
+        error = results[rank]
+        assert isinstance(error, fmesh.RankLostError), error
+        assert "axes ('dp',)" in str(error) and "Mesh(dp=3; world=3)" in str(error)
+        named.append(str(error).split("ranks ", 1)[1].split(" of the group")[0])
+    # gloo releases a survivor still blocked in the collective only when its peers leave: the first to fail
+    # may not hear from it within the roll call, but rank 2 is named by both, and alone by at least one.
+    assert all("2" in ranks for ranks in named) and "[2]" in named, named
+
+
+def aborts_while_a_peer_waits(ctx: Context) -> tuple[str, float]:
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    ctx.all_reduce(torch.ones(1), mesh, "dp")
+    if ctx.rank == 1:
+        started = time.monotonic()
+        ctx.abort()  # rank 0 is inside a collective with us right now: abort must not wait for it
+        ctx.abort()  # and twice is fine
+        took = time.monotonic() - started
+        try:
+            ctx.all_reduce(torch.ones(1), mesh, "dp")
+        except fmesh.ContextClosedError:
+            return "closed", took
+        return "still open", took
+    try:
+        ctx.all_reduce(torch.ones(1), mesh, "dp")
+    except fmesh.RankLostError as error:
+        return f"lost: {error}", 0.0
+    return "no error", 0.0
+
+
+def test_abort_tears_down_without_waiting() -> None:
+    first, second = launch(aborts_while_a_peer_waits, 2, timeout=60)
+    assert second[0] == "closed" and second[1] < 5.0, second
+    assert first[0].startswith("lost: ") and "ranks [1]" in first[0], first
+
+
+def exits_with_an_exception(ctx: Context) -> str:
+    with fmesh.Context(backend="gloo", name="inner", timeout=60) as inner:  # a second context on the same world
+        inner.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("dp",)), "dp")
+        try:
+            with inner:
+                raise KeyError("boom")
+        except KeyError:
+            pass
+        inner.close()  # idempotent after the exit that aborted it
+        closed = repr(inner)
+    return closed
+
+
+def test_exit_after_an_exception_aborts_and_close_stays_idempotent() -> None:
+    results = launch(exits_with_an_exception, 2, timeout=60)
+    assert results == ["Context(rank=0, world=2, gloo, closed)", "Context(rank=1, world=2, gloo, closed)"]
+
+
+# ----------------------------------------------------------------------------------------------- threads
+
+
+def two_threads_one_group(ctx: Context) -> dict[str, int]:
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    groups: list[Any] = []
+    start = threading.Barrier(2)
+
+    def ask() -> None:
+        start.wait()
+        groups.append(ctx.group(mesh, "dp"))
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=50)
+    return {"asked": len(groups), "distinct": len({id(g) for g in groups}),
+            "created": ctx.stats()["groups_created"]}
+
+
+def test_two_threads_asking_for_one_group_create_it_once() -> None:
+    for result in launch(two_threads_one_group, 2):
+        assert result == {"asked": 2, "distinct": 1, "created": 1}
