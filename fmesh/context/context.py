@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from fmesh.context import _torch, collectives
 from fmesh.context.agreement import Agreement
+from fmesh.context.collectives import REDUCE_OPS
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, plan_groups
 from fmesh.context.groups import GroupRegistry
@@ -184,7 +185,8 @@ class Context:
         ...     dist.get_process_group_ranks(ctx.group(fmesh.make_mesh((2, 2), ("dp", "tp")), "dp"))
         [0, 2]
         """
-        return self._groups.process_group(self._groups.target(mesh, axes))
+        target, group = self._groups.resolve(mesh, axes)
+        return group if group is not None else self._groups.process_group(target)
 
     # ----------------------------------------------------------- collectives
 
@@ -196,9 +198,10 @@ class Context:
         ...     ctx.all_reduce(torch.ones(3), fmesh.make_mesh((4,), ("dp",)), "dp", op="max").shape
         torch.Size([3])
         """
-        collectives.reduce_op(op)
-        target = self._groups.target(mesh, axes)
-        return collectives.all_reduce(target, self._groups.group(target), tensor, op, self._board)
+        if op not in REDUCE_OPS:
+            collectives.reduce_op(op)  # raises, naming the choices
+        target, group = self._groups.resolve(mesh, axes)
+        return collectives.all_reduce(target, group, tensor, op, self._board)
 
     def all_gather(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0) -> torch.Tensor:
         """Concatenate every member's ``tensor`` along ``dim``, in group (coordinate) order.
@@ -208,8 +211,8 @@ class Context:
         ...     ctx.all_gather(torch.ones(2, 3), fmesh.make_mesh((2, 2), ("dp", "tp")), "tp", dim=1).shape
         torch.Size([2, 6])
         """
-        target = self._groups.target(mesh, axes)
-        return collectives.all_gather(target, self._groups.group(target), tensor, dim, self._board)
+        target, group = self._groups.resolve(mesh, axes)
+        return collectives.all_gather(target, group, tensor, dim, self._board)
 
     def reduce_scatter(
         self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0, op: str = "sum"
@@ -265,8 +268,8 @@ class Context:
             self._groups.check_open()
             collectives.world_barrier(self.world_size, self._settings.timeout, self._board)
             return
-        target = self._groups.target(mesh, axes)
-        collectives.barrier(target, self._groups.group(target), self._board)
+        target, group = self._groups.resolve(mesh, axes)
+        collectives.barrier(target, group, self._board)
 
     # --------------------------------------------------------- plan, create
 

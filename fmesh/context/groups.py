@@ -105,6 +105,8 @@ class GroupRegistry:
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._ascending_only = ascending_only
         self._targets: dict[tuple[Mesh, tuple[str, ...]], Target] = {}
+        # The hot path: (mesh, axes) -> its target and group, once the group exists (one dict lookup).
+        self._resolved: dict[tuple[Mesh, tuple[str, ...]], tuple[Target, dist.ProcessGroup | None]] = {}
         self._groups: dict[GroupSpec, dist.ProcessGroup] = {}
         self._creating = threading.Lock()  # two threads asking for one group create it once
         self._splits: set[str] = set()  # split_group calls made (every rank makes the same ones)
@@ -163,6 +165,17 @@ class GroupRegistry:
                 f"{list(unsorted)} along axes {names} of {mesh!r} does not (a permuted rank map or a "
                 "reversed axis order); run this mesh on real processes with fmesh.launch(...)"
             )
+
+    def resolve(self, mesh: Mesh, axes: AxesArg) -> tuple[Target, dist.ProcessGroup | None]:
+        """:meth:`target` and :meth:`group` in one cached lookup: what a collective's hot path asks."""
+        try:  # one axis by name is the common case: skip the call that normalises the others
+            found = self._resolved[(mesh, (axes,) if axes.__class__ is str else mesh.as_axes(axes))]
+        except (KeyError, AttributeError, TypeError):
+            target = self.target(mesh, axes)
+            found = self._resolved[(mesh, target.axes)] = (target, self.group(target))
+            return found
+        self._hits += 1
+        return found
 
     # -------------------------------------------------------------- groups
 
@@ -278,6 +291,7 @@ class GroupRegistry:
             groups = list(self._groups.values())
             self._groups.clear()
             self._targets.clear()
+            self._resolved.clear()
             if dist.is_initialized():
                 for group in groups:
                     end_group(group)

@@ -108,14 +108,18 @@ class Mesh:
                 f"a mesh needs one layout per axis: {len(self.axis_names)} names {self.axis_names!r} "
                 f"but {len(self.layouts)} layouts"
             )
+        world = self.universe.world_size
         if self.frame:
             self._drop_frame_if_redundant()
-        world = self.universe.world_size
-        frames.check(self.frame, world)
+            frames.check(self.frame, world)
+        modes = frames.axes_modes((*self.layouts, self.pinned))
         try:
-            complement_modes(frames.axes_modes((*self.layouts, self.pinned)), world, self._describe_layouts())
-        except ValueError as error:
-            raise ValueError(f"these axes do not tile a universe of {world} ranks: {error}") from None
+            complement_modes(modes, world)
+        except ValueError:  # say it again with the layouts named (built only on this path: it costs µs)
+            try:
+                complement_modes(modes, world, self._describe_layouts())
+            except ValueError as error:
+                raise ValueError(f"these axes do not tile a universe of {world} ranks: {error}") from None
         if not is_int(self.offset) or not 0 <= self.offset < world:
             raise ValueError(f"offset must be a slot in range(0, {world}), got {self.offset!r}")
         if self.pinned.decompose(self.offset)[1] != 0:
