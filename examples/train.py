@@ -5,7 +5,9 @@
     torchrun --nproc-per-node 4 examples/train.py --tp 2 --steps 60 --checkpoint-dir /tmp/ckpt --resume
 
 The world mesh comes from ``fmesh.ParallelDims``; ``fmesh.Context.from_env()`` owns the process
-groups (NCCL when GPUs are present, gloo otherwise, with no code change). FSDP2 (``fully_shard``)
+groups (NCCL and one GPU per process when GPUs are present, gloo on the CPU otherwise, with no code
+change; ``--backend gloo`` keeps a GPU machine on the CPU). The meshes name no device: what torch
+receives is on the context's device. FSDP2 (``fully_shard``)
 shards over the data-parallel shard mesh (HSDP when ``--dp-replicate`` > 1), tensor parallelism
 (``parallelize_module``) splits attention heads and MLP columns over ``tp``, and the loss is averaged
 with the context over the data-parallel mesh. Checkpoints use ``torch.distributed.checkpoint``.
@@ -66,6 +68,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
     parser.add_argument("--losses-to", type=pathlib.Path, help="write the step losses (JSON) here, from rank 0")
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                        help="auto: NCCL when GPUs are present, else gloo (default)")
     args = parser.parse_args(argv)
     if args.pp != 1 or args.cp != 1:
         raise UsageError(f"--pp {args.pp} --cp {args.cp}: this example trains with pp=1 and cp=1 (tp and dp only)")
@@ -134,19 +138,26 @@ def batches(seed: int, batch_size: int, seq_len: int) -> torch.Tensor:
 # ------------------------------------------------------------------ training
 
 
+def device_meshes(ctx: fmesh.Context, dims: fmesh.ParallelDims) -> tuple[Any, Any]:
+    """torch's tp mesh and data-parallel mesh (``None`` where the degree is 1), on the context's device."""
+    tp_mesh = ctx.device_mesh(dims.mesh("tp")) if dims.tp > 1 else None
+    # 1-D for FSDP, (dp_replicate, dp_shard_cp) for HSDP
+    dp_mesh = ctx.device_mesh(dims.fsdp_mesh()) if dims.world_size // dims.tp > 1 else None
+    return tp_mesh, dp_mesh
+
+
 def shard_model(model: LanguageModel, ctx: fmesh.Context, dims: fmesh.ParallelDims) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    if dims.tp > 1:
-        tp_mesh = ctx.device_mesh(dims.mesh("tp"))
+    tp_mesh, dp_mesh = device_meshes(ctx, dims)
+    if tp_mesh is not None:
         plan = {f"blocks.{i}.{name}": ColwiseParallel() for i in range(len(model.blocks))
                 for name in ("attention.q", "attention.k", "attention.v", "up")}
         plan |= {f"blocks.{i}.{name}": RowwiseParallel() for i in range(len(model.blocks))
                  for name in ("attention.o", "down")}
         parallelize_module(model, tp_mesh, plan)
-    if dims.world_size // dims.tp > 1:
-        dp_mesh = ctx.device_mesh(dims.fsdp_mesh())  # 1-D for FSDP, (dp_replicate, dp_shard_cp) for HSDP
+    if dp_mesh is not None:
         for block in model.blocks:
             fully_shard(block, mesh=dp_mesh)
         fully_shard(model, mesh=dp_mesh)
@@ -253,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse(argv)
         if "RANK" not in os.environ:
             raise UsageError("launch me with torchrun, e.g. torchrun --nproc-per-node 4 examples/train.py --tp 2")
-        with fmesh.Context.from_env() as ctx:
+        with fmesh.Context.from_env(backend=None if args.backend == "auto" else args.backend) as ctx:
             check_degrees(args, ctx.world_size)  # every rank checks the same pure numbers: no hang
             train(args, ctx)
     except UsageError as error:

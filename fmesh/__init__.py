@@ -32,6 +32,7 @@ from fmesh.errors import (
     PlacementWarning,
     RankLostError,
     RemoteTraceback,
+    UnsupportedTorchError,
 )
 from fmesh.layout import Layout
 from fmesh.mesh import Mesh, Universe, concat, flatten, make_mesh, rename, select, slice, unflatten
@@ -87,6 +88,7 @@ __all__ = [
     "Simulation",
     "Topology",
     "Universe",
+    "UnsupportedTorchError",
     "concat",
     "flatten",
     "from_device_mesh",

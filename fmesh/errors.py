@@ -20,6 +20,7 @@ __all__ = [
     "PlacementWarning",
     "RankLostError",
     "RemoteTraceback",
+    "UnsupportedTorchError",
 ]
 
 
@@ -80,6 +81,18 @@ class RemoteTraceback(Exception):
 
     >>> str(RemoteTraceback("on rank 2: ..."))
     'on rank 2: ...'
+    """
+
+
+class UnsupportedTorchError(ImportError):
+    """The installed torch is outside the releases fmesh's Context supports.
+
+    Raised once, by ``import fmesh.context`` (or the first use of ``fmesh.Context``), naming the
+    installed version and the supported range; the mesh values, recipes and plans work with any
+    torch, or none.
+
+    >>> issubclass(UnsupportedTorchError, ImportError)
+    True
     """
 
 

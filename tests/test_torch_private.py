@@ -57,7 +57,7 @@ def test_create_group_registers_our_name_and_order() -> None:
     before = _torch.group_count()
     assert before == len(c10d._world.pg_map) == 1  # the default group only
     assert isinstance(c10d._world.pg_map[c10d._get_default_group()][1], dist.Store)  # the store create_group uses
-    group = _torch.create_group([3, 1, 0], "fmesh-test:0:abc", backend="fake", timeout=timedelta(seconds=7))
+    group = _torch.create_group([3, 1, 0], "fmesh-test:0:abc", rank=1, backend="fake", timeout=timedelta(seconds=7))
     assert _torch.group_count() == before + 1
     assert group.group_name == "fmesh-test:0:abc"
     assert c10d._world.pg_names[group] == "fmesh-test:0:abc"
@@ -66,7 +66,7 @@ def test_create_group_registers_our_name_and_order() -> None:
     assert dist.get_group_rank(group, 1) == 1 and dist.get_global_rank(group, 0) == 3
     assert group.size() == 3 and group.rank() == 1
     with pytest.raises(ValueError, match="not a member"):
-        _torch.create_group([0, 2], "fmesh-test:0:def", backend="fake", timeout=timedelta(seconds=7))
+        _torch.create_group([0, 2], "fmesh-test:0:def", rank=1, backend="fake", timeout=timedelta(seconds=7))
     dist.destroy_process_group(group)  # what Context.close does with each of its groups
     assert _torch.group_count() == before and group not in c10d._world.pg_names
 
@@ -84,7 +84,8 @@ def created_in_our_order(ctx: fmesh.Context) -> dict[str, Any]:
     """On the gloo default group a launched Context made: our group [1, 0], made by its members."""
     rank = ctx.rank
     # Created by its members under a content-derived name; group rank 0 is global rank 1.
-    group = _torch.create_group([1, 0], "fmesh-private:reversed", backend="gloo", timeout=timedelta(seconds=30))
+    group = _torch.create_group([1, 0], "fmesh-private:reversed", rank=rank, backend="gloo",
+                                timeout=timedelta(seconds=30))
     gathered = [torch.zeros(1) for _ in range(2)]
     dist.all_gather(gathered, torch.tensor([float(rank)]), group=group)
     out = torch.zeros(2)
@@ -123,7 +124,7 @@ def test_device_mesh_private_constructor_arguments() -> None:
 
 def _export(mesh: fmesh.Mesh, root: DeviceMesh, name: str) -> DeviceMesh:
     groups = [
-        _torch.create_group(mesh.group(dist.get_rank(), axis), f"{name}:{axis}", backend="fake",
+        _torch.create_group(mesh.group(dist.get_rank(), axis), f"{name}:{axis}", rank=dist.get_rank(), backend="fake",
                             timeout=timedelta(seconds=5))
         for axis in mesh.axis_names
     ]
@@ -134,7 +135,7 @@ def _export(mesh: fmesh.Mesh, root: DeviceMesh, name: str) -> DeviceMesh:
 def test_device_mesh_without_backend_creates_no_group_and_resolves_our_names() -> None:
     mesh = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 0, 2, 1])
     before = _torch.group_count()
-    root = _torch.export_root(mesh.universe)
+    root = _torch.export_root(mesh.universe, "cpu")
     assert _torch.group_count() == before  # _init_backend=False: no group
     assert root.mesh.tolist() == [3, 0, 2, 1] and root._get_root_mesh() is root
     exported = _export(mesh, root, "pin-dm")
@@ -156,7 +157,7 @@ def test_device_mesh_without_backend_creates_no_group_and_resolves_our_names() -
 def test_get_group_by_name_consults_the_root_flatten_mapping_first() -> None:
     """Why Context publishes a name in _flatten_mapping only while all exports agree on its layout."""
     mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
-    root = _torch.export_root(mesh.universe)
+    root = _torch.export_root(mesh.universe, "cpu")
     two_d = _export(mesh, root, "pin-first")
     one_d = _export(fmesh.make_mesh((4,), ("tp",)), root, "pin-first-1d")
     _torch.register_flattened(root, "tp", one_d)
@@ -169,7 +170,7 @@ def test_get_group_by_name_consults_the_root_flatten_mapping_first() -> None:
 @pytest.mark.usefixtures("fake4")
 def test_flatten_finds_a_registered_mesh_without_creating_groups() -> None:
     mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
-    root = _torch.export_root(mesh.universe)
+    root = _torch.export_root(mesh.universe, "cpu")
     two_d = _export(mesh, root, "pin-flat")
     flat = _export(fmesh.flatten(mesh, ("dp", "tp"), "dp_tp"), root, "pin-flat-dp_tp")
     _torch.register_flattened(root, "dp_tp", flat)
@@ -186,7 +187,7 @@ def test_flatten_finds_a_registered_mesh_without_creating_groups() -> None:
 @pytest.mark.usefixtures("fake4")
 def test_concatenate_needs_one_rank_map_not_one_root_object() -> None:
     mesh = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 0, 2, 1])
-    root = _torch.export_root(mesh.universe)
+    root = _torch.export_root(mesh.universe, "cpu")
     dp, tp = _export(mesh["dp"], root, "pin-cat-dp"), _export(mesh["tp"], root, "pin-cat-tp")
     before = _torch.group_count()
     joined = DeviceMesh._concatenate([dp, tp])
@@ -196,7 +197,7 @@ def test_concatenate_needs_one_rank_map_not_one_root_object() -> None:
     assert [joined.get_group(i).group_name for i in range(2)] == ["pin-cat-dp:dp", "pin-cat-tp:tp"]
     # Another rank map (another universe) cannot be concatenated.
     other = fmesh.make_mesh((4,), ("w",))
-    stranger = _export(other, _torch.export_root(other.universe), "pin-cat-other")
+    stranger = _export(other, _torch.export_root(other.universe, "cpu"), "pin-cat-other")
     with pytest.raises(RuntimeError, match="different device mesh"):
         DeviceMesh._concatenate([stranger, tp])
 
@@ -206,7 +207,7 @@ def test_device_mesh_equality_ignores_groups() -> None:
     """Why Context.device_mesh interns one DeviceMesh per mesh value: torch (DTensor's sharding
     cache) treats equal meshes as interchangeable whatever their groups."""
     mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
-    root = _torch.export_root(mesh.universe)
+    root = _torch.export_root(mesh.universe, "cpu")
     first, second = _export(mesh, root, "pin-eq-a"), _export(mesh, root, "pin-eq-b")
     assert first == second and hash(first) == hash(second)
     assert first.get_group(0) is not second.get_group(0)

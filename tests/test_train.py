@@ -17,8 +17,9 @@ TOLERANCE = 1e-4  # FSDP and TP reduce in another order than one process: float3
 
 def torchrun(nproc: int, *flags: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # gloo on the CPU, explicitly: on a GPU machine with fewer GPUs than processes, too.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(SCRIPT), *flags]
+               str(SCRIPT), "--backend", "gloo", *flags]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 

@@ -20,7 +20,7 @@ def say(line: str) -> None:
 
 
 def main() -> int:
-    with fmesh.Context.from_env(timeout=60) as ctx:
+    with fmesh.Context.from_env(backend="gloo", timeout=60) as ctx:  # gloo on the CPU, on a GPU machine too
         mesh = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 0, 2, 1])
         results = []
         for axis in ("dp", "tp"):

@@ -19,18 +19,57 @@ No other fmesh module names anything private of torch; ``tests/test_architecture
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
-from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
-from torch.distributed.device_mesh import DeviceMesh
 
-from fmesh.layout import Layout
-from fmesh.mesh import Mesh, Universe
+from fmesh.errors import UnsupportedTorchError
+
+SUPPORTED = ((2, 10), (2, 15))
+"""The torch releases the Context supports, oldest and newest (major, minor), both included."""
+
+
+def release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a torch version string.
+
+    >>> release("2.11.0+cu130"), release("2.15.0a0+git1234")
+    ((2, 11), (2, 15))
+    """
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found is None:
+        raise UnsupportedTorchError(f"cannot read the torch version {version!r}; fmesh expects 'major.minor...'")
+    return int(found.group(1)), int(found.group(2))
+
+
+def check_supported(version: str) -> tuple[int, int]:
+    """``release(version)`` if the Context supports it; :class:`~fmesh.UnsupportedTorchError` otherwise.
+
+    >>> check_supported("2.13.0+cpu")
+    (2, 13)
+    """
+    found = release(version)
+    (low_major, low_minor), (high_major, high_minor) = SUPPORTED
+    if not SUPPORTED[0] <= found <= SUPPORTED[1]:
+        raise UnsupportedTorchError(
+            f"fmesh's Context supports torch {low_major}.{low_minor} to {high_major}.{high_minor}, but torch "
+            f"{version} is installed; install a supported release (pip install 'torch>={low_major}.{low_minor},"
+            f"<{high_major}.{high_minor + 1}'). Mesh values, recipes and plans work with any torch"
+        )
+    return found
+
+
+TORCH = check_supported(torch.__version__)  # before any private name: they differ outside the range
+
+import torch.distributed as dist  # noqa: E402
+from torch.distributed import distributed_c10d as c10d  # noqa: E402
+from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout  # noqa: E402
+from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
+
+from fmesh.layout import Layout  # noqa: E402
+from fmesh.mesh import Mesh, Universe  # noqa: E402
 
 
 def default_store() -> dist.Store:
@@ -60,13 +99,18 @@ def create_group(
     ranks: Sequence[int],
     name: str,
     *,
+    rank: int,
     backend: str,
     timeout: timedelta,
     options: Any = None,
     description: str = "fmesh",
 ) -> dist.ProcessGroup:
-    """A group of ``ranks`` (in this order: group rank i is ``ranks[i]``), created by its members only."""
-    me = dist.get_rank()
+    """A group of ``ranks`` (in this order: group rank i is ``ranks[i]``), created by its members only.
+
+    ``rank`` is this process's global rank, from the Context: inside torch's ``LocalTensorMode``
+    (``fmesh.simulate``) ``dist.get_rank()`` is symbolic from torch 2.14.
+    """
+    me = rank
     if me not in ranks:
         raise ValueError(f"rank {me} is not a member of group {list(ranks)}; only members create a group")
     store = c10d._world.pg_map[c10d._get_default_group()][1]
@@ -145,14 +189,14 @@ def rank_map_tensor(universe: Universe) -> torch.Tensor:
     return torch.tensor(list(universe.rank_map), dtype=torch.int)
 
 
-def export_root(universe: Universe) -> DeviceMesh:
+def export_root(universe: Universe, device_type: str) -> DeviceMesh:
     """A 1-D world DeviceMesh that every mesh exported from ``universe`` shares as its root.
 
     ``DeviceMesh._concatenate`` (which FSDP2 calls on its dp and tp meshes)
     demands one rank map; sharing a root also shares ``_flatten_mapping``.
     """
     return DeviceMesh(
-        universe.device_type,
+        device_type,
         _layout=_mesh_layout([Layout(universe.world_size)]),
         _rank_map=rank_map_tensor(universe),
         mesh_dim_names=("fmesh_world",),
@@ -163,7 +207,7 @@ def export_root(universe: Universe) -> DeviceMesh:
 def export_device_mesh(mesh: Mesh, root: DeviceMesh, groups: Sequence[dist.ProcessGroup]) -> DeviceMesh:
     """A DeviceMesh for ``mesh`` whose dims use ``groups`` (one per axis, this rank's)."""
     exported = DeviceMesh(
-        mesh.device_type,
+        root.device_type,
         _layout=_mesh_layout(mesh.layouts),
         _rank_map=root._rank_map,
         mesh_dim_names=mesh.axis_names,

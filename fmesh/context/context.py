@@ -90,7 +90,7 @@ class Context:
             self._board.post("running")
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._groups = GroupRegistry(world, self._settings, agreement=self._board, ascending_only=simulated)
-        self._exports = Exporter()
+        self._exports = Exporter(world.device.type)
 
     # -------------------------------------------------------------- builders
 
@@ -314,9 +314,10 @@ class Context:
     def device_mesh(self, mesh: Mesh) -> Any:
         """A ``torch.distributed.device_mesh.DeviceMesh`` on this context's groups.
 
-        Usable by ``fully_shard`` (FSDP, HSDP, with TP) and DTensor. Meshes exported from one
-        universe share one torch root, so torch can concatenate them; the same mesh value always
-        gives the same object.
+        Usable by ``fully_shard`` (FSDP, HSDP, with TP) and DTensor. It is on this context's device
+        (CUDA under NCCL), whatever device type the mesh names. Meshes exported from one universe
+        share one torch root, so torch can concatenate them; the same mesh value always gives the
+        same object.
 
         >>> import fmesh
         >>> with fmesh.Context.fake(8) as ctx:

@@ -1,5 +1,9 @@
 """torch ``DeviceMesh`` objects built on the Context's own process groups, for FSDP2 and DTensor.
 
+Exports are on the context's device (a CUDA ``DeviceMesh`` under NCCL, a CPU one under gloo), whatever
+device type the mesh value names: the mesh says which ranks, the context where they compute, so the
+same meshes run on a laptop and on GPUs without naming a device.
+
 An :class:`Exporter` keeps, per universe, one torch root mesh that every exported mesh of that
 universe shares (``DeviceMesh._concatenate``, which FSDP2 calls, needs one rank map; sharing the
 root also shares its ``_flatten_mapping``), and one exported object per mesh value (DTensor's
@@ -25,15 +29,16 @@ class Exporter:
     >>> from datetime import timedelta
     >>> from fmesh.context.world import World
     >>> world = World.start(backend="fake", rank=0, world_size=4)
-    >>> exporter, mesh = Exporter(), fmesh.make_mesh((4,), ("dp",))
-    >>> groups = [_torch.create_group((0, 1, 2, 3), "doc:dp", backend="fake", timeout=timedelta(seconds=60))]
+    >>> exporter, mesh = Exporter("cuda"), fmesh.make_mesh((4,), ("dp",))
+    >>> groups = [_torch.create_group((0, 1, 2, 3), "doc:dp", rank=0, backend="fake", timeout=timedelta(seconds=60))]
     >>> exported = exporter.device_mesh(mesh, groups)
-    >>> exported is exporter.device_mesh(mesh, groups), exported.size()
-    (True, 4)
+    >>> exported is exporter.device_mesh(mesh, groups), exported.size(), exported.device_type
+    (True, 4, 'cuda')
     >>> world.close()
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device_type: str) -> None:
+        self._device_type = device_type
         self._roots: dict[str, Any] = {}
         self._exported: dict[tuple[Any, ...], Any] = {}
         # Per universe: the layout each exported axis name stands for (None once two exports disagree).
@@ -61,7 +66,7 @@ class Exporter:
         if exported is None:
             root = self._roots.get(mesh.universe.id)
             if root is None:
-                root = self._roots[mesh.universe.id] = _torch.export_root(mesh.universe)
+                root = self._roots[mesh.universe.id] = _torch.export_root(mesh.universe, self._device_type)
             exported = _torch.export_device_mesh(mesh, root, groups)
             self._publish_names(mesh, root, exported)
             self._exported[key] = exported

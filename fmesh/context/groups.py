@@ -206,6 +206,7 @@ class GroupRegistry:
             group = self._failing_as_posted(lambda: _torch.create_group(
                 target.spec.ranks,
                 f"{self._world.name}:{self._world.epoch}:{target.spec.digest()}",
+                rank=self._world.rank,
                 backend=target.spec.backend,
                 timeout=target.spec.timeout,
                 options=target.spec.options,

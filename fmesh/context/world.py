@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -30,6 +31,26 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 def _check_count(label: str, value: object) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
         raise ValueError(f"{label} must be a non-negative int, got {value!r}")
+
+
+def local_gpu(environ: Mapping[str, str], count: int | None = None) -> torch.device:
+    """``cuda:LOCAL_RANK``, once this host has a GPU for every local process; ``ValueError`` otherwise
+    (every local rank raises it, before any process group exists).
+
+    >>> local_gpu({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, count=2)
+    device(type='cuda', index=1)
+    """
+    visible = torch.cuda.device_count() if count is None else count
+    local_rank = int(environ.get("LOCAL_RANK", "0"))
+    processes = int(environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    if max(processes, local_rank + 1) > visible:
+        shown = environ.get("CUDA_VISIBLE_DEVICES")
+        raise ValueError(
+            f"expected a GPU for each of the {processes} processes on this host, but it has {visible} visible"
+            f"{f' (CUDA_VISIBLE_DEVICES={shown})' if shown is not None else ''}; start at most {visible} processes "
+            f"per host (torchrun --nproc-per-node {visible}), or pass backend='gloo' to run them on the CPU"
+        )
+    return torch.device("cuda", local_rank)
 
 
 def _default_device(backend: str) -> torch.device:
@@ -128,9 +149,8 @@ class World:
         backend = normalize_backend(backend) or ("nccl" if torch.cuda.is_available() else "gloo")
         device: torch.device | None = None
         if backend == "nccl":
-            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-            torch.cuda.set_device(local_rank)
-            device = torch.device("cuda", local_rank)
+            device = local_gpu(os.environ)
+            torch.cuda.set_device(device)
         return cls.start(backend=backend, init_method="env://", timeout=timeout, device=device, **kwargs)
 
     def store(self) -> dist.Store:
