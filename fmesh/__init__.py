@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         GroupPlan,
         PlannedGroup,
         Simulation,
+        device_mesh_groups,
         from_device_mesh,
         launch,
         simulate,
@@ -55,7 +56,8 @@ if TYPE_CHECKING:
 # The Context needs torch.distributed; importing it lazily keeps `import fmesh` light
 # for planning meshes in a notebook.
 _CONTEXT_NAMES = frozenset(
-    {"AxisOptions", "Context", "GroupPlan", "PlannedGroup", "Simulation", "from_device_mesh", "launch", "simulate"}
+    {"AxisOptions", "Context", "GroupPlan", "PlannedGroup", "Simulation", "device_mesh_groups", "from_device_mesh",
+     "launch", "simulate"}
 )
 
 
@@ -90,6 +92,7 @@ __all__ = [
     "Universe",
     "UnsupportedTorchError",
     "concat",
+    "device_mesh_groups",
     "flatten",
     "from_device_mesh",
     "launch",

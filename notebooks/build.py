@@ -27,17 +27,17 @@ devices), to show that the groups agree."""),
     ("code", """import warnings
 
 import torch.distributed as dist
-from torch.distributed._mesh_layout import _MeshLayout
 from torch.distributed.device_mesh import init_device_mesh
 
 import fmesh
+from fmesh.context import device_mesh_groups
 
 warnings.filterwarnings("ignore")
 dist.init_process_group("fake", rank=0, world_size=16)   # only for the DeviceMesh column
 
 
-def torch_groups(dm, dim=0):
-    return sorted(map(tuple, _MeshLayout([dm._layout[dim]]).remap_to_tensor(dm._rank_map).tolist()))"""),
+def torch_groups(dm, dim=0):  # every group torch makes along a dim (of any torch release)
+    return sorted(device_mesh_groups(dm, [dim]))"""),
     ("md", "## Build\n`make_mesh` is row-major like `init_device_mesh`; no process group is created."),
     ("code", """mesh = fmesh.make_mesh((2, 2, 4), ("dp", "cp", "tp"))
 dm = init_device_mesh("cpu", (2, 2, 4), mesh_dim_names=("dp", "cp", "tp"))

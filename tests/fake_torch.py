@@ -7,7 +7,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed._mesh_layout import _MeshLayout
+
+from fmesh.context import device_mesh_groups
 
 
 @contextlib.contextmanager
@@ -25,6 +26,4 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
 
 def torch_groups(device_mesh: Any, dims: Sequence[int]) -> set[tuple[int, ...]]:
     """Every group torch would create for these dims of a DeviceMesh (what ``_init_process_groups`` uses)."""
-    layout = _MeshLayout([device_mesh._layout[d] for d in dims])
-    grid = layout.remap_to_tensor(device_mesh._rank_map)
-    return {tuple(row) for row in grid.reshape(grid.shape[0], -1).tolist()}
+    return device_mesh_groups(device_mesh, dims)

@@ -16,8 +16,7 @@ import torch
 import torch.distributed as dist
 from fake_torch import fake_world
 from torch.distributed import distributed_c10d as c10d
-from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import fmesh
 from fmesh.context import _torch
@@ -75,9 +74,15 @@ def test_create_group_registers_our_name_and_order() -> None:
 def test_bound_device_and_fake_store() -> None:
     # Context chooses member-only creation when the default group is bound to no device.
     assert _torch.bound_device() is None
-    # agreement is skipped on the fake backend because its store cannot be written.
-    with pytest.raises(RuntimeError):
-        _torch.default_store().set("fmesh/probe", "1")
+    # The agreement is skipped on the fake backend: its store cannot hold anything. Up to torch 2.13 it
+    # raises on a write; from 2.14 it is a do-nothing store (what is written cannot be read back).
+    store = _torch.default_store()
+    if _torch.TORCH <= (2, 13):
+        with pytest.raises(RuntimeError):
+            store.set("fmesh/probe", "1")
+    else:
+        store.set("fmesh/probe", "1")
+        assert store.get("fmesh/probe") == b"" and store.add("fmesh/count", 1) == store.add("fmesh/count", 1)
 
 
 def created_in_our_order(ctx: fmesh.Context) -> dict[str, Any]:
@@ -114,11 +119,27 @@ def test_create_group_order_is_the_collectives_order_on_gloo() -> None:
 def test_device_mesh_private_constructor_arguments() -> None:
     params = _params(DeviceMesh.__init__)
     assert {"_layout", "_rank_map", "_root_mesh", "_init_backend", "mesh_dim_names"} <= params
-    layout = _torch._mesh_layout([Layout((2,), (2,)), Layout((2,), (1,))])
-    assert isinstance(layout, _MeshLayout)
-    assert [(tuple(a.shape), tuple(a.stride)) for a in layout] == [((2,), (2,)), ((2,), (1,))]  # from_device_mesh
-    assert layout == _MeshLayout([_FlatLayout((2,), (2,)), _FlatLayout((2,), (1,))])
-    rows = _MeshLayout([layout[0]]).remap_to_tensor(torch.tensor([3, 0, 2, 1], dtype=torch.int))
+
+
+@pytest.mark.usefixtures("fake4")
+def test_our_layouts_are_the_ones_torch_builds_in_this_release() -> None:
+    """torch 2.10-2.12: one _MeshLayout, a mode per dim; 2.13+: a _FlatLayout per dim (``_torch.FLAT_LAYOUTS``).
+    Ours must equal torch's own, form included: torch compares layouts as values of that form."""
+    from torch.distributed import _mesh_layout
+
+    assert _torch.FLAT_LAYOUTS == hasattr(_mesh_layout, "_FlatLayout") == (_torch.TORCH >= (2, 13))
+    root = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    assert _torch._mesh_layout([Layout((2,), (2,)), Layout((2,), (1,))]) == root._layout
+    assert _torch._mesh_layout([Layout((2,), (1,))]) == root["tp"]._layout  # a slice
+    flat = root._flatten("dp_tp")
+    assert _torch._mesh_layout([Layout((4,), (1,))], flattened=True) == flat._layout  # what _flatten makes
+    # from_device_mesh reads every form back (a size-1 dim is (1,):(1,), which torch can slice).
+    assert [lay.coalesce() for lay in _torch._dim_layouts(root)] == [Layout(2, 2).coalesce(), Layout(2, 1).coalesce()]
+    assert [lay.coalesce() for lay in _torch._dim_layouts(flat)] == [Layout(4, 1).coalesce()]
+    odd = DeviceMesh("cpu", _layout=_torch._mesh_layout([Layout(1), Layout(4)]), _rank_map=torch.arange(4),
+                     _init_backend=False)
+    assert [lay.coalesce() for lay in _torch._dim_layouts(odd)] == [Layout(()).coalesce(), Layout(4, 1).coalesce()]
+    rows = _torch._mesh_layout([Layout((2,), (2,))]).remap_to_tensor(torch.tensor([3, 0, 2, 1], dtype=torch.int))
     assert rows.tolist() == [[3, 2], [0, 1]]  # a dim's groups over a rank map
 
 
@@ -147,7 +168,8 @@ def test_device_mesh_without_backend_creates_no_group_and_resolves_our_names() -
         # get_group uses _dim_group_names, by index and by name
         assert exported.get_group(dim).group_name == f"pin-dm:{axis}"
         assert exported.get_group(axis).group_name == f"pin-dm:{axis}"
-        assert root._pg_registry[f"pin-dm:{axis}"] is exported.get_group(axis)
+        if _torch.TORCH >= (2, 11):  # torch.compile finds groups in the root's registry; 2.10 has none
+            assert root._pg_registry[f"pin-dm:{axis}"] is exported.get_group(axis)
         assert exported.get_local_rank(axis) == (mesh.coordinate(1) or ())[dim]
     # Slicing is torch's, with no group created and our group names copied.
     assert exported["tp"].get_group().group_name == "pin-dm:tp" and _torch.group_count() == before + 2

@@ -14,7 +14,7 @@ Modules, one concept each:
 * ``_torch``: every private torch name fmesh uses, and nothing else.
 """
 
-from fmesh.context._torch import from_device_mesh
+from fmesh.context._torch import device_mesh_groups, from_device_mesh
 from fmesh.context.context import Context
 from fmesh.context.group_plan import GroupPlan, PlannedGroup
 from fmesh.context.launch import Simulation, launch, simulate
@@ -26,6 +26,7 @@ __all__ = [
     "GroupPlan",
     "PlannedGroup",
     "Simulation",
+    "device_mesh_groups",
     "from_device_mesh",
     "launch",
     "simulate",

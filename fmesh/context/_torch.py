@@ -1,4 +1,4 @@
-"""Every use of torch.distributed's private API in fmesh, in one place (checked against torch 2.13).
+"""Every use of torch.distributed's private API in fmesh, in one place, for torch 2.10 to 2.15.
 
 * ``create_group``: a process group with a name fmesh chooses, created by its
   members only. ``dist.new_group`` would either need every rank of the world
@@ -10,7 +10,19 @@
   ``_layout``, ``_rank_map``, ``_dim_group_names``, ``_root_mesh``,
   ``_flatten_mapping`` and ``_pg_registry``.
 * ``local_tensor_mode``: torch's ``LocalTensorMode``, every rank in one process (``fmesh.simulate``).
-* The collectives torch renamed (``all_gather_single``, ``reduce_scatter_single``), by version.
+* ``split_groups``: ``dist.split_group`` keeps each split's order from torch 2.14; before, it sorts
+  the ranks, so an unsorted partition is made group by group instead (every rank taking part).
+* The per-version layer, where releases differ (each pinned by ``tests/test_torch_private.py``):
+
+  ======================  =====================================  ==================================
+  what                    torch 2.10 - 2.12                      torch 2.13 - 2.15
+  ======================  =====================================  ==================================
+  a DeviceMesh's layout   one ``_MeshLayout(shape, stride)``,    ``_MeshLayout([_FlatLayout, ...])``
+                          a nested mode per dim
+  ``_pg_registry``        from 2.11 (2.10 resolves by name)      yes
+  collective names        ``all_gather_into_tensor``             ``all_gather_single`` (2.13 warns
+                                                                 on the old names)
+  ======================  =====================================  ==================================
 
 No other fmesh module names anything private of torch; ``tests/test_architecture.py`` checks it.
 
@@ -64,12 +76,16 @@ def check_supported(version: str) -> tuple[int, int]:
 TORCH = check_supported(torch.__version__)  # before any private name: they differ outside the range
 
 import torch.distributed as dist  # noqa: E402
+from torch.distributed import _mesh_layout as mesh_layout  # noqa: E402
 from torch.distributed import distributed_c10d as c10d  # noqa: E402
-from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 
 from fmesh.layout import Layout  # noqa: E402
 from fmesh.mesh import Mesh, Universe  # noqa: E402
+
+# One _FlatLayout per dim from 2.13; before, one _MeshLayout whose top-level modes are the dims.
+FLAT_LAYOUTS = hasattr(mesh_layout, "_FlatLayout")
+SPLIT_KEEPS_ORDER = TORCH >= (2, 14)
 
 
 def default_store() -> dist.Store:
@@ -132,18 +148,32 @@ def create_group(
 def split_groups(
     partition: Sequence[Sequence[int]],
     *,
+    rank: int,
     timeout: timedelta,
     options: Any = None,
     description: str = "fmesh",
 ) -> dist.ProcessGroup | None:
-    """One ``ncclCommSplit`` for a whole partition of the world; every rank must call it."""
-    return dist.split_group(
-        parent_pg=c10d._get_default_group(),
-        split_ranks=[list(ranks) for ranks in partition],
-        timeout=timeout,
-        pg_options=options,
-        group_desc=description,
-    )
+    """This rank's group of a whole partition of the world, made from the device-bound default group;
+    every rank must call it, with the same partition. One ``ncclCommSplit`` where torch keeps each
+    split's order (or the partition's groups ascend); else one group at a time, in order."""
+    parent = c10d._get_default_group()
+    if SPLIT_KEEPS_ORDER or all(list(ranks) == sorted(ranks) for ranks in partition):
+        group = dist.split_group(parent_pg=parent, split_ranks=[list(ranks) for ranks in partition], timeout=timeout,
+                                 pg_options=options, group_desc=description)
+    else:
+        group = None
+        for ranks in partition:  # torch <= 2.13 sorts each split: make every group in its own order
+            made = c10d._new_group_with_tag(list(ranks), timeout=timeout, backend_options=options,
+                                            group_desc=description, sort_ranks=False)
+            if rank in ranks:
+                group = made
+    if group is None or group is c10d.GroupMember.NON_GROUP_MEMBER:
+        return None
+    mine = next(list(ranks) for ranks in partition if rank in ranks)
+    if dist.get_process_group_ranks(group) != mine:  # never a group whose order is not the mesh's
+        raise RuntimeError(f"torch {torch.__version__} made the group {dist.get_process_group_ranks(group)}, "
+                           f"not {mine} in that order; fmesh cannot use it (please report this)")
+    return group
 
 
 def _registered(group: dist.ProcessGroup | None) -> bool:
@@ -181,8 +211,51 @@ def group_count() -> int:
     return len(c10d._world.pg_map)
 
 
-def _mesh_layout(layouts: Sequence[Layout]) -> _MeshLayout:
-    return _MeshLayout([_FlatLayout(tuple(s for s, _ in lay.modes), tuple(d for _, d in lay.modes)) for lay in layouts])
+def _modes(layout: Layout) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    # A size-1 dim is (1,):(1,): torch slices fail on () or stride 0 (seen on 2.10 - 2.12).
+    modes = layout.modes or ((1, 1),)
+    return tuple(s for s, _ in modes), tuple(d for _, d in modes)
+
+
+def _mesh_layout(layouts: Sequence[Layout], *, flattened: bool = False) -> Any:
+    """torch's layout of a mesh whose dims are ``layouts``, in the form this release builds.
+
+    torch 2.10 - 2.12 compare forms, not values: a mesh ``_flatten`` makes is a bare mode (``4:1``)
+    while a root or slice has a tuple per mesh (``(4,):(1,)``), and ``_flatten(name)`` refuses a
+    registered mesh of the other form. ``flattened`` asks for ``_flatten``'s form (fmesh registers
+    its 1-D exports under their names).
+    """
+    dims = [_modes(layout) for layout in layouts]
+    if FLAT_LAYOUTS:
+        return mesh_layout._MeshLayout([mesh_layout._FlatLayout(shape, stride) for shape, stride in dims])
+    one = [(shape[0], stride[0]) if len(shape) == 1 else (shape, stride) for shape, stride in dims]
+    if flattened and len(one) == 1:
+        shape, stride = one[0]
+        return mesh_layout._MeshLayout(shape, stride) if len(dims[0][0]) == 1 else mesh_layout._MeshLayout(
+            (shape,), (stride,))
+    return mesh_layout._MeshLayout(tuple(shape for shape, _ in one), tuple(stride for _, stride in one))
+
+
+def _dim_layouts(device_mesh: DeviceMesh) -> list[Layout]:
+    """Each dim's layout of a DeviceMesh, as fmesh layouts (the inverse of :func:`_mesh_layout`)."""
+    layout = device_mesh._layout
+    dims = list(layout) if FLAT_LAYOUTS else [layout[i] for i in range(len(layout))]
+    return [Layout(dim.shape, dim.stride) for dim in dims]
+
+
+def device_mesh_groups(device_mesh: DeviceMesh, dims: Sequence[int]) -> set[tuple[int, ...]]:
+    """Every group torch would make along ``dims`` of a DeviceMesh (all instances, every rank).
+
+    >>> import torch.distributed as dist
+    >>> from torch.distributed.device_mesh import init_device_mesh
+    >>> dist.init_process_group("fake", rank=0, world_size=4)
+    >>> sorted(device_mesh_groups(init_device_mesh("cpu", (2, 2)), [0]))
+    [(0, 2), (1, 3)]
+    >>> dist.destroy_process_group()
+    """
+    layout = _mesh_layout([_dim_layouts(device_mesh)[d] for d in dims])
+    grid = layout.remap_to_tensor(device_mesh._rank_map)
+    return {tuple(row) for row in grid.reshape(grid.shape[0], -1).tolist()}
 
 
 def rank_map_tensor(universe: Universe) -> torch.Tensor:
@@ -208,15 +281,17 @@ def export_device_mesh(mesh: Mesh, root: DeviceMesh, groups: Sequence[dist.Proce
     """A DeviceMesh for ``mesh`` whose dims use ``groups`` (one per axis, this rank's)."""
     exported = DeviceMesh(
         root.device_type,
-        _layout=_mesh_layout(mesh.layouts),
+        _layout=_mesh_layout(mesh.layouts, flattened=mesh.ndim == 1),
         _rank_map=root._rank_map,
         mesh_dim_names=mesh.axis_names,
         _root_mesh=root,
         _init_backend=False,
     )
     exported._dim_group_names = [group.group_name for group in groups]
-    for group in groups:
-        root._pg_registry[group.group_name] = group
+    registry = getattr(root, "_pg_registry", None)  # from torch 2.11; 2.10 resolves groups by name
+    if registry is not None:
+        for group in groups:
+            registry[group.group_name] = group
     return exported
 
 
@@ -250,7 +325,7 @@ def from_device_mesh(device_mesh: DeviceMesh) -> Mesh:
             f"this DeviceMesh's rank map {rank_map[:16]}{'...' if world > 16 else ''} is not a permutation of "
             f"range(0, {world}); fmesh needs a mesh over the whole world (build the root with all ranks)"
         )
-    layouts = [Layout(tuple(axis.shape), tuple(axis.stride)) for axis in device_mesh._layout]
+    layouts = _dim_layouts(device_mesh)
     names = device_mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(len(layouts)))
     universe = Universe(world, rank_map=rank_map, device_type=device_mesh.device_type)
     return Mesh(universe, names, layouts)

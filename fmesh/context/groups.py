@@ -231,8 +231,8 @@ class GroupRegistry:
             started = time.perf_counter()
             world = tuple(range(self._world.world_size))
             self._agree(digest(description), world, description, f"the split of axes {axes} of {mesh!r}")
-            group = self._failing_as_posted(
-                lambda: _torch.split_groups(mesh.groups(axes), timeout=spec.timeout, options=spec.options))
+            group = self._failing_as_posted(lambda: _torch.split_groups(
+                mesh.groups(axes), rank=self._world.rank, timeout=spec.timeout, options=spec.options))
             if group is not None and mine is not None and len(mine) > 1:
                 self._record(spec, group, started)
 
