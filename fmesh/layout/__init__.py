@@ -1,4 +1,9 @@
-"""The layout algebra: pure functions over tuples of ints; knows nothing of meshes."""
+"""The layout algebra: pure functions over tuples of ints; knows nothing of meshes.
+
+* ``int_tuple``: nested tuples of ints (flatten, product, row-major strides and coordinates);
+* ``layout``: :class:`Layout` (``shape:stride``) and its algebra, CuTe's re-derived for row-major
+  order: coalesce, composition, complement, inverse, concatenation.
+"""
 
 from fmesh.layout.int_tuple import IntTuple
 from fmesh.layout.layout import Layout, concat

@@ -1,4 +1,12 @@
-"""Mesh values: pure, hashable, no process groups and no ``torch.distributed``."""
+"""Mesh values: pure, hashable, no process groups and no torch.
+
+* ``universe``: :class:`Universe`, the ranks a mesh lives on and their order (its id is the same in
+  every process);
+* ``mesh``: :class:`Mesh` (one layout per named axis) and its queries, and :func:`make_mesh`;
+* ``transforms``: the pure functions from meshes to meshes (``slice``, ``flatten``, ``unflatten``,
+  ``concat``, ``rename``, ``select``);
+* ``frame``: the re-indexing of a universe that an uneven split of a strided axis needs.
+"""
 
 from fmesh.mesh.mesh import Mesh, make_mesh
 from fmesh.mesh.transforms import concat, flatten, rename, select, slice, unflatten
