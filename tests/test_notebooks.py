@@ -22,6 +22,14 @@ def test_there_are_three_notebooks_built_from_one_place() -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_notebook_has_the_cells_of_build_py(path: pathlib.Path) -> None:
+    # A cell edited in build.py but not re-run leaves a stale notebook that works on one torch only.
+    committed = [(cell.cell_type, cell.source) for cell in nbformat.read(path, as_version=4).cells]
+    built = [(cell.cell_type, cell.source) for cell in build.make(build.NOTEBOOKS[path.name]).cells]
+    assert committed == built, f"{path.name} differs from notebooks/build.py: run python notebooks/build.py"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_and_was_committed_with_outputs(path: pathlib.Path) -> None:
     committed = nbformat.read(path, as_version=4)
     code = [cell for cell in committed.cells if cell.cell_type == "code"]
