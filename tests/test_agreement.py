@@ -46,6 +46,10 @@ class CountingStore:
         self._touch([key], len(expected) + len(desired) + len(value))
         return bytes(value)
 
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        self._touch(keys)
+        self.inner.wait(keys, timeout)
+
     def check(self, keys: list[str]) -> bool:
         self._touch(keys)
         return bool(self.inner.check(keys))

@@ -11,11 +11,12 @@ a constant number of store operations and bytes, whatever the group size:
 2. ``compare_set(<key>/digest, "", mine)``: the first member's digest stays, and the store hands it
    back; a member whose digest differs writes a mismatch verdict to ``<key>/done``;
 3. ``add(<key>/arrived, 1)``: the member that brings the count to the group size writes ``ok``;
-4. ``wait(<key>/done)`` and read the verdict; post ``status/<rank>``: running.
+4. ``wait(<key>/done)`` (the store wakes the waiters) and read the verdict; post ``status/<rank>``:
+   running.
 
-Full descriptions are read only to write an error. A member that waits longer than a grace period
-starts the slow path: one waiter (elected with ``add``) reads the statuses of the members (one
-``multi_get``) and follows the members that have not arrived to what each is waiting for. A cycle
+Full descriptions are read only to write an error. Past a grace period, one waiter (elected with
+``add``) wakes now and then to read the statuses of the members (one ``multi_get``) and follow the
+members that have not arrived to what each is waiting for; the others keep blocking in the store. A cycle
 (rank 0 waits here for rank 1, which waits elsewhere for rank 0) can never complete: it is a
 disagreement, reported as :class:`~fmesh.MeshMismatchError` on every rank of the cycle within
 seconds. A member that failed is reported with its own error (a mismatch stays a mismatch, anything
@@ -45,10 +46,11 @@ from fmesh.errors import GroupTimeoutError, MeshMismatchError, RankLostError
 OK = "ok"
 MISMATCH = "mismatch"  # a verdict: the members disagree
 LOST = "lost"  # a verdict: a member failed instead of coming
+TIMEOUT = "timeout"  # a verdict: members never came within the creation timeout
 FAILED = "failed"  # a status: this rank raised
 GRACE_SECONDS = 1.0  # creation normally completes in milliseconds; slower is worth a look
 MAX_POLL_SECONDS = 8.0
-MAX_PAUSE_SECONDS = 0.25
+VERDICT_MARGIN_SECONDS = 30.0  # how long past the timeout the others wait for the elected waiter's verdict
 MAX_GROUPS_FOLLOWED = 64  # bounds the work of one diagnosis
 
 
@@ -163,27 +165,21 @@ class Agreement:
         self.post("running")
 
     def _wait(self, base: str, key: str, members: Sequence[int], description: str, what: str) -> None:
-        # Poll with `check` rather than `wait(timeout)`: a TCPStore logs a warning for every wait that
-        # times out, and the slow path needs to wake up now and then. The pause doubles from half a
-        # millisecond, so a group that completes at once is seen within milliseconds, and a long wait
-        # costs each member a few checks a second.
+        # Every waiter blocks in the store, which wakes it the moment the verdict is written: no polling
+        # load, however many wait. Past the grace period one waiter (elected with `add`) wakes now and
+        # then to look at the missing members, and writes the verdict of a cycle, a failed member or the
+        # creation timeout; the others keep waiting for that verdict. (A store logs a warning for each
+        # wait that times out: only the elected waiter's do, a few times.)
         started = time.monotonic()
         deadline = started + self.creation_timeout.total_seconds()
-        look_every, next_look, pause = self.grace, started + self.grace, 0.0005
-        diagnoser = False
-        while not self.store.check([f"{base}/done"]):
-            now = time.monotonic()
-            if now >= deadline:
-                self._time_out(key, members, what, started)
-            if now >= next_look:
-                diagnoser = diagnoser or self.store.add(f"{base}/diagnoser", 1) == 1
-                if diagnoser:
-                    self._diagnose(key, members)
-                look_every = min(look_every * 2, MAX_POLL_SECONDS)
-                next_look = now + look_every
-            time.sleep(pause)
-            pause = min(pause * 2, MAX_PAUSE_SECONDS)
-        verdict = self.store.get(f"{base}/done").decode()
+        done = f"{base}/done"
+        if not self._waited(done, min(self.grace, deadline - started)):
+            if self.store.add(f"{base}/diagnoser", 1) == 1:
+                self._look_until_verdict(base, key, members, what, started, deadline)
+            elif not self._waited(done, deadline - time.monotonic() + VERDICT_MARGIN_SECONDS):
+                # The elected waiter is gone (it failed): time out on our own.
+                self._write_timeout(base, key, members, what, started)
+        verdict = self.store.get(done).decode()
         if verdict == OK:
             return
         kind, _, message = verdict.partition("\n")
@@ -192,24 +188,42 @@ class Agreement:
             error = MeshMismatchError(
                 f"on rank {self.rank}: {message}. Expected every rank to build this mesh from the same sizes, "
                 "names and rank_map, and to use its meshes in the same order; check the ranks named here")
+        elif kind == TIMEOUT:
+            error = GroupTimeoutError(f"on rank {self.rank}: {message}")
         else:
             error = RankLostError(f"on rank {self.rank}: {message}. See that rank's error first")
         self.failed(error)
         raise error
 
-    def _time_out(self, key: str, members: Sequence[int], what: str, started: float) -> None:
+    def _waited(self, key: str, seconds: float) -> bool:
+        """Whether ``key`` exists within ``seconds`` (the store wakes us when it is written)."""
+        try:
+            self.store.wait([key], timedelta(seconds=max(0.001, seconds)))
+        except dist.DistStoreError:  # what a store's wait raises when it times out
+            return False
+        return True
+
+    def _look_until_verdict(self, base: str, key: str, members: Sequence[int], what: str, started: float,
+                            deadline: float) -> None:
+        look_every = self.grace
+        while not self.store.check([f"{base}/done"]):
+            if time.monotonic() >= deadline:
+                self._write_timeout(base, key, members, what, started)
+                return
+            self._diagnose(key, members)
+            self._waited(f"{base}/done", min(look_every, deadline - time.monotonic()))
+            look_every = min(look_every * 2, MAX_POLL_SECONDS)
+
+    def _write_timeout(self, base: str, key: str, members: Sequence[int], what: str, started: float) -> None:
         statuses = self.statuses(members)
         missing = [m for m in members if statuses[m].get("at") != key or statuses[m].get("state") != "waiting"]
         doing = "; ".join(describe_status(m, statuses[m]) for m in missing[:8])
         more = f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""
-        error = GroupTimeoutError(
-            f"rank {self.rank} waited {time.monotonic() - started:.0f}s to create {what}, but ranks "
+        self.store.compare_set(f"{base}/done", "", (
+            f"{TIMEOUT}\nthe members of {what} waited {time.monotonic() - started:.0f}s, but ranks "
             f"{missing[:16]}{'...' if len(missing) > 16 else ''} never came: {doing}{more}. Expected every "
             "member to create this group; check that they all build this mesh and run this collective, or raise "
-            "creation_timeout if ranks reach it minutes apart"
-        )
-        self.failed(error)
-        raise error
+            "creation_timeout if ranks reach it minutes apart"))
 
     # ------------------------------------------------------------- diagnosis
 
