@@ -147,23 +147,14 @@ def _objects_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]
     return rows
 
 
-def objects_and_permutes(worlds: list[int], iterations: dict[str, int]) -> list[tuple[Any, ...]]:
+def on_ranks(rank_rows: Callable[..., list[tuple[Any, ...]]], worlds: list[int],
+             iterations: dict[str, int]) -> list[tuple[Any, ...]]:
+    """Rank 0's rows of ``rank_rows(ctx, iterations)`` run on gloo processes, for each world size."""
     import fmesh
 
     rows: list[tuple[Any, ...]] = []
     for world in worlds:
-        results = fmesh.launch(functools.partial(_objects_rank, iterations=iterations), world, timeout=600,
-                               context_options={"timeout": 120}, start_method="spawn")
-        rows.extend(results[0])  # rank 0's view
-    return rows
-
-
-def latency(worlds: list[int], iterations: dict[str, int]) -> list[tuple[Any, ...]]:
-    import fmesh
-
-    rows: list[tuple[Any, ...]] = []
-    for world in worlds:
-        results = fmesh.launch(functools.partial(_latency_rank, iterations=iterations), world, timeout=600,
+        results = fmesh.launch(functools.partial(rank_rows, iterations=iterations), world, timeout=600,
                                context_options={"timeout": 120}, start_method="spawn")
         rows.extend(results[0])  # rank 0's view
     return rows
@@ -321,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{' (--quick: few iterations, numbers are noisy)' if quick else ''}\n")
 
     iterations = {"small": 200, "large": 20} if quick else {"small": 3000, "large": 300}
-    rows = latency([2] if quick else [2, 4], iterations)
+    rows = on_ranks(_latency_rank, [2] if quick else [2, 4], iterations)
     print("### (a) all_reduce latency, gloo on loopback (rank 0, median µs)\n")
     print("| procs | size | bare µs | fmesh µs | overhead µs | ratio | bare+clone µs | fmesh - (bare+clone) µs "
           "| clone µs |")
@@ -361,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| procs | call | object | torch µs | fmesh µs | overhead µs | pickle + unpickle µs |")
     print("| ---: | --- | --- | ---: | ---: | ---: | ---: |")
     object_iterations = {"small": 100, "large": 20} if quick else {"small": 1000, "large": 200}
-    for world, call, label, bare, ours, pickling in objects_and_permutes([2] if quick else [2, 4], object_iterations):
+    object_rows = on_ranks(_objects_rank, [2] if quick else [2, 4], object_iterations)
+    for world, call, label, bare, ours, pickling in object_rows:
         print(f"| {world} | {call} | {label} | {_us(bare)} | {_us(ours)} | {_us(ours - bare)} "
               f"| {_us(pickling) if pickling else '—'} |")
     print("\ntorch = `dist.all_gather_object`, `dist.broadcast_object_list` (src 0), and `dist.batch_isend_irecv` of "
