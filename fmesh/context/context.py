@@ -108,7 +108,9 @@ class Context:
         creation_timeout: timedelta | float | None = None,
     ) -> Context:
         """Under ``torchrun`` (any ``env://`` launch): init the default group if needed, NCCL with
-        CUDA else gloo, and bind ``cuda:LOCAL_RANK``.
+        CUDA else gloo, and bind ``cuda:LOCAL_RANK``. With none of the launcher's variables (``RANK``,
+        ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): a world of one in this process, said in one
+        line on stderr, so the same script runs under ``python`` and under ``torchrun``.
 
         >>> Context.from_env.__name__
         'from_env'
