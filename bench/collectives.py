@@ -10,6 +10,11 @@
     the fake backend (one process, rank 0): groups created and time to build them, fmesh
     (``ctx.materialize`` of every axis and view) against torch (``init_device_mesh`` + ``_flatten`` +
     ``_unflatten``). Both sides build the same groups; the script checks it.
+(c) The object collectives and the collective permute against the bare torch calls they replace, on
+    the same group (gloo on loopback): ``ctx.all_gather_object`` against ``dist.all_gather_object``,
+    ``ctx.broadcast_object`` against ``dist.broadcast_object_list``, and ``ctx.ppermute`` / ``ctx.shift``
+    (a ring) against ``dist.batch_isend_irecv`` of the same sends and receives; with the time to pickle
+    and unpickle the object once, which both sides pay.
 
     python bench/collectives.py [--quick]
 """
@@ -74,12 +79,82 @@ def _latency_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]
     return rows
 
 
-def latency(worlds: list[int], iterations: dict[str, int]) -> list[tuple[Any, ...]]:
+def _medians(calls: dict[str, Callable[[], Any]], n: int, blocks: int = 10) -> dict[str, float]:
+    """Median µs per call of each of ``calls``, after a warm-up, interleaved in ``blocks``."""
+    for fn in calls.values():
+        _timed(fn, max(3, n // 10))
+    times: dict[str, list[float]] = {label: [] for label in calls}
+    for _ in range(blocks):  # interleaved, so drift hits all alike
+        for label, fn in calls.items():
+            times[label] += _timed(fn, max(1, n // blocks))
+    return {label: statistics.median(values) for label, values in times.items()}
+
+
+OBJECTS: list[tuple[str, object]] = [
+    ("small dict", {"step": 1200, "loss": 0.25, "lr": 3e-4, "tag": "x" * 64}),
+    ("64 KiB bytes", {"blob": b"x" * 65536}),
+]
+
+
+def _objects_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]:
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+
+    import fmesh
+
+    world, rank = ctx.world_size, ctx.rank
+    mesh = fmesh.make_mesh((world,), ("dp",))
+    group = ctx.group(mesh, "dp")
+    rows: list[tuple[Any, ...]] = []
+    for label, obj in OBJECTS:
+        n = iterations["large" if label.startswith("64") else "small"]
+
+        def bare_gather(obj: object = obj) -> None:
+            dist.all_gather_object([None] * world, obj, group=group)
+
+        def bare_broadcast(obj: object = obj) -> None:
+            dist.broadcast_object_list([obj], src=0, group=group)
+
+        got = _medians({
+            "torch gather": bare_gather,
+            "fmesh gather": lambda obj=obj: ctx.all_gather_object(obj, mesh, "dp"),
+            "torch broadcast": bare_broadcast,
+            "fmesh broadcast": lambda obj=obj: ctx.broadcast_object(obj, mesh, "dp", src=0),
+            "pickle": lambda obj=obj: pickle.loads(pickle.dumps(obj)),
+        }, n)
+        rows.append((world, "all_gather_object", label, got["torch gather"], got["fmesh gather"], got["pickle"]))
+        rows.append((world, "broadcast_object", label, got["torch broadcast"], got["fmesh broadcast"], got["pickle"]))
+    t = torch.zeros(256)  # 1 KiB
+    after, before = (rank + 1) % world, (rank - 1) % world
+    ring = [(i, (i + 1) % world) for i in range(world)]
+
+    def bare_ring() -> None:
+        received = torch.zeros_like(t)  # like for like: ppermute returns a new tensor
+        operations = [dist.P2POp(dist.isend, t, after, group), dist.P2POp(dist.irecv, received, before, group)]
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
+
+    got = _medians({
+        "torch": bare_ring,
+        "ppermute": lambda: ctx.ppermute(t, mesh, "dp", ring),
+        "shift": lambda: ctx.shift(t, mesh, "dp", wrap=True),
+    }, iterations["small"])
+    rows.append((world, "ppermute (ring)", "1 KiB", got["torch"], got["ppermute"], 0.0))
+    rows.append((world, "shift(wrap=True)", "1 KiB", got["torch"], got["shift"], 0.0))
+    ctx.barrier()
+    return rows
+
+
+def on_ranks(rank_rows: Callable[..., list[tuple[Any, ...]]], worlds: list[int],
+             iterations: dict[str, int]) -> list[tuple[Any, ...]]:
+    """Rank 0's rows of ``rank_rows(ctx, iterations)`` run on gloo processes, for each world size."""
     import fmesh
 
     rows: list[tuple[Any, ...]] = []
     for world in worlds:
-        results = fmesh.launch(functools.partial(_latency_rank, iterations=iterations), world, timeout=600,
+        results = fmesh.launch(functools.partial(rank_rows, iterations=iterations), world, timeout=600,
                                context_options={"timeout": 120}, start_method="spawn")
         rows.extend(results[0])  # rank 0's view
     return rows
@@ -103,6 +178,11 @@ def lookup_overhead(calls: int) -> list[tuple[str, float]]:
             ("t.clone(), 1 KiB", t.clone),
             ("dist.all_reduce(t, group) on fake (no comm)", lambda: dist.all_reduce(t, group=group)),
             ("ctx.all_reduce(t, mesh, 'tp') on fake (no comm)", lambda: ctx.all_reduce(t, mesh, "tp")),
+            ("dist.batch_isend_irecv(send + recv) on fake (no comm)", lambda: [w.wait() for w in dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend, t, 1, group), dist.P2POp(dist.irecv, torch.zeros_like(t), 1, group)])]),
+            ("ctx.shift(t, mesh, 'tp', wrap=True) on fake (no comm)", lambda: ctx.shift(t, mesh, "tp", wrap=True)),
+            ("ctx.ppermute(t, mesh, 'tp', [(0, 1), (1, 0)]) on fake (no comm)",
+             lambda: ctx.ppermute(t, mesh, "tp", [(0, 1), (1, 0)])),
         ]
         for label, fn in cases:
             fn()
@@ -232,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{' (--quick: few iterations, numbers are noisy)' if quick else ''}\n")
 
     iterations = {"small": 200, "large": 20} if quick else {"small": 3000, "large": 300}
-    rows = latency([2] if quick else [2, 4], iterations)
+    rows = on_ranks(_latency_rank, [2] if quick else [2, 4], iterations)
     print("### (a) all_reduce latency, gloo on loopback (rank 0, median µs)\n")
     print("| procs | size | bare µs | fmesh µs | overhead µs | ratio | bare+clone µs | fmesh - (bare+clone) µs "
           "| clone µs |")
@@ -268,6 +348,19 @@ def main(argv: list[str] | None = None) -> int:
           "and groups (torch calls `new_group` for every subgroup of a dim, members or not; fmesh creates this "
           "rank's groups only). 'asked again': torch's `_flatten` finds its cached views, `_unflatten` "
           "creates its groups again; fmesh finds every group in its cache.")
+    print("\n### (c) object collectives and collective permutes, gloo on loopback (rank 0, median µs)\n")
+    print("| procs | call | object | torch µs | fmesh µs | overhead µs | pickle + unpickle µs |")
+    print("| ---: | --- | --- | ---: | ---: | ---: | ---: |")
+    object_iterations = {"small": 100, "large": 20} if quick else {"small": 1000, "large": 200}
+    object_rows = on_ranks(_objects_rank, [2] if quick else [2, 4], object_iterations)
+    for world, call, label, bare, ours, pickling in object_rows:
+        print(f"| {world} | {call} | {label} | {_us(bare)} | {_us(ours)} | {_us(ours - bare)} "
+              f"| {_us(pickling) if pickling else '—'} |")
+    print("\ntorch = `dist.all_gather_object`, `dist.broadcast_object_list` (src 0), and `dist.batch_isend_irecv` of "
+          "one send to the next rank and one receive from the previous into a new tensor; fmesh = "
+          "`ctx.all_gather_object`, `ctx.broadcast_object`, `ctx.ppermute` with the ring's pairs and "
+          "`ctx.shift(wrap=True)`, on the same group. "
+          "Both object collectives pickle on every sender and unpickle on every receiver (last column: once).")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Train a small transformer language model with several parallelisms at once, on fmesh meshes.
 
     torchrun --nproc-per-node 4 examples/train.py --tp 2            # tp 2 x dp_shard 2, CPU and gloo
+    python examples/train.py                                        # one process, no launcher
     torchrun --nproc-per-node 4 examples/train.py --tp 2 --steps 40 --checkpoint-dir /tmp/ckpt
     torchrun --nproc-per-node 4 examples/train.py --tp 2 --steps 60 --checkpoint-dir /tmp/ckpt --resume
 
@@ -262,8 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     try:
         args = parse(argv)
-        if "RANK" not in os.environ:
-            raise UsageError("launch me with torchrun, e.g. torchrun --nproc-per-node 4 examples/train.py --tp 2")
+        # Under plain `python` (no launcher variables) the context is a world of one, and says so.
         with fmesh.Context.from_env(backend=None if args.backend == "auto" else args.backend) as ctx:
             check_degrees(args, ctx.world_size)  # every rank checks the same pure numbers: no hang
             train(args, ctx)

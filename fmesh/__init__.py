@@ -32,6 +32,7 @@ from fmesh.errors import (
     PlacementWarning,
     RankLostError,
     RemoteTraceback,
+    UnpicklableObjectError,
     UnsupportedTorchError,
 )
 from fmesh.layout import Layout
@@ -90,6 +91,7 @@ __all__ = [
     "Simulation",
     "Topology",
     "Universe",
+    "UnpicklableObjectError",
     "UnsupportedTorchError",
     "concat",
     "device_mesh_groups",

@@ -20,6 +20,7 @@ __all__ = [
     "PlacementWarning",
     "RankLostError",
     "RemoteTraceback",
+    "UnpicklableObjectError",
     "UnsupportedTorchError",
 ]
 
@@ -81,6 +82,18 @@ class RemoteTraceback(Exception):
 
     >>> str(RemoteTraceback("on rank 2: ..."))
     'on rank 2: ...'
+    """
+
+
+class UnpicklableObjectError(TypeError):
+    """An object given to ``ctx.all_gather_object`` or ``ctx.broadcast_object`` could not be pickled.
+
+    Raised on every member of the group, not only on the rank whose object failed: the members learn
+    of it through the same collective that would have carried the objects, so none is left waiting.
+    The message names the members (index in the group and global rank) whose objects failed, and why.
+
+    >>> issubclass(UnpicklableObjectError, TypeError)
+    True
     """
 
 

@@ -24,7 +24,8 @@ from typing import Any
 import attrs
 
 from fmesh.errors import PlacementWarning
-from fmesh.mesh import Mesh
+from fmesh.layout import Layout
+from fmesh.mesh import Mesh, Universe, make_mesh
 
 __all__ = [
     "CHEAP_AXES",
@@ -243,6 +244,26 @@ class Topology:
         if self.rank_order == "cyclic":
             return tuple(host + i * self.hosts for i in range(g))
         return tuple(range(host * g, (host + 1) * g))
+
+    def mesh(self) -> Mesh:
+        """``Mesh(host=hosts, local=ranks_per_host)`` over the world in this topology's rank order: the
+        group along ``"local"`` is the ranks of one host (by local rank), along ``"host"`` one local rank
+        of every host. ``ctx.all_reduce(t, topology.mesh(), "local")`` is a host-local collective.
+
+        Block and cyclic orders need no rank map (the cyclic one is a transposed layout), so the mesh
+        costs the same at any world size and shares its universe with the training meshes.
+
+        >>> topo = Topology(hosts=2, ranks_per_host=4, rank_order="cyclic")
+        >>> topo.mesh(), topo.mesh().group(5, "local"), topo.mesh().group(5, "host")
+        (Mesh(host=2, local=4; world=8), (1, 3, 5, 7), (4, 5))
+        """
+        names = ("host", "local")
+        if self.rank_order == "block":
+            return make_mesh((self.hosts, self.ranks_per_host), names)
+        if self.rank_order == "cyclic":  # local rank i of host h is global rank h + i * hosts
+            layouts = (Layout(self.hosts, 1), Layout(self.ranks_per_host, self.hosts))
+            return Mesh(Universe(self.world_size), names, layouts)
+        return make_mesh((self.hosts, self.ranks_per_host), names, rank_map=self.rank_order)
 
     def span(self, mesh: Mesh, axes: str | Sequence[str] | None = None, *, name: str | None = None) -> AxisSpan:
         """How the groups of ``mesh`` along ``axes`` (default: all) sit on hosts.

@@ -182,6 +182,60 @@ try:
 except ValueError as error:
     print(f"{error!r} from rank {error.rank}")
     print(str(error.__cause__).splitlines()[0])"""),
+    ("md", """## What training code asks a communicator for
+
+Group indices (`ctx.index`: a rank's `dp_rank` or `tp_rank`), picklable objects (`all_gather_object`,
+`broadcast_object`) and JAX's collective permute (`ppermute`, and `shift` for pipeline neighbours). On simulated
+ranks every rank runs this one Python program, so an object is the same on all of them (the dry-run answer), and
+torch's `LocalTensorMode` has no point-to-point operations: `ppermute` and `shift` say so and run on launched
+ranks below."""),
+    ("code", """with fmesh.simulate(4) as sim:
+    print("tp index of each rank:", {rank: mesh.group(rank, "tp").index(rank) for rank in range(4)},
+          "| ctx.index(mesh, 'tp') on rank 0:", sim.ctx.index(mesh, "tp"))
+    print("all_gather_object along tp:", sim.ctx.all_gather_object({"step": 10}, mesh, "tp"))
+    try:
+        sim.ctx.shift(sim.per_rank(lambda rank: torch.tensor([float(rank)])), mesh, "tp")
+    except ValueError as error:
+        print(error)"""),
+    ("md", """On real processes each rank has its own objects. A 4-stage pipeline: every stage learns who the others
+are, gets rank 0's config, and passes a tensor on to the next stage (`shift`), back around the ring
+(`offset=-1, wrap=True`), or along any partial permutation (`ppermute`; a stage that receives nothing gets
+zeros)."""),
+    ("code", """pipeline = fmesh.make_mesh((4,), ("pp",), rank_map=[2, 0, 3, 1])   # stage s runs on rank_map[s]
+
+def stages(ctx):
+    stage = ctx.index(pipeline, "pp")
+    everyone = ctx.all_gather_object({"rank": ctx.rank, "stage": stage}, pipeline, "pp")
+    config = ctx.broadcast_object({"lr": 3e-4} if stage == 0 else None, pipeline, "pp", src=0)
+    x = torch.tensor([10.0 * (stage + 1)])                       # stage s sends 10 (s + 1)
+    forward = ctx.shift(x, pipeline, "pp")                        # to the next stage; stage 0 gets zeros
+    backward = ctx.shift(x, pipeline, "pp", offset=-1, wrap=True)  # to the previous, around the ring
+    swapped = ctx.ppermute(x, pipeline, "pp", [(0, 3), (3, 0)])    # stages 0 and 3 swap; 1 and 2 get zeros
+    return stage, [o["rank"] for o in everyone], config, forward.item(), backward.item(), swapped.item()
+
+for stage, ranks, config, forward, backward, swapped in sorted(fmesh.launch(stages, world_size=4)):
+    print(f"stage {stage}: stages on ranks {ranks}, config {config}, "
+          f"shift {forward:>4}, shift(-1, wrap) {backward:>4}, ppermute {swapped:>4}")"""),
+    ("md", """A host-local collective: `Topology(...).mesh()` is `Mesh(host, local)` in the topology's rank order, so
+the `"local"` groups are the hosts. Here 2 hosts of 2 ranks, with rank r on host r % 2:"""),
+    ("code", """topology = fmesh.Topology(hosts=2, ranks_per_host=2, rank_order="cyclic")
+hosts = topology.mesh()
+print(hosts, "local groups:", hosts.groups("local"))
+
+def host_sum(ctx):
+    return ctx.rank, ctx.index(hosts, "local"), ctx.all_reduce(torch.tensor([float(ctx.rank)]), hosts, "local").item()
+
+for rank, local_rank, total in fmesh.launch(host_sum, world_size=4):
+    print(f"rank {rank}: local rank {local_rank}, sum over its host {total}")"""),
+    ("md", "An object that cannot be pickled fails on every member of the group, naming the member, and nobody hangs:"),
+    ("code", """import threading
+
+def unpicklable(ctx):
+    return ctx.all_gather_object(threading.Lock() if ctx.rank == 1 else ctx.rank, pipeline, "pp")
+
+errors = fmesh.launch(unpicklable, world_size=4, return_exceptions=True)
+print([type(error).__name__ for error in errors])
+print(errors[0])"""),
 ]
 
 NOTEBOOKS = {"01_mesh_algebra.ipynb": TOUR, "02_planning_a_job.ipynb": PLANNING, "03_collectives.ipynb": COLLECTIVES}

@@ -19,8 +19,13 @@ def test_quick_collectives_benchmark_runs() -> None:
     assert "| procs | size | bare µs | fmesh µs | overhead µs | ratio |" in out
     assert "| call | µs |" in out and "ctx.group(mesh, 'tp') (cached group lookup)" in out
     assert "| world | what | torch groups | fmesh groups | torch ms | fmesh ms | same groups |" in out
-    rows = [line for line in out.splitlines() if line.startswith("| 2 | ")]
+    rows = [line for line in out.splitlines() if line.startswith("| 2 | 1 ")]
     assert len(rows) == 3  # 1 elem, 1 KiB, 1 MiB on 2 processes
     titan = [line for line in out.splitlines() if line.startswith("| 64 | ")]
     assert len(titan) == 2 and all(line.rstrip().endswith("| yes |") for line in titan)
     assert "| 64 | build mesh + views + ep | 10 | 10 |" in out  # the same groups, counted on both sides
+    assert "| procs | call | object | torch µs | fmesh µs | overhead µs | pickle + unpickle µs |" in out
+    for call in ("all_gather_object | small dict", "broadcast_object | 64 KiB bytes", "ppermute (ring) | 1 KiB",
+                 "shift(wrap=True) | 1 KiB"):
+        assert f"| 2 | {call} |" in out, call
+    assert "ctx.ppermute(t, mesh, 'tp', [(0, 1), (1, 0)]) on fake (no comm)" in out

@@ -205,3 +205,33 @@ def test_million_ranks() -> None:  # how fast: bench/mesh_ops.py
     dims = ParallelDims(2**20, pp=8, dp_replicate=4, cp=2, tp=8, ep=64)
     spans = Topology(2**17, 8).spans(dims.meshes())
     assert spans["tp"].intra_host and spans["ep"].hosts_per_group == 8
+
+
+@given(st.integers(1, 6), st.integers(1, 6), st.sampled_from(["block", "cyclic", "explicit"]), st.randoms())
+def test_topology_mesh_local_groups_are_the_hosts(hosts: int, per_host: int, order: str, rng: object) -> None:
+    world = hosts * per_host
+    rank_order: object = order
+    if order == "explicit":
+        shuffled = list(range(world))
+        rng.shuffle(shuffled)  # type: ignore[attr-defined]
+        rank_order = shuffled
+    topo = Topology(hosts, per_host, rank_order=rank_order)  # type: ignore[arg-type]
+    mesh = topo.mesh()
+    assert mesh.shape == {"host": hosts, "local": per_host} and mesh.world_size == world
+    # Post-conditions: "local" groups are the hosts, by local rank; "host" groups one local rank of each host.
+    assert sorted(mesh.groups("local")) == sorted(topo.ranks_on(h) for h in range(hosts))
+    for rank in range(world):
+        host = topo.host_of(rank)
+        local = topo.ranks_on(host)
+        assert mesh.group(rank, "local") == local
+        assert mesh.group(rank, "host") == tuple(topo.ranks_on(h)[local.index(rank)] for h in range(hosts))
+        assert mesh.coordinate(rank) == (host, local.index(rank))
+    assert topo.span(mesh, "local").intra_host
+
+
+def test_topology_mesh_of_a_million_ranks_has_no_rank_map() -> None:
+    for order in ("block", "cyclic"):
+        topo = Topology(131072, 8, rank_order=order)
+        mesh = topo.mesh()
+        assert mesh.universe.is_identity
+        assert mesh.group(1_000_001, "local") == topo.ranks_on(topo.host_of(1_000_001))

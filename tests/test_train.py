@@ -114,3 +114,18 @@ def test_hsdp_with_tensor_parallelism_on_eight_ranks_matches_one_process(runs: d
     assert len(eight) == 4
     for step, (a, b) in enumerate(zip(eight, one, strict=False)):
         assert abs(a - b) <= TOLERANCE * max(1.0, abs(b)), f"step {step}: 8 ranks {a} vs 1 rank {b}"
+
+
+def test_plain_python_runs_a_world_of_one_like_torchrun(tmp_path: pathlib.Path) -> None:
+    flags = ["--steps", "3", "--seq-len", "16", "--dim", "32"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    plain = subprocess.run([sys.executable, str(SCRIPT), "--backend", "gloo", *flags, "--losses-to",
+                            str(tmp_path / "plain.json")], capture_output=True, text=True, timeout=120, env=env,
+                           cwd=ROOT)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    said = [line for line in plain.stderr.splitlines() if line.startswith("fmesh:")]
+    assert len(said) == 1 and "a world of one process" in said[0]
+    launched = torchrun(1, *flags, "--losses-to", str(tmp_path / "one.json"))
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert "a world of one" not in launched.stderr  # torchrun's variables are there: no such line
+    assert losses(tmp_path / "plain.json") == losses(tmp_path / "one.json")

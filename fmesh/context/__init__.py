@@ -8,6 +8,8 @@ Modules, one concept each:
 * ``groups``: the registry of process groups and their creation;
 * ``agreement``: the cross-rank check that members mean the same group;
 * ``collectives``: collectives along mesh axes;
+* ``objects``: picklable objects along mesh axes, as byte tensors;
+* ``permute``: ``ppermute`` and ``shift`` along one axis, on batched point-to-point operations;
 * ``export``: torch ``DeviceMesh`` objects on the context's groups;
 * ``group_plan``: which groups a program will need (:class:`GroupPlan`);
 * ``launch``: :func:`launch` and :func:`simulate`, ranks for notebooks and tests;

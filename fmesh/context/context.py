@@ -24,7 +24,7 @@ Rules for group creation (what every rank must do):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -32,12 +32,12 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from fmesh.context import _torch, collectives
+from fmesh.context import _torch, collectives, objects, permute
 from fmesh.context.agreement import Agreement
 from fmesh.context.collectives import REDUCE_OPS
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, plan_groups
-from fmesh.context.groups import GroupRegistry
+from fmesh.context.groups import GroupRegistry, Target
 from fmesh.context.options import AxisOptions, GroupSettings
 from fmesh.context.world import World
 from fmesh.mesh import Mesh
@@ -82,6 +82,7 @@ class Context:
 
     def _own(self, world: World, settings: GroupSettings, simulated: bool = False) -> None:
         self._world = world
+        self._simulated = simulated
         self._settings = attrs.evolve(settings, backend=world.backend)
         self._board: Agreement | None = None
         if not world.fake:  # the fake backend's store cannot be used
@@ -107,7 +108,9 @@ class Context:
         creation_timeout: timedelta | float | None = None,
     ) -> Context:
         """Under ``torchrun`` (any ``env://`` launch): init the default group if needed, NCCL with
-        CUDA else gloo, and bind ``cuda:LOCAL_RANK``.
+        CUDA else gloo, and bind ``cuda:LOCAL_RANK``. With none of the launcher's variables (``RANK``,
+        ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): a world of one in this process, said in one
+        line on stderr, so the same script runs under ``python`` and under ``torchrun``.
 
         >>> Context.from_env.__name__
         'from_env'
@@ -187,6 +190,18 @@ class Context:
         """
         target, group = self._groups.resolve(mesh, axes)
         return group if group is not None else self._groups.process_group(target)
+
+    def index(self, mesh: Mesh, axes: AxesArg = None) -> int:
+        """This rank's index in its group along ``axes`` (its group rank; ``dp_rank``, ``tp_rank``), from
+        the mesh alone: no group is created.
+
+        >>> import fmesh
+        >>> with fmesh.Context.fake(8, rank=6) as ctx:
+        ...     mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))
+        ...     ctx.index(mesh, "dp"), ctx.index(mesh, "tp"), ctx.index(mesh), ctx.stats()["groups_created"]
+        (1, 2, 6, 0)
+        """
+        return self._groups.target(mesh, axes).index
 
     # ----------------------------------------------------------- collectives
 
@@ -270,6 +285,86 @@ class Context:
             return
         target, group = self._groups.resolve(mesh, axes)
         collectives.barrier(target, group, self._board)
+
+    # ------------------------------------------------------ objects, permutes
+
+    def all_gather_object(self, obj: object, mesh: Mesh, axes: AxesArg = None) -> list[Any]:
+        """Every member's picklable ``obj``, in group (coordinate) order.
+
+        The objects travel as byte tensors on the context's device (NCCL too). An object that cannot be
+        pickled raises :class:`~fmesh.UnpicklableObjectError` on every member, naming the member. On the
+        fake backend (a dry run, :func:`fmesh.simulate`) every member's object is this process's ``obj``.
+
+        >>> import fmesh
+        >>> with fmesh.Context.fake(4, rank=1) as ctx:
+        ...     ctx.all_gather_object({"step": 3}, fmesh.make_mesh((2, 2), ("dp", "tp")), "tp")
+        [{'step': 3}, {'step': 3}]
+        """
+        target, group = self._groups.resolve(mesh, axes)
+        if group is None or self._world.fake:
+            return [objects.alone("all_gather_object", target, obj) for _ in range(target.size)]
+        return objects.all_gather_object(target, group, obj, self.device, self._board)
+
+    def broadcast_object(self, obj: object, mesh: Mesh, axes: AxesArg = None, src: int = 0) -> Any:
+        """Member ``src``'s picklable ``obj`` (``src`` an index within the group) on every member; the
+        others' ``obj`` is not read. ``src`` gets its own ``obj`` back, the others a copy.
+
+        An object that cannot be pickled raises :class:`~fmesh.UnpicklableObjectError` on every member.
+        On the fake backend every member gets this process's ``obj``.
+
+        >>> import fmesh
+        >>> with fmesh.Context.fake(4) as ctx:
+        ...     ctx.broadcast_object(["config", 1], fmesh.make_mesh((4,), ("dp",)), "dp", src=2)
+        ['config', 1]
+        """
+        target = self._groups.target(mesh, axes)
+        collectives.check_index("broadcast_object", "src", src, target.size)
+        group = self._groups.group(target)
+        if group is None or self._world.fake:
+            return obj if target.index == src else objects.alone("broadcast_object", target, obj)
+        return objects.broadcast_object(target, group, obj, src, self.device, self._board)
+
+    def ppermute(self, tensor: torch.Tensor, mesh: Mesh, axis: str, perm: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """JAX's collective permute along one ``axis``: for each ``(source, destination)`` pair of
+        coordinates along it, the member at ``source`` sends ``tensor`` to the member at ``destination``.
+        Returns what this member received; a member that receives nothing gets zeros.
+
+        Sends and receives are posted together (``dist.batch_isend_irecv``), so they cannot deadlock. A
+        repeated source or destination, or a coordinate outside the axis, is an error naming the pair.
+
+        >>> import fmesh
+        >>> with fmesh.Context.fake(4) as ctx:
+        ...     ctx.ppermute(torch.ones(2), fmesh.make_mesh((4,), ("pp",)), "pp", [(0, 1), (1, 2), (2, 3)]).shape
+        torch.Size([2])
+        """
+        target = self._groups.target(mesh, permute.check_axis("ppermute", axis))
+        send_to, receive_from = permute.peers(permute.check_perm(perm, target.size, axis), target.index)
+        return self._permute(target, tensor, send_to, receive_from)
+
+    def shift(self, tensor: torch.Tensor, mesh: Mesh, axis: str, offset: int = 1, wrap: bool = False) -> torch.Tensor:
+        """:meth:`ppermute` to the member ``offset`` steps along ``axis`` (the next pipeline stage, for
+        ``offset=1``; the previous, for ``-1``). Without ``wrap`` the members within ``offset`` of the
+        start receive zeros (and the last ones send nothing); with it the axis is a ring.
+
+        >>> import fmesh
+        >>> with fmesh.Context.fake(4) as ctx:
+        ...     ctx.shift(torch.ones(2), fmesh.make_mesh((4,), ("pp",)), "pp", offset=-1, wrap=True).shape
+        torch.Size([2])
+        """
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise TypeError(f"shift: expected an int offset (steps along the axis), but got {offset!r}")
+        target = self._groups.target(mesh, permute.check_axis("shift", axis))
+        send_to, receive_from = permute.shift_peers(target.index, target.size, offset, bool(wrap))
+        return self._permute(target, tensor, send_to, receive_from)
+
+    def _permute(self, target: Target, tensor: torch.Tensor, send_to: int | None,
+                 receive_from: int | None) -> torch.Tensor:
+        if self._simulated:
+            raise ValueError(
+                "simulate() cannot run point-to-point operations (ppermute, shift): torch's LocalTensorMode has "
+                "no send or receive; run them on real processes with fmesh.launch(...)")
+        group = self._groups.group(target)  # every member creates it, sending or not
+        return permute.permute(target, group, tensor, send_to, receive_from, self._board)
 
     # --------------------------------------------------------- plan, create
 

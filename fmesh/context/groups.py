@@ -38,12 +38,14 @@ from fmesh.mesh.mesh import AxesArg
 
 @attrs.frozen
 class Target:
-    """``axes`` of ``mesh`` as seen from this rank: its group's ordered ``ranks`` and ``spec``."""
+    """``axes`` of ``mesh`` as seen from this rank: its group's ordered ``ranks``, ``spec``, and
+    ``index``, this rank's place in ``ranks`` (its group rank)."""
 
     mesh: Mesh
     axes: tuple[str, ...]
     ranks: tuple[int, ...]
     spec: GroupSpec
+    index: int = attrs.field(kw_only=True)
 
     @property
     def size(self) -> int:
@@ -61,7 +63,7 @@ class Target:
         >>> import fmesh
         >>> from fmesh.context.options import GroupSettings
         >>> spec = GroupSettings.of(None, 60, backend="gloo").spec(("dp",), (0, 2))
-        >>> Target(fmesh.make_mesh((2, 2), ("dp", "tp")), ("dp",), (0, 2), spec).label()
+        >>> Target(fmesh.make_mesh((2, 2), ("dp", "tp")), ("dp",), (0, 2), spec, index=0).label()
         "the group [0, 2] along axes ('dp',) of Mesh(dp=2, tp=2; world=4)"
         """
         shown = list(self.ranks[:8])
@@ -151,7 +153,7 @@ class GroupRegistry:
         ranks = mesh.group(self._world.rank, names)
         if self._ascending_only:
             self._check_ascending(mesh, names)
-        made = Target(mesh, names, ranks, self.spec(names, ranks))
+        made = Target(mesh, names, ranks, self.spec(names, ranks), index=ranks.index(self._world.rank))
         if made.spec in self._groups:  # another mesh already made this group: shared
             self._hits += 1
         self._targets[(mesh, names)] = made

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -139,18 +140,28 @@ class World:
 
     @classmethod
     def from_env(cls, *, backend: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT, **kwargs: Any) -> World:
-        """Under ``torchrun`` (any ``env://`` launch): NCCL with CUDA else gloo, bound to ``cuda:LOCAL_RANK``."""
+        """Under ``torchrun`` (any ``env://`` launch): NCCL with CUDA else gloo, bound to ``cuda:LOCAL_RANK``.
+        With none of the launcher's variables set, a world of one in this process (one line on stderr
+        says so), so that one script runs under ``python`` and under ``torchrun``."""
         missing = [v for v in LAUNCHER_VARIABLES if v not in os.environ]
-        if missing and not dist.is_initialized():
+        alone = len(missing) == len(LAUNCHER_VARIABLES) and not dist.is_initialized()
+        if missing and not alone and not dist.is_initialized():
             raise ValueError(
-                f"Context.from_env needs the launcher's environment variables {missing}; start the program "
-                "with torchrun (e.g. torchrun --nproc-per-node 4 train.py) or use Context(...) explicitly"
+                f"Context.from_env needs the launcher's environment variables {missing}, or none of "
+                f"{list(LAUNCHER_VARIABLES)} for a world of one; start the program with torchrun (e.g. torchrun "
+                "--nproc-per-node 4 train.py), with plain python, or use Context(...) explicitly"
             )
         backend = normalize_backend(backend) or ("nccl" if torch.cuda.is_available() else "gloo")
         device: torch.device | None = None
         if backend == "nccl":
             device = local_gpu(os.environ)
             torch.cuda.set_device(device)
+        if alone:
+            print(f"fmesh: no launcher variables ({', '.join(LAUNCHER_VARIABLES)}): a world of one process, "
+                  f"rank 0, {backend} on {device or 'cpu'}; start it with torchrun for more", file=sys.stderr,
+                  flush=True)
+            return cls.start(backend=backend, rank=0, world_size=1, store=dist.HashStore(), timeout=timeout,
+                             device=device, **kwargs)
         return cls.start(backend=backend, init_method="env://", timeout=timeout, device=device, **kwargs)
 
     def store(self) -> dist.Store:

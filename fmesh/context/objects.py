@@ -1,0 +1,116 @@
+"""Picklable Python objects along mesh axes: they travel as byte tensors on the context's device.
+
+Each collective moves the sizes first, then the bytes padded to the largest size, so it works on
+every backend that moves tensors (gloo on the CPU, NCCL on the GPU). A member whose object cannot be
+pickled still takes part: it sends a negative size, ``-(len(reason) + 1)``, and the text of its
+error in place of the bytes, so every member learns of the failure from the same two collectives and
+raises :class:`~fmesh.UnpicklableObjectError` naming the members that failed. Nobody waits for a
+member that gave up.
+
+>>> import threading
+>>> size, payload = pickled(threading.Lock())
+>>> size, payload
+(-47, b"TypeError: cannot pickle '_thread.lock' object")
+>>> length(size) == len(payload)
+True
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from fmesh.context import _torch
+from fmesh.context.agreement import Agreement
+from fmesh.context.collectives import run
+from fmesh.context.groups import Target
+from fmesh.errors import UnpicklableObjectError
+
+
+def pickled(obj: object) -> tuple[int, bytes]:
+    """``(size, bytes)`` of ``obj``; for an object that cannot be pickled, a negative size and the
+    error's text (:func:`length` reads either).
+
+    >>> pickled(3)[0] > 0
+    True
+    """
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:
+        reason = f"{type(error).__name__}: {error}".encode()
+        return -(len(reason) + 1), reason
+    return len(data), data
+
+
+def length(size: int) -> int:
+    """The number of bytes a member sends for ``size`` (the bytes of its object, or of its error).
+
+    >>> length(5), length(-6)
+    (5, 5)
+    """
+    return size if size >= 0 else -size - 1
+
+
+def _bytes_tensor(payload: bytes, width: int, device: torch.device) -> torch.Tensor:
+    padded = bytearray(width)
+    padded[: len(payload)] = payload
+    return torch.frombuffer(padded, dtype=torch.uint8).to(device) if width else torch.empty(0, dtype=torch.uint8,
+                                                                                               device=device)
+
+
+def _refuse(what: str, target: Target, members: Sequence[tuple[int, bytes]]) -> UnpicklableObjectError:
+    """The error every member raises when the objects of ``members`` (group index, reason) failed."""
+    said = "; ".join(f"member {index} (rank {target.ranks[index]}): {reason.decode(errors='replace')}"
+                     for index, reason in members[:8])
+    more = f" and {len(members) - 8} more" if len(members) > 8 else ""
+    return UnpicklableObjectError(
+        f"{what} along {target.label()}: expected a picklable object from every member, but {said}{more}. "
+        "Pass plain data (numbers, strings, containers, module-level classes), not locks, open files or lambdas")
+
+
+def alone(what: str, target: Target, obj: object) -> object:
+    """``obj`` as another member would receive it (a pickled copy): a group of one, or a dry run."""
+    size, payload = pickled(obj)
+    if size < 0:
+        raise _refuse(what, target, [(target.index, payload)])
+    return pickle.loads(payload)
+
+
+def all_gather_object(target: Target, group: dist.ProcessGroup, obj: object, device: torch.device,
+                      board: Agreement | None) -> list[object]:
+    """Every member's ``obj``, unpickled, in group order."""
+    size, payload = pickled(obj)
+    sizes = torch.empty(target.size, dtype=torch.int64, device=device)
+    mine = torch.tensor([size], dtype=torch.int64).to(device)
+    run("all_gather_object", target, group, lambda: _torch.all_gather_single(sizes, mine, group=group), board)
+    every = sizes.tolist()
+    width = max(length(s) for s in every)
+    gathered = torch.empty(target.size * width, dtype=torch.uint8, device=device)
+    sent = _bytes_tensor(payload, width, device)
+    run("all_gather_object", target, group, lambda: _torch.all_gather_single(gathered, sent, group=group), board)
+    raw = memoryview(gathered.cpu().numpy())
+    parts = [raw[i * width : i * width + length(s)] for i, s in enumerate(every)]
+    failed = [(i, bytes(part)) for i, (s, part) in enumerate(zip(every, parts, strict=True)) if s < 0]
+    if failed:
+        raise _refuse("all_gather_object", target, failed)
+    return [pickle.loads(part) for part in parts]
+
+
+def broadcast_object(target: Target, group: dist.ProcessGroup, obj: object, src: int, device: torch.device,
+                     board: Agreement | None) -> object:
+    """Member ``src``'s ``obj`` on every member (``obj`` itself on ``src``); ``src`` checked by the caller."""
+    source = target.ranks[src]
+    size, payload = pickled(obj) if target.index == src else (0, b"")
+    sizes = torch.tensor([size], dtype=torch.int64).to(device)
+    run("broadcast_object", target, group, lambda: dist.broadcast(sizes, src=source, group=group), board)
+    size = int(sizes.item())
+    data = _bytes_tensor(payload, length(size), device)
+    run("broadcast_object", target, group, lambda: dist.broadcast(data, src=source, group=group), board)
+    if size < 0:
+        raise _refuse("broadcast_object", target, [(src, bytes(data.cpu().numpy()))])
+    if target.index == src:
+        return obj
+    return pickle.loads(memoryview(data.cpu().numpy()))

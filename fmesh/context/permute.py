@@ -1,0 +1,120 @@
+"""Collective permutes along one mesh axis (JAX's ``ppermute``), on batched point-to-point operations.
+
+A permutation is a sequence of ``(source, destination)`` pairs of coordinates along the axis: no
+source twice, no destination twice, every coordinate inside the axis. Each member sends to at most
+one member and receives from at most one, posted together with ``dist.batch_isend_irecv`` so that
+no order of sends and receives can deadlock; a member that receives nothing gets zeros. ``shift``
+is the permutation to the neighbour ``offset`` steps along, computed for this member alone.
+
+>>> perm = check_perm([(0, 1), (1, 2), (2, 0)], 3, "pp")
+>>> peers(perm, 0), shift_peers(0, 3, 1, wrap=False), shift_peers(0, 3, 1, wrap=True)
+((1, 2), (1, None), (1, 2))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from fmesh.context.agreement import Agreement
+from fmesh.context.collectives import run
+from fmesh.context.groups import Target
+
+Perm = tuple[tuple[int, int], ...]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_axis(what: str, axis: object) -> str:
+    """``axis`` if it names one axis; ``TypeError`` saying how to permute along several otherwise.
+
+    >>> check_axis("ppermute", "pp")
+    'pp'
+    """
+    if not isinstance(axis, str):
+        raise TypeError(
+            f"{what} moves data along one axis: expected an axis name, but got {axis!r}; to move along several "
+            "axes at once, flatten them into one first (fmesh.flatten(mesh, axes, 'name'))")
+    return axis
+
+
+def check_perm(perm: object, size: int, axis: str) -> Perm:
+    """``perm`` as a tuple of ``(source, destination)`` pairs, checked against an axis of ``size``.
+
+    >>> check_perm([(0, 1), (1, 0)], 2, "pp")
+    ((0, 1), (1, 0))
+    >>> check_perm([(0, 1), (1, 1)], 2, "pp")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: ppermute perm pair (1, 1) repeats destination 1 (pair (0, 1) sends to it already): ...
+    """
+    if isinstance(perm, (str, bytes)) or not isinstance(perm, Sequence):
+        raise TypeError(f"ppermute perm: expected a sequence of (source, destination) pairs, but got {perm!r}")
+    by_source: dict[int, tuple[int, int]] = {}
+    by_destination: dict[int, tuple[int, int]] = {}
+    for pair in perm:
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2 or not all(
+                _is_int(c) for c in pair):
+            raise TypeError(f"ppermute perm: expected (source, destination) pairs of ints, but got {pair!r}")
+        source, destination = pair
+        for role, coordinate in (("source", source), ("destination", destination)):
+            if not 0 <= coordinate < size:
+                raise ValueError(
+                    f"ppermute perm pair {(source, destination)}: {role} {coordinate} is outside axis {axis!r} "
+                    f"of size {size}: valid coordinates are 0..{size - 1}")
+        for role, coordinate, seen in (("source", source, by_source), ("destination", destination, by_destination)):
+            if coordinate in seen:
+                raise ValueError(
+                    f"ppermute perm pair {(source, destination)} repeats {role} {coordinate} (pair "
+                    f"{seen[coordinate]} {'sends from' if role == 'source' else 'sends to'} it already): each "
+                    f"coordinate {'sends' if role == 'source' else 'receives'} at most once")
+            seen[coordinate] = (source, destination)
+    return tuple(by_source.values())
+
+
+def peers(perm: Perm, index: int) -> tuple[int | None, int | None]:
+    """``(send_to, receive_from)`` of the member at ``index`` under ``perm`` (``None``: nobody).
+
+    >>> peers(((0, 1),), 1)
+    (None, 0)
+    """
+    send_to = next((destination for source, destination in perm if source == index), None)
+    receive_from = next((source for source, destination in perm if destination == index), None)
+    return send_to, receive_from
+
+
+def shift_peers(index: int, size: int, offset: int, wrap: bool) -> tuple[int | None, int | None]:
+    """``(send_to, receive_from)`` of the member at ``index`` when every member sends ``offset`` steps
+    along an axis of ``size`` (around the ends with ``wrap``; off the ends, nobody, without).
+
+    >>> shift_peers(0, 4, -1, wrap=False), shift_peers(0, 4, -1, wrap=True)
+    ((None, 1), (3, 1))
+    """
+
+    def along(coordinate: int) -> int | None:
+        if wrap:
+            return coordinate % size
+        return coordinate if 0 <= coordinate < size else None
+
+    return along(index + offset), along(index - offset)
+
+
+def permute(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, send_to: int | None,
+            receive_from: int | None, board: Agreement | None) -> torch.Tensor:
+    """Send ``tensor`` to member ``send_to`` and return what member ``receive_from`` sent (zeros when
+    nobody sends here), in one batch of point-to-point operations on ``group``."""
+    if receive_from == target.index:  # a pair (i, i): this member keeps its own
+        return tensor.clone()
+    received = torch.zeros_like(tensor, memory_format=torch.contiguous_format)
+    operations = []
+    if send_to is not None:
+        operations.append(dist.P2POp(dist.isend, tensor.contiguous(), target.ranks[send_to], group))
+    if receive_from is not None:
+        operations.append(dist.P2POp(dist.irecv, received, target.ranks[receive_from], group))
+    if operations:
+        run("ppermute", target, group, lambda: [work.wait() for work in dist.batch_isend_irecv(operations)], board)
+    return received
