@@ -90,10 +90,11 @@ H100_IB = Links()
 """The defaults: H100 SXM hosts, NVLink 4 inside, one 400 Gb/s InfiniBand NDR NIC per GPU between them."""
 
 LOOPBACK = Links(
-    intra_bandwidth=1.0e9, inter_bandwidth=1.0e9, intra_latency=60e-6, inter_latency=60e-6, base_latency=20e-6,
-    name="gloo over loopback TCP on a 2-core VM (fitted to 2-rank broadcasts, bench/collectives.py)",
+    intra_bandwidth=1.19e9, inter_bandwidth=1.19e9, intra_latency=187e-6, inter_latency=187e-6, base_latency=0.0,
+    name="gloo over loopback TCP on a 2-core VM (fitted to 2- and 4-process broadcasts, bench/costs.py)",
 )
-"""Gloo on one machine's loopback, fitted to two-process broadcasts (see the README's comparison)."""
+"""Gloo on one 2-core machine's loopback, fitted to broadcasts by ``bench/costs.py`` (see the README's comparison
+of the model with the other collectives measured there)."""
 
 
 def as_links(links: Links | Mapping[str, Any] | None) -> Links:
