@@ -450,7 +450,8 @@ def format_diff(diff: Mapping[str, Any]) -> str:
     for entry in diff["shared"]:
         hosts = entry["hosts_per_group"]
         moved = "" if hosts[0] == hosts[1] else f", hosts per group {hosts[0]} -> {hosts[1]}"
-        lines.append(f"  shared   {', '.join(entry['names'])} (size {entry['size']}{moved})")
+        renamed = "" if entry["names"] == entry["names_before"] else f"; in A: {', '.join(entry['names_before'])}"
+        lines.append(f"  shared   {', '.join(entry['names'])} (size {entry['size']}{moved}{renamed})")
     for kind in ("removed", "added"):
         for entry in diff[kind]:
             lines.append(f"  {kind:<8} {', '.join(entry['names'])} (size {entry['size']}, "
