@@ -165,12 +165,16 @@ def estimate_span(collective: str, nbytes: int, span: AxisSpan, links: Links | M
     k, most = span.local_min, span.local_max
     a_in, a_out = link.intra_latency, link.inter_latency
     bandwidth = link.intra_bandwidth if h == 1 else min(link.intra_bandwidth, k * link.inter_bandwidth)
-    chain = (p - h) * a_in + (h - 1) * a_out  # latency of one pass around the ring (or down the chain)
+    # Each sum is written as the cost inside one host plus what crossing hosts adds (never negative when the
+    # network is no faster than the host's links), so that the two compare exactly in floating point too.
+    extra = a_out - a_in
+    chain = (p - 1) * a_in + (h - 1) * extra  # one pass around the ring: (p-h) steps inside hosts, (h-1) between
     n = float(nbytes)
     times: dict[str, float] = {}
     if collective == "all_reduce":
         times["ring"] = 2 * chain + 2 * (p - 1) / p * n / bandwidth
-        times["tree"] = 2 * (_log2(most) * a_in + _log2(h) * a_out) + 2 * n / bandwidth
+        depth = _log2(most) + _log2(h)
+        times["tree"] = 2 * (depth * a_in + _log2(h) * extra) + 2 * n / bandwidth
     elif collective in ("all_gather", "reduce_scatter"):
         times["ring"] = chain + (p - 1) / p * n / bandwidth
     elif collective == "broadcast":
@@ -178,8 +182,8 @@ def estimate_span(collective: str, nbytes: int, span: AxisSpan, links: Links | M
     elif collective == "all_to_all":
         local = k if h > 1 else p
         latency = (a_in if local > 1 else 0.0) + (a_out if h > 1 else 0.0)
-        times["pairwise"] = latency + (local - 1) / p * n / link.intra_bandwidth + (p - local) / p * n / (
-            link.inter_bandwidth)
+        slower = 1 / link.inter_bandwidth - 1 / link.intra_bandwidth
+        times["pairwise"] = latency + (p - 1) / p * n / link.intra_bandwidth + (p - local) / p * n * slower
     else:  # send
         step, rate = (a_in, link.intra_bandwidth) if h == 1 else (a_out, link.inter_bandwidth)
         times["p2p"] = step + n / rate
