@@ -8,7 +8,8 @@ The package is layered, each layer importing only from those below it:
 * :mod:`fmesh.errors`: every exception and warning fmesh raises;
 * :mod:`fmesh.layout`: the CuTe-style layout algebra over tuples of ints;
 * :mod:`fmesh.mesh`: ``Universe``, ``Mesh`` and the pure transforms;
-* recipes: :mod:`fmesh.parallel`, :mod:`fmesh.topology`, :mod:`fmesh.planning`, :mod:`fmesh.rendering`;
+* recipes: :mod:`fmesh.parallel`, :mod:`fmesh.topology`, :mod:`fmesh.costs`, :mod:`fmesh.planning`,
+  :mod:`fmesh.manifest`, :mod:`fmesh.rendering`;
 * :mod:`fmesh.context`: the only code that touches ``torch.distributed``;
 * :mod:`fmesh.cli`: ``python -m fmesh``.
 
@@ -22,12 +23,14 @@ Only the context needs torch; it is imported on first use of one of its names.
 
 from typing import TYPE_CHECKING, Any
 
-from fmesh import parallel, planning, rendering, topology
+from fmesh import costs, manifest, parallel, planning, rendering, topology
+from fmesh.costs import Links, cost
 from fmesh.errors import (
     CommandLineError,
     ContextClosedError,
     GroupTimeoutError,
     LaunchError,
+    ManifestError,
     MeshMismatchError,
     PlacementWarning,
     RankLostError,
@@ -81,6 +84,8 @@ __all__ = [
     "GroupTimeoutError",
     "LaunchError",
     "Layout",
+    "Links",
+    "ManifestError",
     "Mesh",
     "MeshMismatchError",
     "ParallelDims",
@@ -94,11 +99,14 @@ __all__ = [
     "UnpicklableObjectError",
     "UnsupportedTorchError",
     "concat",
+    "cost",
+    "costs",
     "device_mesh_groups",
     "flatten",
     "from_device_mesh",
     "launch",
     "make_mesh",
+    "manifest",
     "parallel",
     "planning",
     "rename",

@@ -1,7 +1,8 @@
-"""``python -m fmesh``: a short demo, and ``python -m fmesh plan``: the meshes of a job before launching it.
+"""``python -m fmesh``: a short demo; ``python -m fmesh plan``: the meshes of a job before launching it
+(``--manifest FILE`` also writes its communicator manifest); ``python -m fmesh diff A B``: two plans compared.
 
-Argument parsing and printing only; the plan itself is :mod:`fmesh.planning`. Nothing here needs
-torch or creates a process group.
+Argument parsing and printing only; the plan is :mod:`fmesh.planning`, the manifest and the diff
+:mod:`fmesh.manifest`, the costs :mod:`fmesh.costs`. Nothing here needs torch or creates a process group.
 
 >>> import io; out = io.StringIO()
 >>> main(["plan", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8"], stdout=out)
@@ -12,16 +13,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
+import re
+import shlex
 import sys
 from collections.abc import Sequence
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
+from fmesh.costs import H100_IB, LOOPBACK, Links
 from fmesh.errors import CommandLineError
+from fmesh.manifest import (
+    build_manifest,
+    diff_manifests,
+    dump_manifest,
+    format_diff,
+    format_manifest,
+    load_manifest,
+)
 from fmesh.mesh import make_mesh
 from fmesh.parallel import DEGREE_NAMES
-from fmesh.planning import build_plan, format_plan
+from fmesh.planning import DEFAULT_COST_BYTES, build_plan, format_plan
 
-__all__ = ["demo", "main"]
+__all__ = ["LINKS", "demo", "main", "parse_bytes"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,10 +57,26 @@ def demo() -> str:
     return "\n".join(lines)
 
 
-def _parser() -> _Parser:
-    parser = _Parser(prog="python -m fmesh", description="Functional device meshes for PyTorch.")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    plan = sub.add_parser("plan", help="print the meshes of a training job before launching it")
+LINKS: dict[str, Links] = {"h100-ib": H100_IB, "loopback": LOOPBACK}
+"""The link profiles ``--links`` names (:mod:`fmesh.costs`)."""
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """``"256MiB"``, ``"1g"``, ``"4096"``: a number of bytes (binary units).
+
+    >>> parse_bytes("256MiB"), parse_bytes("1.5 GiB"), parse_bytes("100")
+    (268435456, 1610612736, 100)
+    """
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"expected bytes such as 4096, 256MiB or 1GiB, but got {text!r}")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--world-size", type=int, required=True, help="total number of ranks")
     plan.add_argument("--gpus-per-node", type=int, required=True, help="ranks per host")
     for name in DEGREE_NAMES:
@@ -62,7 +91,57 @@ def _parser() -> _Parser:
         help="block: ranks 0..G-1 on host 0 (torchrun); cyclic: rank r on host r %% hosts",
     )
     plan.add_argument("--json", action="store_true", help="print JSON for scripts")
+    plan.add_argument("--cost-bytes", type=parse_bytes, default=DEFAULT_COST_BYTES,
+                      help="bytes of the collective the cost column times (default 256MiB)")
+    plan.add_argument("--links", choices=tuple(LINKS), default="h100-ib",
+                      help="link bandwidths and latencies of the cost model (default h100-ib)")
+    plan.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
+                      help="backend of the communicators in the manifest (default nccl)")
+    plan.add_argument("--manifest", metavar="FILE", help="also write the communicator manifest (JSON) to FILE")
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="python -m fmesh", description="Functional device meshes for PyTorch.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    _add_plan_arguments(sub.add_parser("plan", help="print the meshes of a training job before launching it"))
+    diff = sub.add_parser(
+        "diff",
+        help="compare two plans: communicators shared, added, removed, and the ranks that change group",
+        description="Each side is a manifest file (from plan --manifest) or the plan flags in one quoted "
+                    "argument, e.g. diff old.json '--world-size 64 --gpus-per-node 8 --tp 4'.",
+    )
+    diff.add_argument("a", help="a manifest file, or quoted plan flags starting with --")
+    diff.add_argument("b", help="a manifest file, or quoted plan flags starting with --")
+    diff.add_argument("--json", action="store_true", help="print JSON for scripts")
     return parser
+
+
+def _plan_parser() -> _Parser:
+    parser = _Parser(prog="python -m fmesh plan")
+    _add_plan_arguments(parser)
+    return parser
+
+
+def _manifest_of(args: argparse.Namespace) -> dict[str, Any]:
+    degrees = {name: getattr(args, name) for name in DEGREE_NAMES}
+    return build_manifest(args.world_size, args.gpus_per_node, rank_order=args.rank_order, backend=args.backend,
+                          **degrees)
+
+
+def _side(text: str, label: str) -> dict[str, Any]:
+    """One side of ``diff``: quoted plan flags (starting with ``--``) or a manifest file."""
+    if text.lstrip().startswith("--"):
+        try:
+            args = _plan_parser().parse_args(shlex.split(text))
+        except ValueError as error:
+            raise CommandLineError(f"{label} ({text!r}): {error}") from None
+        if args.manifest or args.json:
+            raise CommandLineError(f"{label} ({text!r}): --manifest and --json belong to plan, not to a diff side")
+        try:
+            return _manifest_of(args)
+        except (ValueError, TypeError) as error:
+            raise CommandLineError(f"{label} ({text!r}): {error.args[0] if error.args else error}") from None
+    return load_manifest(text)
 
 
 def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
@@ -75,18 +154,35 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     out = sys.stdout if stdout is None else stdout
     err = sys.stderr if stderr is None else stderr
     args_list = list(sys.argv[1:] if argv is None else argv)
-    command = "plan" if args_list[:1] == ["plan"] else None
+    command = args_list[0] if args_list[:1] in (["plan"], ["diff"]) else None
     prefix = f"fmesh {command}" if command else "fmesh"
     try:
         args = _parser().parse_args(args_list)
         if args.command is None:
             print(demo(), file=out)
             return 0
+        if args.command == "diff":
+            diff = diff_manifests(_side(args.a, "A"), _side(args.b, "B"))
+            print(json.dumps(diff, indent=2) if args.json else format_diff(diff), file=out)
+            return 0
         degrees = {name: getattr(args, name) for name in DEGREE_NAMES}
-        plan = build_plan(args.world_size, args.gpus_per_node, rank_order=args.rank_order, **degrees)
-    except (ValueError, TypeError, KeyError) as error:  # CommandLineError is a ValueError
+        plan = build_plan(args.world_size, args.gpus_per_node, rank_order=args.rank_order,
+                          cost_bytes=args.cost_bytes, links=LINKS[args.links], **degrees)
+        manifest = _manifest_of(args) if args.manifest else None
+        if manifest is not None:
+            _write(args.manifest, dump_manifest(manifest))
+    except (ValueError, TypeError, KeyError) as error:  # CommandLineError and ManifestError are ValueErrors
         message = error.args[0] if error.args else str(error)
         print(f"{prefix}: error: {message}", file=err)
         return 2
     print(json.dumps(plan, indent=2) if args.json else format_plan(plan), file=out)
+    if manifest is not None and not args.json:
+        print(f"\nmanifest written to {args.manifest}:\n{format_manifest(manifest)}", file=out)
     return 0
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        pathlib.Path(path).write_text(text)
+    except OSError as error:
+        raise CommandLineError(f"cannot write the manifest to {path}: {error.strerror or error}") from None

@@ -16,6 +16,7 @@ __all__ = [
     "ContextClosedError",
     "GroupTimeoutError",
     "LaunchError",
+    "ManifestError",
     "MeshMismatchError",
     "PlacementWarning",
     "RankLostError",
@@ -114,6 +115,18 @@ class CommandLineError(ValueError):
 
     >>> str(CommandLineError("--tp must be a positive int"))
     '--tp must be a positive int'
+    """
+
+
+class ManifestError(ValueError):
+    """A communicator manifest cannot be read, or does not say what its schema says it must.
+
+    Raised by :func:`fmesh.manifest.load_manifest` and :func:`fmesh.manifest.check_manifest` with one line
+    naming the file and the first field that is wrong (an unknown schema version, a missing field, a layout
+    that does not tile its world, counts that do not add up); ``python -m fmesh diff`` prints it and exits 2.
+
+    >>> issubclass(ManifestError, ValueError)
+    True
     """
 
 

@@ -11,13 +11,17 @@ world 16 = 2 hosts x 8 ranks (block order); pp=1 dp_replicate=1 dp_shard=2 cp=1 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
+from fmesh.costs import Links, as_links, estimate_span, format_bytes, format_seconds
 from fmesh.mesh import Mesh
 from fmesh.parallel import DEGREE_NAMES, WORLD_AXES, ParallelDims
-from fmesh.topology import Topology, check_placement
+from fmesh.topology import HUNGRY_AXES, AxisSpan, Topology, check_placement
 
-__all__ = ["build_plan", "format_plan"]
+__all__ = ["DEFAULT_COST_BYTES", "REPRESENTATIVE", "build_plan", "format_plan", "job", "job_meshes"]
 
 _HEAD = 6  # ranks shown before an ellipsis
 _FULL = 12  # groups up to this size are shown whole
@@ -43,22 +47,33 @@ def _group_text(ranks: list[int], complete: bool, size: int) -> str:
     return "[" + ", ".join(map(str, ranks[:-1])) + f", ..., {ranks[-1]}] ({size} ranks)"
 
 
-def build_plan(
-    world_size: int,
-    gpus_per_node: int,
-    *,
-    rank_order: str = "block",
-    **degrees: int,
-) -> dict[str, Any]:
-    """The plan as JSON-ready data: degrees, each mesh with its groups and hosts, and warnings.
+REPRESENTATIVE: dict[str, str] = {
+    "pp": "send",  # activations to the next stage
+    "dp_replicate": "all_reduce",  # gradients (DDP, HSDP's replicas)
+    "dp": "all_reduce",
+    "dp_cp": "all_reduce",  # the loss
+    "dp_shard": "reduce_scatter",  # FSDP gradients (its all_gather of parameters costs the same)
+    "dp_shard_cp": "reduce_scatter",
+    "efsdp": "reduce_scatter",
+    "fsdp_mesh": "reduce_scatter",
+    "expert_fsdp_mesh": "reduce_scatter",
+    "cp": "all_gather",  # keys and values
+    "tp": "all_reduce",  # activations
+    "etp": "all_reduce",
+    "ep": "all_to_all",  # tokens to their experts
+}
+"""The collective the plan's cost column times for each mesh (``all_reduce`` for any other name)."""
 
-    ``degrees`` are :class:`~fmesh.ParallelDims` keywords (``pp``, ``dp_replicate``,
-    ``dp_shard``, ``cp``, ``tp``, ``ep``, ``etp``).
+DEFAULT_COST_BYTES = 2**28
+"""Bytes of the representative collective in the plan's cost column (256 MiB)."""
 
-    >>> plan = build_plan(16, 8, dp_replicate=2, tp=8)
-    >>> [(m["name"], m["placement"]) for m in plan["meshes"]][:5]
-    [('pp', 'intra-host'), ('dp_replicate', 'inter-host'), ('dp_shard', 'intra-host'), ('cp', 'intra-host'), \
-('tp', 'intra-host')]
+
+def job(world_size: int, gpus_per_node: int, *, rank_order: str = "block", **degrees: int
+        ) -> tuple[ParallelDims, Topology]:
+    """The degrees and hosts of a job, checked: what :func:`build_plan` and :func:`job_meshes` start from.
+
+    >>> job(16, 8, tp=8)[1]
+    Topology(hosts=2, ranks_per_host=8, block)
     """
     for key in degrees:
         if key not in DEGREE_NAMES:
@@ -79,19 +94,82 @@ def build_plan(
         raise ValueError(
             f"world size {world_size} is not a multiple of {gpus_per_node} gpus per node: hosts must be full"
         )
-    topo = Topology(world_size // gpus_per_node, gpus_per_node, rank_order)
-    meshes = {
-        name: mesh for name, mesh in dims.meshes().items() if dims.ep_enabled or name not in ("ep", "efsdp", "etp")
-    }
-    spans = topo.spans(meshes)
-    fsdp = dims.fsdp_mesh()
-    rows: list[tuple[str, Mesh]] = [*meshes.items(), ("fsdp_mesh", fsdp)]
+    return dims, Topology(world_size // gpus_per_node, gpus_per_node, rank_order)
+
+
+def job_meshes(dims: ParallelDims) -> list[tuple[str, Mesh]]:
+    """Every mesh a training job uses, by name, in the order the plan lists them: the 1-D meshes
+    (the expert ones only with ``ep > 1``), then the meshes given to ``fully_shard``. Handing these to
+    ``ctx.materialize(*meshes)`` creates the groups :mod:`fmesh.manifest` lists, in its order.
+
+    >>> [name for name, _ in job_meshes(ParallelDims(8, tp=2))][-3:]
+    ['dp_shard_cp', 'dp_cp', 'fsdp_mesh']
+    """
+    rows = [(name, mesh) for name, mesh in dims.meshes().items()
+            if dims.ep_enabled or name not in ("ep", "efsdp", "etp")]
+    rows.append(("fsdp_mesh", dims.fsdp_mesh()))
     if dims.ep_enabled:
         rows.append(("expert_fsdp_mesh", dims.expert_fsdp_mesh()))
+    return rows
+
+
+def _crossing_warnings(spans: dict[str, AxisSpan], gpus_per_node: int, nbytes: int, links: Links) -> list[str]:
+    """One warning per bandwidth-hungry axis whose groups cross hosts, with what the crossing costs."""
+    messages = []
+    for name in HUNGRY_AXES:
+        span = spans.get(name)
+        if span is None or span.size == 1 or span.intra_host:
+            continue
+        collective = REPRESENTATIVE.get(name, "all_reduce")
+        here = estimate_span(collective, nbytes, span, links)
+        inside = estimate_span(collective, nbytes, attrs.evolve(span, hosts_min=1, hosts_max=1,
+                                                                 local_min=span.size, local_max=span.size), links)
+        ratio = here.seconds / inside.seconds if inside.seconds else float("inf")
+        fixable = check_placement(spans, hungry=(name,))
+        why = (fixable[0] if fixable else
+               f"{name} groups (size {span.size}) span {span.hosts_max} hosts each"
+               + (f": more ranks than the {gpus_per_node} gpus of one host" if span.size > gpus_per_node else ""))
+        messages.append(
+            f"{why}; {collective} of {format_bytes(nbytes)} along {name} takes {format_seconds(here.seconds)} "
+            f"across hosts against {format_seconds(inside.seconds)} inside one ({ratio:.1f}x)"
+        )
+    return messages
+
+
+def build_plan(
+    world_size: int,
+    gpus_per_node: int,
+    *,
+    rank_order: str = "block",
+    cost_bytes: int = DEFAULT_COST_BYTES,
+    links: Links | Mapping[str, Any] | None = None,
+    **degrees: int,
+) -> dict[str, Any]:
+    """The plan as JSON-ready data: degrees, each mesh with its groups, hosts and the cost of its
+    representative collective (:data:`REPRESENTATIVE`, ``cost_bytes`` bytes, :func:`fmesh.cost` on ``links``),
+    and warnings.
+
+    ``degrees`` are :class:`~fmesh.ParallelDims` keywords (``pp``, ``dp_replicate``,
+    ``dp_shard``, ``cp``, ``tp``, ``ep``, ``etp``).
+
+    >>> plan = build_plan(16, 8, dp_replicate=2, tp=8)
+    >>> [(m["name"], m["placement"]) for m in plan["meshes"]][:5]
+    [('pp', 'intra-host'), ('dp_replicate', 'inter-host'), ('dp_shard', 'intra-host'), ('cp', 'intra-host'), \
+('tp', 'intra-host')]
+    >>> plan["meshes"][4]["cost"]["collective"], plan["meshes"][4]["cost"]["bytes"]
+    ('all_reduce', 268435456)
+    """
+    if isinstance(cost_bytes, bool) or not isinstance(cost_bytes, int) or cost_bytes < 0:
+        raise ValueError(f"expected cost bytes as a non-negative int, but got {cost_bytes!r}")
+    link = as_links(links)
+    dims, topo = job(world_size, gpus_per_node, rank_order=rank_order, **degrees)
+    rows = job_meshes(dims)
+    spans = {name: topo.span(mesh, name=name) for name, mesh in rows}
     entries = []
     for name, mesh in rows:
-        span = spans[name] if name in spans else topo.span(mesh, name=name)
+        span = spans[name]
         ranks, complete = _rank0_group(mesh)
+        timed = estimate_span(REPRESENTATIVE.get(name, "all_reduce"), cost_bytes, span, link)
         entries.append(
             {
                 "name": name,
@@ -103,8 +181,11 @@ def build_plan(
                 "hosts_per_group": span.hosts_max,
                 "hosts_per_group_min": span.hosts_min,
                 "placement": span.placement,
+                "cost": {"collective": timed.collective, "bytes": cost_bytes, "seconds": timed.seconds,
+                         "algorithm": timed.algorithm},
             }
         )
+    one_d = {name: span for name, span in spans.items() if not name.endswith("_mesh")}
     return {
         "world_size": world_size,
         "gpus_per_node": gpus_per_node,
@@ -112,8 +193,9 @@ def build_plan(
         "rank_order": rank_order,
         "degrees": {**{n: getattr(dims, n) for n in DEGREE_NAMES}, "efsdp": dims.efsdp},
         "data_parallel": dims.data_parallel,
+        "links": link.name,
         "meshes": entries,
-        "warnings": list(check_placement(spans)),
+        "warnings": _crossing_warnings(one_d, gpus_per_node, cost_bytes, link),
     }
 
 
@@ -121,7 +203,7 @@ def format_plan(plan: dict[str, Any]) -> str:
     """A readable table of a :func:`build_plan` result.
 
     >>> format_plan(build_plan(8, 4, dp_shard=2, tp=4)).splitlines()[6].split()
-    ['tp', '4', '2', '[0,', '1,', '2,', '3]', '1', 'intra-host']
+    ['tp', '4', '2', '[0,', '1,', '2,', '3]', '1', 'intra-host', 'all_reduce', '924', 'µs']
     """
     degrees = plan["degrees"]
     world = " ".join(f"{n}={degrees[n]}" for n in WORLD_AXES)
@@ -131,7 +213,8 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"world {plan['world_size']} = {plan['hosts']} hosts x {plan['gpus_per_node']} ranks "
         f"({plan['rank_order']} order); {world}; data parallel: {plan['data_parallel']}",
     ]
-    table = [("mesh", "size", "groups", "rank 0's group", "hosts", "placement")]
+    nbytes = plan["meshes"][0]["cost"]["bytes"] if plan["meshes"] else DEFAULT_COST_BYTES
+    table = [("mesh", "size", "groups", "rank 0's group", "hosts", "placement", f"cost of {format_bytes(nbytes)}")]
     for entry in plan["meshes"]:
         name = entry["name"]
         if name.endswith("_mesh"):
@@ -139,12 +222,16 @@ def format_plan(plan: dict[str, Any]) -> str:
         hosts = entry["hosts_per_group"]
         hosts_text = str(hosts) if hosts == entry["hosts_per_group_min"] else f"{entry['hosts_per_group_min']}..{hosts}"
         group = _group_text(entry["rank0_group"], entry["rank0_group_complete"], entry["size"])
-        table.append((name, str(entry["size"]), str(entry["num_groups"]), group, hosts_text, entry["placement"]))
+        timed = entry["cost"]
+        cost_text = f"{timed['collective']} {format_seconds(timed['seconds'])}"
+        table.append((name, str(entry["size"]), str(entry["num_groups"]), group, hosts_text, entry["placement"],
+                      cost_text))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    aligned = (0, 1, 1, 0, 1, 0)  # 1: right-aligned numbers
+    aligned = (0, 1, 1, 0, 1, 0, 0)  # 1: right-aligned numbers
     for row in table:
         cells = [cell.rjust(w) if right else cell.ljust(w) for cell, w, right in zip(row, widths, aligned, strict=True)]
         lines.append("  ".join(cells).rstrip())
+    lines.append(f"cost: one collective per group, {plan['links']} (fmesh.cost)")
     for warning in plan["warnings"]:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)

@@ -16,8 +16,8 @@ lowest covered rank when the rank map is the identity):
 The groups along ``highlight`` (one axis or several, taken together like
 ``mesh.group(rank, highlight)``) are tagged with letters ``a``, ``b``, ...,
 ``z``, ``aa``, ... in the row-major order of the other axes' coordinates, and
-the legend lists each group's ranks. In HTML each drawn group has a colour from
-a fixed palette, cycled in group order (no randomness).
+the legend lists each group's ranks. In HTML each drawn group has its own colour
+(:func:`group_colour`: hues a golden angle apart, in group order; no randomness, no repeats).
 
 Large instances are summarised: the first and last few coordinates of each long
 axis are drawn with ``…`` standing for the rest, and the header says what was
@@ -35,25 +35,25 @@ from fmesh.layout.int_tuple import product
 from fmesh.layout.layout import Modes, complement_modes, decompose_modes
 from fmesh.mesh.mesh import Mesh
 
-__all__ = ["PALETTE", "html", "render", "show_in_notebooks"]
+__all__ = ["CAPTION_STYLE", "GOLDEN_ANGLE", "group_colour", "html", "render", "show_in_notebooks"]
 
 HighlightArg = str | Sequence[str] | None
 
-#: Background colours of the groups along the highlighted axes, cycled in group order.
-PALETTE: tuple[str, ...] = (
-    "#aec7e8",
-    "#ffbb78",
-    "#98df8a",
-    "#ff9896",
-    "#c5b0d5",
-    "#c49c94",
-    "#f7b6d2",
-    "#dbdb8d",
-    "#9edae5",
-    "#c7c7c7",
-    "#fdd0a2",
-    "#bcbddc",
-)
+GOLDEN_ANGLE = 137.50776405003785
+"""Degrees between the hues of consecutive groups: 360 / phi^2, so that no two hues ever coincide and
+each new one falls in the widest gap left by the others."""
+
+
+def group_colour(index: int) -> str:
+    """The background of the ``index``-th drawn group: hues a golden angle apart, in light tones that keep
+    black text readable (three lightness levels, so that near hues of far-apart groups still differ).
+
+    >>> group_colour(0), group_colour(1)
+    ('hsl(0.00,70%,82%)', 'hsl(137.51,70%,74%)')
+    """
+    hue = (index * GOLDEN_ANGLE) % 360
+    return f"hsl({hue:.2f},70%,{(82, 74, 90)[index % 3]}%)"
+
 
 ELLIPSIS = "…"
 
@@ -396,7 +396,7 @@ def _esc(text: object) -> str:
 
 
 def _colours(inst: _Instance, frame: _Frame) -> dict[int, str]:
-    """The palette, cycled over the drawn groups in group order: distinct colours whenever it has enough."""
+    """One distinct colour per drawn group, in group order (:func:`group_colour`)."""
     if not inst.highlight:
         return {}
     ndim = inst.mesh.ndim
@@ -409,12 +409,14 @@ def _colours(inst: _Instance, frame: _Frame) -> dict[int, str]:
         for col in frame.cols
         if col is not None
     }
-    return {group: PALETTE[i % len(PALETTE)] for i, group in enumerate(sorted(drawn))}
+    return {group: group_colour(i) for i, group in enumerate(sorted(drawn))}
 
 
 # Cells carry only their colours (inline, so that notebook viewers that drop <style> keep them);
 # borders and padding come from the table's own attributes, which cost nothing per cell.
 _CELL = "color:#000;background:"
+CAPTION_STYLE = "text-align:left;padding-bottom:4px;font-weight:bold"
+"""Style of the line above the table that names the mesh (a block as wide as the notebook cell)."""
 _GAP = "color:#666;text-align:center"
 
 
@@ -423,9 +425,9 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
 
     ``highlight`` defaults to the last axis. Each cell's ``title`` (shown on
     hover) names its rank, coordinates and group; a legend follows, and the
-    caption is the mesh's repr. At most about 32 x 32 cells are drawn; larger
-    instances are summarised with ``…`` rows and columns and a note of what
-    was left out. Everything is escaped, and the result is well-formed XML.
+    caption above the table (as wide as the page, not the table) is the mesh's repr.
+    At most about 32 x 32 cells are drawn; larger instances are summarised with
+    ``…`` rows and columns and a note of what was left out. Everything is escaped, and the result is well-formed XML.
 
     >>> import fmesh
     >>> out = fmesh.rendering.html(fmesh.make_mesh((2, 2), ("dp", "tp")))
@@ -446,13 +448,15 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
     hl_axes = ", ".join(names[i] for i in inst.highlight)
 
     out: list[str] = ['<div class="fmesh-mesh" style="font-family:monospace;font-size:12px">']
-    out.append('<table border="1" cellpadding="3" cellspacing="0" style="border-collapse:collapse;margin-bottom:6px">')
     caption = [repr(mesh)]
     line = _instance_line(mesh, inst, rank)
     if line:
         caption.append(line)
     caption.append(_layout_line(mesh))
-    out.append(f'<caption style="text-align:left;padding-bottom:4px">{_esc(" — ".join(caption))}</caption>')
+    # A block of its own above the table, not a <caption>: a caption is laid out at the table's width, so
+    # a narrow table (one axis of 2) squeezed the mesh's description into a column of words.
+    out.append(f'<div class="fmesh-caption" style="{CAPTION_STYLE}">{_esc(" — ".join(caption))}</div>')
+    out.append('<table border="1" cellpadding="3" cellspacing="0" style="border-collapse:collapse;margin-bottom:6px">')
 
     corner = f"{names[-2]} \\ {names[-1]}" if ndim >= 2 else names[-1] if ndim == 1 else ""
     out.append(f'<thead><tr><th>{_esc(corner)}</th>')

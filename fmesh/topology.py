@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -70,10 +71,14 @@ class AxisSpan:
     """How the groups along some mesh axes sit on hosts.
 
     ``hosts_min``/``hosts_max``: the fewest and most hosts one group touches (equal
-    for the usual regular layouts).
+    for the usual regular layouts). ``local_min``/``local_max``: the fewest and most
+    ranks of one group on one host it touches (``size // hosts`` for regular layouts, the
+    default); the cost model reads them (:mod:`fmesh.costs`).
 
     >>> AxisSpan("tp", size=8, num_groups=4, hosts_min=1, hosts_max=1).placement
     'intra-host'
+    >>> AxisSpan("dp", size=16, num_groups=1, hosts_min=2, hosts_max=2).local_min
+    8
     """
 
     name: str
@@ -81,6 +86,12 @@ class AxisSpan:
     num_groups: int = attrs.field(kw_only=True)
     hosts_min: int = attrs.field(kw_only=True)
     hosts_max: int = attrs.field(kw_only=True)
+    local_min: int = attrs.field(
+        kw_only=True, default=attrs.Factory(lambda self: max(1, self.size // self.hosts_max), takes_self=True)
+    )
+    local_max: int = attrs.field(
+        kw_only=True, default=attrs.Factory(lambda self: max(1, -(-self.size // self.hosts_min)), takes_self=True)
+    )
 
     @property
     def intra_host(self) -> bool:
@@ -292,8 +303,11 @@ class Topology:
         hosts = self._fast_hosts(mesh, names)
         if hosts is not None:
             return AxisSpan(label, size=size, num_groups=num_groups, hosts_min=hosts, hosts_max=hosts)
-        counts = [len({self.host_of(rank) for rank in group}) for group in mesh.groups(names)]
-        return AxisSpan(label, size=size, num_groups=num_groups, hosts_min=min(counts), hosts_max=max(counts))
+        counts = [Counter(self.host_of(rank) for rank in group) for group in mesh.groups(names)]
+        touched = [len(count) for count in counts]
+        local = [n for count in counts for n in count.values()]
+        return AxisSpan(label, size=size, num_groups=num_groups, hosts_min=min(touched), hosts_max=max(touched),
+                        local_min=min(local), local_max=max(local))
 
     def _fast_hosts(self, mesh: Mesh, names: tuple[str, ...]) -> int | None:
         if isinstance(self.rank_order, tuple) or not mesh.universe.is_identity or mesh.frame or mesh.pinned.size > 1:

@@ -124,6 +124,33 @@ fmesh.slice(dims.world_mesh, "dp_shard", "cp", "tp")"""),
     ("code", """dims.expert_mesh"""),
     ("md", "## What FSDP gets\n`fsdp_mesh()` is the 1-D shard mesh, or (dp_replicate, dp_shard_cp) for HSDP."),
     ("code", """print(dims.fsdp_mesh(), fmesh.ParallelDims(4096, dp_replicate=2, pp=4, cp=2, tp=8).fsdp_mesh())"""),
+    ("md", """## The communicators, before launch
+The manifest lists every distinct communicator layout the job creates, in the order the Context creates them,
+with the GPU memory NCCL's buffers will take on each rank (`python -m fmesh plan ... --manifest job.json`
+writes the same JSON)."""),
+    ("code", """import json
+
+from fmesh.manifest import build_manifest, diff_manifests, format_diff, format_manifest
+
+manifest = build_manifest(4096, 8, pp=4, cp=2, tp=8, ep=8)
+print(format_manifest(manifest))
+print(len(json.dumps(manifest)), "bytes of JSON")"""),
+    ("md", """## What changes if tp goes from 8 to 4
+A diff of two plans (`python -m fmesh diff job.json "--world-size 4096 --gpus-per-node 8 --tp 4 ..."`): the
+communicators both share, those added and removed, and the axes along which ranks change group: what a resumed
+checkpoint or a mid-run change of degrees has to reshard."""),
+    ("code", """print(format_diff(diff_manifests(manifest, build_manifest(4096, 8, pp=4, cp=2, tp=4, ep=8))))"""),
+    ("md", """## What each axis costs
+`fmesh.cost` times one collective from the links its groups really cross: H100 NVLink inside a host, one
+400 Gb/s InfiniBand NIC per GPU between hosts (override with `links=`). With block order, tp stays on NVLink;
+with the cyclic order above, every tp all_reduce goes over the network."""),
+    ("code", """nbytes = 256 * 2**20
+for name, collective in [("tp", "all_reduce"), ("cp", "all_gather"), ("ep", "all_to_all"),
+                         ("dp_shard_cp", "reduce_scatter"), ("pp", "send")]:
+    mesh = dims.mesh(name)
+    block = fmesh.cost(mesh, name, collective, nbytes, topology)
+    spread = fmesh.cost(mesh, name, collective, nbytes, cyclic)
+    print(f"{name:<12} {collective:<15} block {block * 1e3:8.2f} ms   cyclic {spread * 1e3:8.2f} ms")"""),
 ]
 
 COLLECTIVES = [

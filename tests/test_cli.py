@@ -75,13 +75,20 @@ def test_human_table() -> None:
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0].startswith("world 32 = 4 hosts x 8 ranks (block order); pp=1 dp_replicate=1 dp_shard=2")
-    assert lines[1].split() == ["mesh", "size", "groups", "rank", "0's", "group", "hosts", "placement"]
+    assert lines[1].split() == ["mesh", "size", "groups", "rank", "0's", "group", "hosts", "placement", "cost", "of",
+                                "256", "MiB"]
     rows = {line.split()[0]: line for line in lines[2:]}
-    assert rows["tp"].split()[1:3] == ["16", "2"] and rows["tp"].endswith("2  inter-host")
+    assert rows["tp"].split()[1:3] == ["16", "2"] and "2  inter-host  all_reduce " in rows["tp"]
     assert "[0, 1, 2, 3, 4, 5, ..., 15] (16 ranks)" in rows["tp"]
     assert rows["dp_shard"].split()[1:5] == ["2", "16", "[0,", "16]"]
+    assert rows["pp"].endswith("intra-host  send 0")  # a group of one rank costs nothing
     assert "fsdp_mesh(dp_shard_cp)" in rows
-    assert not any(line.startswith("warning") for line in lines)
+    # tp 16 on 8-GPU hosts must cross hosts: still a warning, with what it costs
+    warnings = [line for line in lines if line.startswith("warning")]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "warning: tp groups (size 16) span 2 hosts each: more ranks than the 8 gpus of one host; all_reduce of "
+        "256 MiB along tp takes ")
+    assert "across hosts against" in warnings[0] and warnings[0].endswith("x)")
 
 
 def test_human_table_shows_warnings() -> None:
@@ -89,7 +96,9 @@ def test_human_table_shows_warnings() -> None:
         "plan", "--world-size", "16", "--gpus-per-node", "8", "--dp-shard", "2", "--tp", "8", "--rank-order", "cyclic"
     )
     assert code == 0
-    assert out.splitlines()[-1].startswith("warning: tp groups (size 8) span 2 hosts each while dp_shard")
+    warning = out.splitlines()[-1]
+    assert warning.startswith("warning: tp groups (size 8) span 2 hosts each while dp_shard")
+    assert "all_reduce of 256 MiB along tp takes" in warning
 
 
 @pytest.mark.parametrize(
@@ -106,6 +115,10 @@ def test_human_table_shows_warnings() -> None:
         (["--gpus-per-node", "8"], "required: --world-size"),
         (["--world-size", "8", "--gpus-per-node", "8", "--rank-order", "zigzag"], "invalid choice: 'zigzag'"),
         (["--world-size", "8", "--gpus-per-node", "8", "--bogus"], "unrecognized arguments: --bogus"),
+        (["--world-size", "8", "--gpus-per-node", "8", "--cost-bytes", "1TB"], "expected bytes such as 4096"),
+        (["--world-size", "8", "--gpus-per-node", "8", "--links", "nvl72"], "invalid choice: 'nvl72'"),
+        (["--world-size", "8", "--gpus-per-node", "8", "--manifest", "/nonexistent/dir/m.json"],
+         "cannot write the manifest to /nonexistent/dir/m.json"),
     ],
 )
 def test_bad_arguments_give_one_line_and_status_2(args: list[str], message: str) -> None:
@@ -144,3 +157,66 @@ def test_python_dash_m_entry_point() -> None:
     )  # fmt: skip
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_plan_costs_in_json_and_on_other_links() -> None:
+    plan = plan_json("--world-size", "64", "--gpus-per-node", "8", "--tp", "8", "--cost-bytes", "1GiB")
+    tp = by_name(plan)["tp"]["cost"]
+    assert tp["collective"] == "all_reduce" and tp["bytes"] == 2**30 and tp["seconds"] > 0
+    slow = plan_json("--world-size", "64", "--gpus-per-node", "8", "--tp", "8", "--cost-bytes", "1GiB",
+                     "--links", "loopback")
+    assert by_name(slow)["tp"]["cost"]["seconds"] > 10 * tp["seconds"] and "loopback" in slow["links"]
+
+
+def test_plan_writes_a_manifest_that_loads(tmp_path: Path) -> None:
+    from fmesh.manifest import load_manifest
+
+    path = tmp_path / "job.json"
+    code, out, err = run("plan", "--world-size", "4096", "--gpus-per-node", "8", "--tp", "8", "--cp", "2", "--pp", "4",
+                         "--ep", "8", "--manifest", str(path))
+    assert code == 0 and err == "" and f"manifest written to {path}" in out
+    manifest = load_manifest(path)
+    assert manifest["universe"]["world_size"] == 4096 and manifest["per_rank"]["communicators"] == 5
+    assert "each rank joins 5 communicators" in out
+
+
+def test_diff_of_files_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "a.json"
+    assert run("plan", "--world-size", "64", "--gpus-per-node", "8", "--tp", "8", "--manifest", str(path))[0] == 0
+    code, out, err = run("diff", str(path), "--world-size 64 --gpus-per-node 8 --tp 4")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[2] == "communicators: 0 shared, 2 added, 2 removed"
+    assert any(line.split()[:3] == ["tp", "regrouped", "size"] and "[0, 1, 2, 3]" in line for line in lines)
+    assert lines[-2].startswith("ranks changing group: all 64 ranks present in both, along dp_shard")
+    code, out, _ = run("diff", str(path), str(path), "--json")
+    same = json.loads(out)
+    assert code == 0 and same["ranks_changing_group"] == 0 and len(same["shared"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("sides", "message"),
+    [
+        (["{tmp}/none.json", "{tmp}/a.json"], "{tmp}/none.json: cannot read it: No such file or directory"),
+        (["{tmp}/bad.json", "{tmp}/a.json"], "{tmp}/bad.json: not JSON"),
+        (["{tmp}/old.json", "{tmp}/a.json"],
+         "{tmp}/old.json: expected schema 'fmesh.manifest/1', but got 'fmesh.manifest/0'"),
+        (["{tmp}/lying.json", "{tmp}/a.json"], "{tmp}/lying.json: per_rank.communicators is 7, but 2 communicators"),
+        (["{tmp}/a.json", "--world-size 64 --gpus-per-node 8 --tp 5"],
+         "B ('--world-size 64 --gpus-per-node 8 --tp 5'): cannot infer dp_shard=-1"),
+        (["--world-size 64 --tp 8", "{tmp}/a.json"], "A ('--world-size 64 --tp 8'): the following arguments are "
+         "required: --gpus-per-node"),
+        (["{tmp}/a.json"], "the following arguments are required: b"),
+    ],
+)
+def test_diff_errors_are_one_line_and_status_2(tmp_path: Path, sides: list[str], message: str) -> None:
+    a = tmp_path / "a.json"
+    assert run("plan", "--world-size", "64", "--gpus-per-node", "8", "--tp", "8", "--manifest", str(a))[0] == 0
+    (tmp_path / "bad.json").write_text("{")
+    data = json.loads(a.read_text())
+    (tmp_path / "old.json").write_text(json.dumps({**data, "schema": "fmesh.manifest/0"}))
+    (tmp_path / "lying.json").write_text(json.dumps({**data, "per_rank": {**data["per_rank"], "communicators": 7}}))
+    code, out, err = run("diff", *(side.format(tmp=tmp_path) for side in sides))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("fmesh diff: error: ")
+    assert message.format(tmp=tmp_path) in err

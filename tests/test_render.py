@@ -21,7 +21,7 @@ import pytest
 
 import fmesh
 from fmesh import Mesh
-from fmesh.rendering import PALETTE, html
+from fmesh.rendering import CAPTION_STYLE, GOLDEN_ANGLE, group_colour, html
 
 ELLIPSIS = "…"
 
@@ -380,8 +380,9 @@ def check_html(mesh: Mesh, highlight: str | Sequence[str] | None = None, rank: i
     parser.feed(text)
     parser.close()
     assert parser.stack == []
-    caption = root.find(".//caption")
+    caption = root.find(".//div[@class='fmesh-caption']")
     assert caption is not None and (caption.text or "").startswith(repr(mesh))
+    assert root.find(".//caption") is None and root.find(".//table//div[@class='fmesh-caption']") is None
     axes = mesh.resolve_axes(highlight) if highlight is not None else mesh.axis_names[-1:]
     colour_of_group: dict[tuple[int, ...], str] = {}
     holder = rank if rank is not None else mesh.groups(None)[0][0]
@@ -396,7 +397,7 @@ def check_html(mesh: Mesh, highlight: str | Sequence[str] | None = None, rank: i
         if axes:
             group = mesh.group(cell_rank, axes)
             assert colour_of_group.setdefault(group, background) == background
-    if axes and len(colour_of_group) <= len(PALETTE):  # different groups differ while the palette allows
+    if axes:  # different groups, different colours, however many are drawn
         assert len(set(colour_of_group.values())) == len(colour_of_group)
     small_blocks = mesh.ndim < 3 or math.prod(mesh.axis_sizes[:-2]) <= 4
     small_grid = mesh.ndim == 0 or (mesh.axis_sizes[-1] <= 32 and (mesh.ndim < 2 or mesh.axis_sizes[-2] <= 32))
@@ -430,12 +431,49 @@ def test_html_permuted_and_instances() -> None:
     check_html(fmesh.select(mesh, cp=2), "tp")
 
 
-def test_html_palette_cycles_deterministically() -> None:
-    mesh = fmesh.make_mesh((20, 2), ("dp", "tp"))
+def _hue(colour: str) -> float:
+    match = re.fullmatch(r"hsl\(([0-9.]+),70%,([0-9]+)%\)", colour)
+    assert match is not None, colour
+    assert int(match.group(2)) >= 70  # light enough for the black text on it
+    return float(match.group(1))
+
+
+def test_html_every_drawn_group_has_its_own_colour() -> None:
+    mesh = fmesh.make_mesh((20, 2), ("dp", "tp"))  # 20 groups: more than the old 12-colour palette
     colours = {r: bg for r, _, bg in _cells(check_html(mesh))}
     for row in range(20):
-        assert colours[2 * row] == colours[2 * row + 1] == PALETTE[row % len(PALETTE)]
+        assert colours[2 * row] == colours[2 * row + 1] == group_colour(row)
+    assert len({colours[2 * row] for row in range(20)}) == 20
     assert html(mesh) == html(mesh)
+    check_html(fmesh.make_mesh((32, 32), ("dp", "tp")), "dp")  # 32 groups drawn
+    check_html(fmesh.make_mesh((4, 8, 32), ("pp", "dp", "tp")), "pp")  # 256 groups drawn
+
+
+@pytest.mark.parametrize("count", [2, 16, 64, 1100])
+def test_group_colours_are_distinct_and_spread(count: int) -> None:
+    colours = [group_colour(i) for i in range(count)]
+    assert len(set(colours)) == count
+    hues = sorted(_hue(c) for c in colours)
+    gaps = [b - a for a, b in zip(hues, [*hues[1:], hues[0] + 360], strict=True)]
+    # golden-angle hues: the gaps take at most three lengths, the largest the sum of the other two, whose
+    # ratio tends to phi (the three-gap theorem): the widest is about phi^2 = 2.618 times the narrowest
+    assert abs(360 / GOLDEN_ANGLE - (1 + 5**0.5) ** 2 / 4) < 1e-9
+    assert max(gaps) <= min(gaps) * 2.75 + 0.02  # + 0.02: hues are written to 0.01 degree
+    if count <= 16:
+        assert min(gaps) >= 360 / count / 2.7
+
+
+def test_html_caption_is_not_squeezed_to_the_table() -> None:
+    text = html(fmesh.make_mesh((2,), ("tp",)))
+    root = _tree(text)
+    caption = root.find(".//div[@class='fmesh-caption']")
+    assert caption is not None and caption.get("style") == CAPTION_STYLE
+    assert "width" not in CAPTION_STYLE.replace("font-weight", "") and "<caption" not in text
+    table = root.find(".//table")
+    assert table is not None and caption not in list(table.iter())
+    # the caption comes before the table, as a block as wide as its container
+    children = list(root.find("div") or [])
+    assert children.index(caption) < children.index(table)
 
 
 def test_html_escapes_odd_axis_names() -> None:

@@ -1,0 +1,479 @@
+"""Every communicator a job will create, before it runs: the manifest, its schema, and a diff of two.
+
+:func:`build_manifest` lists each distinct communicator layout of a training job (the meshes of
+:func:`fmesh.planning.job_meshes`) once, in the order a :class:`~fmesh.Context` creates them when handed
+those meshes (``ctx.plan``/``ctx.materialize``: mesh by mesh, axis by axis, a layout seen before is shared,
+and a group of one rank needs no communicator). Layouts, not ranks: a million ranks make a few kilobytes.
+:func:`check_manifest` validates a document against the schema below, :func:`load_manifest` reads one from a
+file, and :func:`diff_manifests` compares two. Pure: no torch, no process group.
+
+Schema ``fmesh.manifest/1`` (a JSON object; sizes in bytes):
+
+* ``schema``: ``"fmesh.manifest/1"``;
+* ``universe``: ``world_size``, ``device_type``, ``rank_map`` (``"identity"``: slot ``i`` is rank ``i``), ``id``;
+* ``job``: ``gpus_per_node``, ``hosts``, ``rank_order`` (``"block"`` or ``"cyclic"``), ``degrees`` (every
+  :class:`~fmesh.ParallelDims` degree, and ``efsdp``);
+* ``backend``: the backend of every communicator (``"nccl"`` or ``"gloo"``);
+* ``communicators``: one object per distinct layout, in creation order: ``order`` (its index), ``names`` (every
+  mesh and axis that uses it, ``mesh`` or ``mesh.axis``), ``layout`` (``shape`` and ``stride``, flat and
+  coalesced, over the universe's slots: rank ``r``'s group is ``r - layout(i_r) + layout(j)`` for every ``j``),
+  ``size`` (ranks per group), ``num_groups``, ``hosts_per_group`` and ``hosts_per_group_min`` (most and fewest
+  hosts one group touches), ``gpu_memory_bytes`` (estimate per member, below);
+* ``trivial``: the names whose groups are single ranks (no communicator);
+* ``per_rank``: ``communicators`` (how many each rank joins: one group of each layout, since the job's meshes
+  cover every rank) and ``gpu_memory_bytes`` (their sum);
+* ``memory_model``: the formula and its parameters.
+
+**Memory per communicator** (NCCL; gloo's buffers live in host memory and count 0):
+``channels x peers x (Simple + LL128 + LL buffers)``, where the buffers are NCCL's defaults per connection and
+channel (``src/init.cc``: ``DEFAULT_BUFFSIZE`` = 4 MiB, ``NCCL_BUFFSIZE``; ``DEFAULT_LL128_BUFFSIZE`` =
+120 x 640 x 8 x 8 B = 4.69 MiB; ``DEFAULT_LL_BUFFSIZE`` = 8 x 512 x 8 x 16 B = 512 KiB), ``peers`` is the ring's
+one predecessor plus up to three tree neighbours (``1 + min(size - 1, 3)``), and ``channels`` is 16 (an
+assumption: NCCL picks 2 to 32 per communicator from the topology; H100 hosts commonly get 16 or more). It is an
+upper bound: since NCCL 2.22 (``NCCL_RUNTIME_CONNECT=1``) only the algorithms a communicator runs get buffers,
+so one that only runs rings (FSDP's all_gather and reduce_scatter) holds a quarter of it. Not counted: the
+CUDA context and NCCL's few-MiB fixed structures.
+
+>>> m = build_manifest(16, 8, tp=8)
+>>> [(c["names"][0], c["size"], c["num_groups"], c["hosts_per_group"]) for c in m["communicators"]]
+[('dp_shard', 2, 8, 2), ('tp', 8, 2, 1)]
+>>> m["per_rank"]["communicators"], check_manifest(m) is m
+(2, True)
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from fmesh.errors import ManifestError
+from fmesh.layout.int_tuple import product
+from fmesh.layout.layout import Layout, complement_modes, sorted_by_stride
+from fmesh.mesh import Mesh
+from fmesh.planning import job, job_meshes
+from fmesh.topology import ORDERS
+
+__all__ = ["SCHEMA", "NcclMemory", "build_manifest", "check_manifest", "diff_manifests", "dump_manifest",
+           "format_diff", "format_manifest", "load_manifest"]
+
+SCHEMA = "fmesh.manifest/1"
+"""The schema this module writes and reads."""
+
+BACKENDS = ("nccl", "gloo")
+_SHOWN = 6  # ranks of an example group shown in a diff
+
+
+@attrs.frozen
+class NcclMemory:
+    """NCCL's GPU memory for one communicator, per member (the module docstring says where the figures come from).
+
+    >>> NcclMemory().communicator_bytes(8) // 2**20, NcclMemory().communicator_bytes(2) // 2**20
+    (588, 294)
+    """
+
+    channels: int = 16
+    simple_bytes: int = 1 << 22
+    ll128_bytes: int = 120 * 640 * 8 * 8
+    ll_bytes: int = 8 * 512 * 8 * 16
+
+    def peers(self, size: int) -> int:
+        """Connections with buffers per channel: the ring's predecessor and up to three tree neighbours."""
+        return 0 if size <= 1 else 1 + min(size - 1, 3)
+
+    def communicator_bytes(self, size: int) -> int:
+        """``channels x peers x (Simple + LL128 + LL)`` bytes on each member of a group of ``size`` ranks."""
+        return self.channels * self.peers(size) * (self.simple_bytes + self.ll128_bytes + self.ll_bytes)
+
+    def describe(self) -> dict[str, Any]:
+        """The formula and its parameters, as the manifest records them."""
+        return {
+            "formula": "channels * (1 + min(size - 1, 3)) * (simple_bytes + ll128_bytes + ll_bytes); 0 for gloo",
+            "channels": self.channels,
+            "simple_bytes": self.simple_bytes,
+            "ll128_bytes": self.ll128_bytes,
+            "ll_bytes": self.ll_bytes,
+            "source": "NCCL src/init.cc DEFAULT_BUFFSIZE, DEFAULT_LL128_BUFFSIZE, DEFAULT_LL_BUFFSIZE; "
+                      "channels assumed; an upper bound (ring and tree connected)",
+        }
+
+
+def _names(name: str, mesh: Mesh, axis: str) -> str:
+    return name if mesh.ndim == 1 else f"{name}.{axis}"
+
+
+def build_manifest(
+    world_size: int,
+    gpus_per_node: int,
+    *,
+    rank_order: str = "block",
+    backend: str = "nccl",
+    memory: NcclMemory | None = None,
+    **degrees: int,
+) -> dict[str, Any]:
+    """The manifest (schema in the module docstring) of a job with these degrees on these hosts.
+
+    >>> m = build_manifest(1048576, 8, pp=8, cp=2, tp=8, ep=32)
+    >>> len(m["communicators"]), len(json.dumps(m)) < 2**20
+    (7, True)
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"expected a backend among {BACKENDS}, but got {backend!r}")
+    model = NcclMemory() if memory is None else memory
+    dims, topology = job(world_size, gpus_per_node, rank_order=rank_order, **degrees)
+    found: dict[tuple[tuple[int, int], ...], dict[str, Any]] = {}
+    trivial: list[str] = []
+    universe = dims.world_mesh.universe
+    for name, mesh in job_meshes(dims):
+        for axis in mesh.axis_names:  # the Context plans a mesh axis by axis, in order
+            label = _names(name, mesh, axis)
+            if mesh.frame:
+                raise ValueError(f"{label} re-indexes its universe (an uneven unflatten): a manifest cannot list it")
+            layout = mesh.axis_layout(axis).coalesce()
+            if layout.size == 1:
+                trivial.append(label)
+                continue
+            key = tuple(layout.modes)
+            if key in found:
+                found[key]["names"].append(label)
+                continue
+            span = topology.span(mesh, axis)
+            found[key] = {
+                "order": len(found),
+                "names": [label],
+                "layout": {"shape": [s for s, _ in key], "stride": [d for _, d in key]},
+                "size": layout.size,
+                "num_groups": span.num_groups,
+                "hosts_per_group": span.hosts_max,
+                "hosts_per_group_min": span.hosts_min,
+                "gpu_memory_bytes": model.communicator_bytes(layout.size) if backend == "nccl" else 0,
+            }
+    communicators = list(found.values())
+    return {
+        "schema": SCHEMA,
+        "universe": {"world_size": world_size, "device_type": universe.device_type, "rank_map": "identity",
+                     "id": universe.id},
+        "job": {"gpus_per_node": gpus_per_node, "hosts": topology.hosts, "rank_order": rank_order,
+                "degrees": {**{n: getattr(dims, n) for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep",
+                                                              "etp")}, "efsdp": dims.efsdp}},
+        "backend": backend,
+        "communicators": communicators,
+        "trivial": trivial,
+        "per_rank": {"communicators": len(communicators),
+                     "gpu_memory_bytes": sum(c["gpu_memory_bytes"] for c in communicators)},
+        "memory_model": model.describe(),
+    }
+
+
+def dump_manifest(manifest: Mapping[str, Any]) -> str:
+    """The manifest as the JSON text ``--manifest`` writes (checked first).
+
+    >>> json.loads(dump_manifest(build_manifest(8, 8, tp=8)))["schema"]
+    'fmesh.manifest/1'
+    """
+    return json.dumps(check_manifest(manifest), indent=1) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ checking
+
+
+def _fail(source: str, message: str) -> ManifestError:
+    return ManifestError(f"{source}: {message}")
+
+
+def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str, where: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise _fail(source, f"expected {where} as a JSON object, but got {type(data).__name__}")
+    if key not in data:
+        raise _fail(source, f"{where} has no field {key!r}")
+    value = data[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise _fail(source, f"expected {where}.{key} as {names}, but got {value!r}")
+    return value
+
+
+def _count(data: Mapping[str, Any], key: str, source: str, where: str, least: int = 1) -> int:
+    value = _field(data, key, int, source, where)
+    if isinstance(value, bool) or value < least:
+        raise _fail(source, f"expected {where}.{key} as an int >= {least}, but got {value!r}")
+    return int(value)
+
+
+def _check_communicator(entry: Any, index: int, world: int, backend: str, source: str) -> tuple[tuple[int, int], ...]:
+    where = f"communicators[{index}]"
+    order = _count(entry, "order", source, where, least=0)
+    if order != index:
+        raise _fail(source, f"expected {where}.order to be {index} (creation order), but got {order}")
+    names = _field(entry, "names", list, source, where)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise _fail(source, f"expected {where}.names as a non-empty list of names, but got {names!r}")
+    layout = _field(entry, "layout", dict, source, where)
+    shape = _field(layout, "shape", list, source, f"{where}.layout")
+    stride = _field(layout, "stride", list, source, f"{where}.layout")
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (*shape, *stride))
+    if not ints or len(shape) != len(stride) or any(s < 1 for s in shape) or any(d < 0 for d in stride):
+        raise _fail(source, f"expected {where}.layout as equally long lists of positive sizes and strides, "
+                            f"but got shape {shape!r}, stride {stride!r}")
+    modes = tuple(zip(shape, stride, strict=True))
+    try:
+        complement_modes(modes, world)
+    except ValueError as error:
+        raise _fail(source, f"{where}.layout does not tile a world of {world} ranks: {error}") from None
+    size = _count(entry, "size", source, where, least=2)
+    if size != product(tuple(shape)):
+        raise _fail(source, f"{where}.size is {size}, but its layout has {product(tuple(shape))} ranks")
+    groups = _count(entry, "num_groups", source, where)
+    if groups * size != world:
+        raise _fail(source, f"{where} has {groups} groups of {size} ranks, but the world has {world}")
+    most = _count(entry, "hosts_per_group", source, where)
+    fewest = _count(entry, "hosts_per_group_min", source, where)
+    if not fewest <= most <= size:
+        raise _fail(source, f"expected 1 <= {where}.hosts_per_group_min <= hosts_per_group <= size, but got "
+                            f"{fewest}, {most}, {size}")
+    memory = _count(entry, "gpu_memory_bytes", source, where, least=0)
+    if backend == "gloo" and memory:
+        raise _fail(source, f"{where}.gpu_memory_bytes is {memory}, but gloo communicators use no GPU memory")
+    return modes
+
+
+def check_manifest(data: Any, source: str = "manifest") -> Any:
+    """``data`` itself if it is a valid manifest, else :class:`~fmesh.ManifestError` in one line.
+
+    >>> check_manifest({"schema": "fmesh.manifest/2"}, "a.json")
+    Traceback (most recent call last):
+    ...
+    fmesh.errors.ManifestError: a.json: expected schema 'fmesh.manifest/1', but got 'fmesh.manifest/2'
+    """
+    if not isinstance(data, Mapping):
+        raise _fail(source, f"expected a JSON object with schema {SCHEMA!r}, but got {type(data).__name__}")
+    if data.get("schema") != SCHEMA:
+        raise _fail(source, f"expected schema {SCHEMA!r}, but got {data.get('schema')!r}")
+    universe = _field(data, "universe", dict, source, "manifest")
+    world = _count(universe, "world_size", source, "universe")
+    _field(universe, "device_type", str, source, "universe")
+    if _field(universe, "rank_map", str, source, "universe") != "identity":
+        raise _fail(source, f"expected universe.rank_map 'identity', but got {universe['rank_map']!r}")
+    details = _field(data, "job", dict, source, "manifest")
+    per_node = _count(details, "gpus_per_node", source, "job")
+    hosts = _count(details, "hosts", source, "job")
+    if per_node * hosts != world:
+        raise _fail(source, f"job has {hosts} hosts x {per_node} gpus, but the world has {world} ranks")
+    if _field(details, "rank_order", str, source, "job") not in ORDERS:
+        raise _fail(source, f"expected job.rank_order among {ORDERS}, but got {details['rank_order']!r}")
+    _field(details, "degrees", dict, source, "job")
+    backend = _field(data, "backend", str, source, "manifest")
+    if backend not in BACKENDS:
+        raise _fail(source, f"expected backend among {BACKENDS}, but got {backend!r}")
+    communicators = _field(data, "communicators", list, source, "manifest")
+    seen: dict[tuple[tuple[int, int], ...], int] = {}
+    for index, entry in enumerate(communicators):
+        modes = _check_communicator(entry, index, world, backend, source)
+        if modes in seen:
+            raise _fail(source, f"communicators[{index}] repeats the layout of communicators[{seen[modes]}]")
+        seen[modes] = index
+    trivial = _field(data, "trivial", list, source, "manifest")
+    if not all(isinstance(n, str) and n for n in trivial):
+        raise _fail(source, f"expected trivial as a list of names, but got {trivial!r}")
+    per_rank = _field(data, "per_rank", dict, source, "manifest")
+    if _count(per_rank, "communicators", source, "per_rank", least=0) != len(communicators):
+        raise _fail(source, f"per_rank.communicators is {per_rank['communicators']}, but {len(communicators)} "
+                            "communicators are listed")
+    total = sum(c["gpu_memory_bytes"] for c in communicators)
+    if _count(per_rank, "gpu_memory_bytes", source, "per_rank", least=0) != total:
+        raise _fail(source, f"per_rank.gpu_memory_bytes is {per_rank['gpu_memory_bytes']}, but the "
+                            f"communicators add up to {total}")
+    _field(data, "memory_model", dict, source, "manifest")
+    return data
+
+
+def load_manifest(path: str | pathlib.Path) -> dict[str, Any]:
+    """Read and check the manifest in ``path``; :class:`~fmesh.ManifestError` in one line if it cannot.
+
+    >>> load_manifest("/nonexistent.json")
+    Traceback (most recent call last):
+    ...
+    fmesh.errors.ManifestError: /nonexistent.json: cannot read it: No such file or directory
+    """
+    source = str(path)
+    try:
+        text = pathlib.Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise _fail(source, f"cannot read it: {reason}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise _fail(source, f"not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
+    result: dict[str, Any] = check_manifest(data, source)
+    return result
+
+
+# --------------------------------------------------------------------------------------- presenting
+
+
+def _job_line(manifest: Mapping[str, Any]) -> str:
+    details = manifest["job"]
+    shown = {n: v for n, v in details["degrees"].items() if n != "efsdp" or details["degrees"].get("ep", 1) > 1}
+    degrees = " ".join(f"{n}={v}" for n, v in shown.items() if v != 1 or n in ("dp_shard", "tp"))
+    return (f"world {manifest['universe']['world_size']} = {details['hosts']} hosts x {details['gpus_per_node']} "
+            f"({details['rank_order']} order), {manifest['backend']}; {degrees}")
+
+
+def format_manifest(manifest: Mapping[str, Any]) -> str:
+    """A short table of a manifest: one line per communicator, and what each rank holds.
+
+    >>> print("\\n".join(format_manifest(build_manifest(16, 8, tp=8)).splitlines()[1:3]))
+    order  size  groups  hosts  layout     memory/rank  names
+        0     2       8      2  (2,):(8,)      294 MiB  dp_shard, dp, dp_shard_cp, dp_cp, fsdp_mesh
+    """
+    rows = [("order", "size", "groups", "hosts", "layout", "memory/rank", "names")]
+    for entry in manifest["communicators"]:
+        layout = entry["layout"]
+        rows.append((str(entry["order"]), str(entry["size"]), str(entry["num_groups"]), str(entry["hosts_per_group"]),
+                     f"{tuple(layout['shape'])}:{tuple(layout['stride'])}",
+                     f"{entry['gpu_memory_bytes'] / 2**20:.0f} MiB", ", ".join(entry["names"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    right = (True, True, True, True, False, True, False)
+    lines = [_job_line(manifest)]
+    for row in rows:
+        cells = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right, strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    per_rank = manifest["per_rank"]
+    lines.append(f"each rank joins {per_rank['communicators']} communicators, about "
+                 f"{per_rank['gpu_memory_bytes'] / 2**30:.2f} GiB of GPU memory for their buffers")
+    return "\n".join(lines)
+
+
+def _image(modes: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """The set of offsets a layout reaches, in one canonical form: two layouts put the same ranks together
+    exactly when these are equal (sorted by stride, then coalesced)."""
+    if not modes:
+        return ()
+    return sorted_by_stride(Layout(tuple(s for s, _ in modes), tuple(d for _, d in modes))).coalesce().modes
+
+
+def _axes_layouts(manifest: Mapping[str, Any]) -> dict[str, tuple[tuple[int, int], ...]]:
+    found: dict[str, tuple[tuple[int, int], ...]] = {name: () for name in manifest["trivial"]}
+    for entry in manifest["communicators"]:
+        modes = tuple(zip(entry["layout"]["shape"], entry["layout"]["stride"], strict=True))
+        for name in entry["names"]:
+            found[name] = modes
+    return found
+
+
+def _group_of_zero(modes: tuple[tuple[int, int], ...]) -> list[int]:
+    ranks = Layout(tuple(s for s, _ in modes) or (1,), tuple(d for _, d in modes) or (0,))
+    size = ranks.size
+    shown = list(range(min(size, _SHOWN))) + ([size - 1] if size > _SHOWN else [])
+    return [ranks(i) for i in shown]
+
+
+def _size(modes: tuple[tuple[int, int], ...] | None) -> int | None:
+    return None if modes is None else product(tuple(s for s, _ in modes))
+
+
+def diff_manifests(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """What changes from manifest ``a`` to ``b``: communicators shared, added and removed, and along which
+    axes ranks change group. Layout arithmetic only: a rank keeps its group along an axis exactly when both
+    layouts reach the same offsets, so the answer is "every rank of both worlds" or "none", per axis.
+
+    >>> d = diff_manifests(build_manifest(64, 8, tp=8), build_manifest(64, 8, tp=4))
+    >>> [c["names"][0] for c in d["removed"]], [c["names"][0] for c in d["added"]]
+    (['dp_shard', 'tp'], ['dp_shard', 'tp'])
+    >>> d["ranks_changing_group"], sorted(d["axes_regrouped"])[:3]
+    (64, ['dp', 'dp_cp', 'dp_shard'])
+    """
+    key = "layout"
+    layouts_a = {tuple(zip(c[key]["shape"], c[key]["stride"], strict=True)): c for c in a["communicators"]}
+    layouts_b = {tuple(zip(c[key]["shape"], c[key]["stride"], strict=True)): c for c in b["communicators"]}
+    shared = [
+        {"names": layouts_b[m]["names"], "names_before": layouts_a[m]["names"], "size": layouts_a[m]["size"],
+         "hosts_per_group": [layouts_a[m]["hosts_per_group"], layouts_b[m]["hosts_per_group"]],
+         "num_groups": [layouts_a[m]["num_groups"], layouts_b[m]["num_groups"]]}
+        for m in layouts_a if m in layouts_b
+    ]
+    removed = [layouts_a[m] for m in layouts_a if m not in layouts_b]
+    added = [layouts_b[m] for m in layouts_b if m not in layouts_a]
+    axes_a, axes_b = _axes_layouts(a), _axes_layouts(b)
+    axes: list[dict[str, Any]] = []
+    for name in [*axes_a, *(n for n in axes_b if n not in axes_a)]:
+        before, after = axes_a.get(name), axes_b.get(name)
+        if before is None or after is None:
+            change = "added" if before is None else "removed"
+        elif before == after:
+            change = "same"
+        elif _image(before) == _image(after):
+            change = "reordered"
+        else:
+            change = "regrouped"
+        entry: dict[str, Any] = {"name": name, "change": change, "size": [_size(before), _size(after)]}
+        if change in ("regrouped", "reordered"):
+            entry["rank0_group"] = [_group_of_zero(before or ()), _group_of_zero(after or ())]
+        axes.append(entry)
+    regrouped = [e["name"] for e in axes if e["change"] == "regrouped"]
+    both = min(a["universe"]["world_size"], b["universe"]["world_size"])
+    return {
+        "a": _job_line(a),
+        "b": _job_line(b),
+        "shared": shared,
+        "added": added,
+        "removed": removed,
+        "axes": axes,
+        "axes_regrouped": regrouped,
+        "ranks_changing_group": both if regrouped else 0,
+        "ranks_in_both": both,
+        "per_rank": {"communicators": [a["per_rank"]["communicators"], b["per_rank"]["communicators"]],
+                     "gpu_memory_bytes": [a["per_rank"]["gpu_memory_bytes"], b["per_rank"]["gpu_memory_bytes"]]},
+    }
+
+
+def _ranks(ranks: list[int], size: int | None) -> str:
+    if size is None or size <= _SHOWN:
+        return "[" + ", ".join(map(str, ranks)) + "]"
+    return "[" + ", ".join(map(str, ranks[:-1])) + f", ..., {ranks[-1]}]"
+
+
+def format_diff(diff: Mapping[str, Any]) -> str:
+    """A readable account of :func:`diff_manifests`.
+
+    >>> text = format_diff(diff_manifests(build_manifest(64, 8, tp=8), build_manifest(64, 8, tp=4)))
+    >>> text.splitlines()[2]
+    'communicators: 0 shared, 2 added, 2 removed'
+    """
+    lines = [f"A: {diff['a']}", f"B: {diff['b']}",
+             f"communicators: {len(diff['shared'])} shared, {len(diff['added'])} added, "
+             f"{len(diff['removed'])} removed"]
+    for entry in diff["shared"]:
+        hosts = entry["hosts_per_group"]
+        moved = "" if hosts[0] == hosts[1] else f", hosts per group {hosts[0]} -> {hosts[1]}"
+        renamed = "" if entry["names"] == entry["names_before"] else f"; in A: {', '.join(entry['names_before'])}"
+        lines.append(f"  shared   {', '.join(entry['names'])} (size {entry['size']}{moved}{renamed})")
+    for kind in ("removed", "added"):
+        for entry in diff[kind]:
+            lines.append(f"  {kind:<8} {', '.join(entry['names'])} (size {entry['size']}, "
+                         f"{entry['num_groups']} groups, {entry['hosts_per_group']} hosts per group)")
+    changed = [e for e in diff["axes"] if e["change"] != "same"]
+    if changed:
+        lines.append("axes:")
+    for entry in changed:
+        before, after = entry["size"]
+        sizes = f"{before if before is not None else '-'} -> {after if after is not None else '-'}"
+        text = f"  {entry['name']:<22} {entry['change']:<10} size {sizes}"
+        if "rank0_group" in entry:
+            old, new = entry["rank0_group"]
+            text += f"; rank 0's group {_ranks(old, before)} -> {_ranks(new, after)}"
+        lines.append(text)
+    count, both = diff["ranks_changing_group"], diff["ranks_in_both"]
+    if count:
+        lines.append(f"ranks changing group: all {count} ranks present in both, along "
+                     f"{', '.join(diff['axes_regrouped'])}")
+    else:
+        lines.append(f"ranks changing group: none of the {both} ranks present in both")
+    communicators, memory = diff["per_rank"]["communicators"], diff["per_rank"]["gpu_memory_bytes"]
+    lines.append(f"per rank: {communicators[0]} -> {communicators[1]} communicators, "
+                 f"{memory[0] / 2**30:.2f} -> {memory[1] / 2**30:.2f} GiB of GPU memory")
+    return "\n".join(lines)
