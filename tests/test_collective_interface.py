@@ -16,10 +16,13 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from test_context import MESHES, axis_sets, launch, succeeded
 
 import fmesh
 from fmesh import Context, Mesh
+from fmesh.context.permute import check_perm
 
 
 def obj_of(rank: int) -> dict[str, Any]:
@@ -247,3 +250,24 @@ def test_from_env_without_a_launcher_is_a_world_of_one() -> None:
                              env={**env, "RANK": "0"})
     assert partial.returncode != 0
     assert "needs the launcher's environment variables ['WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT']" in partial.stderr
+
+
+COORDINATE = st.one_of(st.integers(-1, 5), st.booleans(), st.just(1.0), st.just("1"))
+PAIR = st.one_of(st.tuples(COORDINATE, COORDINATE), st.lists(st.integers(0, 4), min_size=0, max_size=3), st.just("01"))
+
+
+@given(perm=st.one_of(st.lists(PAIR, max_size=6), st.tuples(PAIR, PAIR), st.just("0110"), st.just(None)),
+       size=st.integers(1, 5))
+def test_check_perm_accepts_exactly_the_partial_permutations(perm: Any, size: int) -> None:
+    """Law: ``check_perm`` returns the pairs unchanged iff they are pairs of ints inside the axis with no source
+    and no destination twice; otherwise it raises a TypeError or ValueError that names the pair or the perm."""
+    pairs = [tuple(pair) for pair in perm] if isinstance(perm, (list, tuple)) else None
+    valid = pairs is not None and all(
+        not isinstance(pair, str) and len(pair) == 2
+        and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < size for c in pair) for pair in pairs
+    ) and len({p[0] for p in pairs}) == len(pairs) == len({p[1] for p in pairs})
+    if valid:
+        assert check_perm(perm, size, "pp") == tuple(pairs)
+    else:
+        with pytest.raises((TypeError, ValueError), match="perm"):
+            check_perm(perm, size, "pp")
