@@ -257,6 +257,7 @@ for rank, local_rank, total in fmesh.launch(host_sum, world_size=4):
     ("md", "An object that cannot be pickled fails on every member of the group, naming the member, and nobody hangs:"),
     ("code", """import threading
 
+
 def unpicklable(ctx):
     return ctx.all_gather_object(threading.Lock() if ctx.rank == 1 else ctx.rank, pipeline, "pp")
 
