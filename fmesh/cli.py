@@ -122,10 +122,13 @@ def _plan_parser() -> _Parser:
     return parser
 
 
+def _degrees(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in DEGREE_NAMES}
+
+
 def _manifest_of(args: argparse.Namespace) -> dict[str, Any]:
-    degrees = {name: getattr(args, name) for name in DEGREE_NAMES}
     return build_manifest(args.world_size, args.gpus_per_node, rank_order=args.rank_order, backend=args.backend,
-                          **degrees)
+                          **_degrees(args))
 
 
 def _side(text: str, label: str) -> dict[str, Any]:
@@ -165,9 +168,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             diff = diff_manifests(_side(args.a, "A"), _side(args.b, "B"))
             print(json.dumps(diff, indent=2) if args.json else format_diff(diff), file=out)
             return 0
-        degrees = {name: getattr(args, name) for name in DEGREE_NAMES}
         plan = build_plan(args.world_size, args.gpus_per_node, rank_order=args.rank_order,
-                          cost_bytes=args.cost_bytes, links=LINKS[args.links], **degrees)
+                          cost_bytes=args.cost_bytes, links=LINKS[args.links], **_degrees(args))
         manifest = _manifest_of(args) if args.manifest else None
         if manifest is not None:
             _write(args.manifest, dump_manifest(manifest))

@@ -54,7 +54,7 @@ from fmesh.errors import ManifestError
 from fmesh.layout.int_tuple import product
 from fmesh.layout.layout import Layout, complement_modes, sorted_by_stride
 from fmesh.mesh import Mesh
-from fmesh.planning import job, job_meshes
+from fmesh.planning import format_table, job, job_degrees, job_meshes
 from fmesh.topology import ORDERS
 
 __all__ = ["SCHEMA", "NcclMemory", "build_manifest", "check_manifest", "diff_manifests", "dump_manifest",
@@ -157,8 +157,7 @@ def build_manifest(
         "universe": {"world_size": world_size, "device_type": universe.device_type, "rank_map": "identity",
                      "id": universe.id},
         "job": {"gpus_per_node": gpus_per_node, "hosts": topology.hosts, "rank_order": rank_order,
-                "degrees": {**{n: getattr(dims, n) for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep",
-                                                              "etp")}, "efsdp": dims.efsdp}},
+"degrees": job_degrees(dims)},
         "backend": backend,
         "communicators": communicators,
         "trivial": trivial,
@@ -201,6 +200,11 @@ def _count(data: Mapping[str, Any], key: str, source: str, where: str, least: in
     if isinstance(value, bool) or value < least:
         raise _fail(source, f"expected {where}.{key} as an int >= {least}, but got {value!r}")
     return int(value)
+
+
+def _modes(entry: Mapping[str, Any]) -> tuple[tuple[int, int], ...]:
+    """A communicator entry's layout as ``(size, stride)`` modes."""
+    return tuple(zip(entry["layout"]["shape"], entry["layout"]["stride"], strict=True))
 
 
 def _check_communicator(entry: Any, index: int, world: int, backend: str, source: str) -> tuple[tuple[int, int], ...]:
@@ -336,12 +340,7 @@ def format_manifest(manifest: Mapping[str, Any]) -> str:
         rows.append((str(entry["order"]), str(entry["size"]), str(entry["num_groups"]), str(entry["hosts_per_group"]),
                      f"{tuple(layout['shape'])}:{tuple(layout['stride'])}",
                      f"{entry['gpu_memory_bytes'] / 2**20:.0f} MiB", ", ".join(entry["names"])))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    right = (True, True, True, True, False, True, False)
-    lines = [_job_line(manifest)]
-    for row in rows:
-        cells = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right, strict=True)]
-        lines.append("  ".join(cells).rstrip())
+    lines = [_job_line(manifest), *format_table(rows, (True, True, True, True, False, True, False))]
     per_rank = manifest["per_rank"]
     lines.append(f"each rank joins {per_rank['communicators']} communicators, about "
                  f"{per_rank['gpu_memory_bytes'] / 2**30:.2f} GiB of GPU memory for their buffers")
@@ -359,7 +358,7 @@ def _image(modes: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
 def _axes_layouts(manifest: Mapping[str, Any]) -> dict[str, tuple[tuple[int, int], ...]]:
     found: dict[str, tuple[tuple[int, int], ...]] = {name: () for name in manifest["trivial"]}
     for entry in manifest["communicators"]:
-        modes = tuple(zip(entry["layout"]["shape"], entry["layout"]["stride"], strict=True))
+        modes = _modes(entry)
         for name in entry["names"]:
             found[name] = modes
     return found
@@ -387,9 +386,8 @@ def diff_manifests(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]
     >>> d["ranks_changing_group"], sorted(d["axes_regrouped"])[:3]
     (64, ['dp', 'dp_cp', 'dp_shard'])
     """
-    key = "layout"
-    layouts_a = {tuple(zip(c[key]["shape"], c[key]["stride"], strict=True)): c for c in a["communicators"]}
-    layouts_b = {tuple(zip(c[key]["shape"], c[key]["stride"], strict=True)): c for c in b["communicators"]}
+    layouts_a = {_modes(c): c for c in a["communicators"]}
+    layouts_b = {_modes(c): c for c in b["communicators"]}
     shared = [
         {"names": layouts_b[m]["names"], "names_before": layouts_a[m]["names"], "size": layouts_a[m]["size"],
          "hosts_per_group": [layouts_a[m]["hosts_per_group"], layouts_b[m]["hosts_per_group"]],

@@ -11,7 +11,7 @@ world 16 = 2 hosts x 8 ranks (block order); pp=1 dp_replicate=1 dp_shard=2 cp=1 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -21,7 +21,8 @@ from fmesh.mesh import Mesh
 from fmesh.parallel import DEGREE_NAMES, WORLD_AXES, ParallelDims
 from fmesh.topology import HUNGRY_AXES, AxisSpan, Topology, check_placement
 
-__all__ = ["DEFAULT_COST_BYTES", "REPRESENTATIVE", "build_plan", "format_plan", "job", "job_meshes"]
+__all__ = ["DEFAULT_COST_BYTES", "REPRESENTATIVE", "build_plan", "format_plan", "format_table", "job",
+           "job_degrees", "job_meshes"]
 
 _HEAD = 6  # ranks shown before an ellipsis
 _FULL = 12  # groups up to this size are shown whole
@@ -95,6 +96,27 @@ def job(world_size: int, gpus_per_node: int, *, rank_order: str = "block", **deg
             f"world size {world_size} is not a multiple of {gpus_per_node} gpus per node: hosts must be full"
         )
     return dims, Topology(world_size // gpus_per_node, gpus_per_node, rank_order)
+
+
+def job_degrees(dims: ParallelDims) -> dict[str, int]:
+    """Every degree of ``dims`` (:data:`~fmesh.parallel.DEGREE_NAMES`, then ``efsdp``), as plans and manifests
+    record them.
+
+    >>> job_degrees(ParallelDims(8, tp=2))
+    {'pp': 1, 'dp_replicate': 1, 'dp_shard': 4, 'cp': 1, 'tp': 2, 'ep': 1, 'etp': 1, 'efsdp': 8}
+    """
+    return {**{name: getattr(dims, name) for name in DEGREE_NAMES}, "efsdp": dims.efsdp}
+
+
+def format_table(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    """``rows`` as lines of aligned columns two spaces apart; a column with ``right`` set is right-aligned.
+
+    >>> format_table([("mesh", "size"), ("tp", "8")], (False, True))
+    ['mesh  size', 'tp       8']
+    """
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(row, widths, right, strict=True)
+                      ).rstrip() for row in rows]
 
 
 def job_meshes(dims: ParallelDims) -> list[tuple[str, Mesh]]:
@@ -191,7 +213,7 @@ def build_plan(
         "gpus_per_node": gpus_per_node,
         "hosts": topo.hosts,
         "rank_order": rank_order,
-        "degrees": {**{n: getattr(dims, n) for n in DEGREE_NAMES}, "efsdp": dims.efsdp},
+        "degrees": job_degrees(dims),
         "data_parallel": dims.data_parallel,
         "links": link.name,
         "meshes": entries,
@@ -226,11 +248,7 @@ def format_plan(plan: dict[str, Any]) -> str:
         cost_text = f"{timed['collective']} {format_seconds(timed['seconds'])}"
         table.append((name, str(entry["size"]), str(entry["num_groups"]), group, hosts_text, entry["placement"],
                       cost_text))
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    aligned = (0, 1, 1, 0, 1, 0, 0)  # 1: right-aligned numbers
-    for row in table:
-        cells = [cell.rjust(w) if right else cell.ljust(w) for cell, w, right in zip(row, widths, aligned, strict=True)]
-        lines.append("  ".join(cells).rstrip())
+    lines += format_table(table, (False, True, True, False, True, False, False))  # numbers right-aligned
     lines.append(f"cost: one collective per group, {plan['links']} (fmesh.cost)")
     for warning in plan["warnings"]:
         lines.append(f"warning: {warning}")
