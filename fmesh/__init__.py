@@ -65,12 +65,25 @@ _CONTEXT_NAMES = frozenset(
 )
 
 
+def _publish(value: Any) -> Any:
+    """Say ``fmesh`` in ``value.__module__`` (a class's or function's), so that docs, reprs and tracebacks show the
+    public path (``fmesh.Context``) rather than the module that happens to define it; ``value`` is returned."""
+    if isinstance(value, type) or callable(value):
+        value.__module__ = __name__
+    return value
+
+
 def __getattr__(name: str) -> Any:
     if name in _CONTEXT_NAMES:
         from fmesh import context
 
-        return getattr(context, name)
+        return _publish(getattr(context, name))
     raise AttributeError(f"module 'fmesh' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names and the lazily imported ones, so that ``dir(fmesh)`` and tab completion list them."""
+    return sorted(set(globals()) | _CONTEXT_NAMES)
 
 
 rendering.show_in_notebooks()
@@ -118,3 +131,8 @@ __all__ = [
     "topology",
     "unflatten",
 ]
+
+for _name in __all__:
+    if _name not in _CONTEXT_NAMES and not isinstance(globals()[_name], type(rendering)):
+        _publish(globals()[_name])
+del _name

@@ -27,7 +27,7 @@ def test_private_names_stay_home_and_torch_internals_live_in_one_module() -> Non
 def test_every_exception_lives_in_errors_and_is_public() -> None:
     assert [str(v) for v in exception_homes(PACKAGE)] == []
     classes = [value for value in vars(fmesh.errors).values()
-               if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == "fmesh.errors"]
+               if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == "fmesh"]
     assert {c.__name__ for c in classes} == set(fmesh.errors.__all__)
     for cls in classes:
         assert getattr(fmesh, cls.__name__) is cls, f"fmesh.{cls.__name__} is not re-exported"
