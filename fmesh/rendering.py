@@ -19,6 +19,10 @@ The groups along ``highlight`` (one axis or several, taken together like
 the legend lists each group's ranks. In HTML each drawn group has its own colour
 (:func:`group_colour`: hues a golden angle apart, in group order; no randomness, no repeats).
 
+``rank=`` also marks that rank's cell (``5*``, and a bold outline in HTML). With ``gpus_per_node=`` (block order)
+or a ``topology=`` the pictures show where the host changes: ``|`` between columns and a ``-`` line between rows in
+text, thick lines in HTML, and the host in each HTML cell's title.
+
 Large instances are summarised: the first and last few coordinates of each long
 axis are drawn with ``…`` standing for the rest, and the header says what was
 left out.
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from fmesh.layout.int_tuple import product
 from fmesh.layout.layout import Modes, complement_modes, decompose_modes
 from fmesh.mesh.mesh import Mesh
+from fmesh.topology import Topology
 
 __all__ = ["CAPTION_STYLE", "GOLDEN_ANGLE", "group_colour", "html", "render", "show_in_notebooks"]
 
@@ -198,6 +203,47 @@ def _instance(mesh: Mesh, highlight: HighlightArg, rank: int | None) -> _Instanc
     return _Instance(mesh, base, number, positions, others)
 
 
+RANK_MARK = "*"
+"""Suffix of the cell of the rank passed with ``rank=`` (readable without colour)."""
+
+
+def _hosts(mesh: Mesh, topology: Topology | None, gpus_per_node: int | None) -> Topology | None:
+    """The topology whose host boundaries a picture shows, checked against ``mesh``; ``None`` for none."""
+    if topology is not None and gpus_per_node is not None:
+        raise ValueError(f"pass topology= or gpus_per_node=, not both (got {topology!r} and {gpus_per_node!r})")
+    if gpus_per_node is not None:
+        if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+            raise ValueError(f"expected gpus_per_node as a positive int, but got {gpus_per_node!r}")
+        if mesh.world_size % gpus_per_node:
+            raise ValueError(
+                f"gpus_per_node={gpus_per_node} does not divide the mesh's world size {mesh.world_size}"
+            )
+        return Topology(mesh.world_size // gpus_per_node, gpus_per_node)
+    if topology is not None:
+        if not isinstance(topology, Topology):
+            raise TypeError(f"expected topology as an fmesh.Topology, but got {type(topology).__name__}: {topology!r}")
+        if topology.world_size != mesh.world_size:
+            raise ValueError(
+                f"topology {topology!r} has {topology.world_size} ranks, but the mesh's world has {mesh.world_size}"
+            )
+    return topology
+
+
+def _hosts_line(hosts: Topology | None, html: bool) -> str | None:
+    if hosts is None:
+        return None
+    marks = "thick lines" if html else "| and -"
+    order = hosts.rank_order if isinstance(hosts.rank_order, str) else "custom"
+    return (f"hosts: {hosts.hosts} hosts of {hosts.ranks_per_host} ranks ({order} order); {marks} mark where the host"
+            " changes")
+
+
+def _rank_line(rank: int | None, html: bool) -> str | None:
+    if rank is None:
+        return None
+    return f"rank {rank} is outlined" if html else f"{RANK_MARK} marks rank {rank}"
+
+
 @dataclass(frozen=True)
 class _Frame:
     """Which coordinates are drawn: blocks (leading axes), rows, columns."""
@@ -261,7 +307,7 @@ def _instance_line(mesh: Mesh, inst: _Instance, rank: int | None) -> str | None:
     if mesh.num_instances == 1:
         return None
     holding = f"holding rank {rank}" if rank is not None else "the first; pass rank= to choose another"
-    return f"instance {inst.number + 1} of {mesh.num_instances} ({holding})"
+    return f"instance {inst.number} of {mesh.num_instances}, numbered from 0 ({holding})"
 
 
 def _highlight_line(inst: _Instance) -> str | None:
@@ -287,10 +333,19 @@ def _ranks_text(ranks: list[int | None]) -> str:
     return ", ".join(ELLIPSIS if r is None else str(r) for r in ranks)
 
 
-def render(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) -> str:
+def render(
+    mesh: Mesh,
+    highlight: HighlightArg = None,
+    rank: int | None = None,
+    *,
+    gpus_per_node: int | None = None,
+    topology: Topology | None = None,
+) -> str:
     """A text picture of one instance of ``mesh``, with the groups along ``highlight`` tagged.
 
-    Each cell shows a rank, and with ``highlight`` its group's tag (``5·b``);
+    Each cell shows a rank, and with ``highlight`` its group's tag (``5·b``); ``rank``'s own cell is marked
+    ``5*``; with ``gpus_per_node`` (block order) or a ``topology``, ``|`` and a line of ``-`` mark where the host
+    changes;
     the legend lists each group's fixed coordinates and ranks (ordered like
     ``mesh.group(rank, highlight)``). 3 or more axes are drawn as one block
     per coordinate of the leading axes; instances of more than 512 ranks are
@@ -311,6 +366,7 @@ def render(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) 
       b  dp=1: 3, 4, 5
     """
     inst = _instance(mesh, highlight, rank)
+    hosts = _hosts(mesh, topology, gpus_per_node)
     sizes = mesh.axis_sizes
     ndim = mesh.ndim
     summarise = mesh.size > TEXT_MAX_CELLS or (ndim >= 1 and sizes[-1] > TEXT_MAX_COLUMNS)
@@ -318,7 +374,9 @@ def render(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) 
     frame = _Frame.build(sizes, limits, _TEXT_KEEP, summarise)
 
     header = [repr(mesh)]
-    for note in (_instance_line(mesh, inst, rank), _layout_line(mesh), _highlight_line(inst)):
+    notes = (_instance_line(mesh, inst, rank), _layout_line(mesh), _highlight_line(inst), _rank_line(rank, False),
+             _hosts_line(hosts, False))
+    for note in notes:
         if note is not None:
             header.append(note)
     if frame.summarised:
@@ -331,6 +389,7 @@ def render(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) 
     # Cells of each drawn block: rows of strings; remember the groups drawn for the legend.
     shown_groups: list[int] = []
     blocks: list[tuple[str, list[tuple[str, list[str]]]]] = []
+    cell_hosts: dict[tuple[int, int, int], int] = {}  # (block, row, col) -> host, when hosts are drawn
     for block in frame.blocks:
         if block is None:
             blocks.append((ELLIPSIS, []))
@@ -345,7 +404,10 @@ def render(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) 
                     cells.append(ELLIPSIS)
                     continue
                 coordinate = frame.coordinate(block, row, col, ndim)
-                text = str(inst.rank(coordinate))
+                cell_rank = inst.rank(coordinate)
+                text = str(cell_rank) + (RANK_MARK if cell_rank == rank else "")
+                if hosts is not None:
+                    cell_hosts[block, row, col] = hosts.host_of(cell_rank)
                 if inst.highlight:
                     group = inst.group_of(coordinate)
                     shown_groups.append(group)
@@ -358,12 +420,22 @@ def render(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) 
     label_width = max([len(r) for _, rows in blocks for r, _ in rows] + [0])
     lead = " " * label_width + "  " if label_width else ""
 
-    def text_row(label: str, cells: list[str]) -> str:
+    def text_row(label: str, cells: list[str], block: int | None, row: int | None) -> str:
         prefix = label.ljust(label_width) + "  " if label_width else ""
-        return (prefix + "  ".join(c.ljust(width) for c in cells)).rstrip()
+        line = cells[0].ljust(width) if cells else ""
+        for index in range(1, len(cells)):
+            crossing = _host_changes(cell_hosts, block, row, frame.cols[index - 1], row, frame.cols[index])
+            line += (" |" if crossing else "  ") + cells[index].ljust(width)
+        return (prefix + line).rstrip()
+
+    def rule(block: int | None, above: int | None, row: int | None) -> str | None:
+        """A line of ``-`` between two rows where some column changes host, else ``None``."""
+        if not any(_host_changes(cell_hosts, block, above, col, row, col) for col in frame.cols):
+            return None
+        return "-" * ((label_width + 2 if label_width else 0) + len(frame.cols) * (width + 2) - 2)
 
     body: list[str] = []
-    for label, rows in blocks:
+    for (label, rows), block in zip(blocks, frame.blocks, strict=True):
         body.append("")
         if ndim >= 3:
             if not rows:
@@ -373,7 +445,11 @@ def render(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) 
             body.append(f"{label}:")
         if ndim:
             body.append((lead + "  ".join(c.ljust(width) for c in col_labels)).rstrip())
-        body.extend(text_row(label, cells) for label, cells in rows)
+        for index, ((row_label, cells), row) in enumerate(zip(rows, frame.rows, strict=True)):
+            line = rule(block, frame.rows[index - 1], row) if index else None
+            if line is not None:
+                body.append(line)
+            body.append(text_row(row_label, cells, block, row))
 
     legend: list[str] = []
     if inst.highlight:
@@ -389,6 +465,19 @@ def render(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) 
         if frame.summarised and inst.num_groups > len(set(shown_groups)):
             legend.append(f"  ({inst.num_groups} groups in all; only those drawn are listed)")
     return "\n".join(header + body + legend)
+
+
+def _host_changes(
+    hosts: dict[tuple[int, int, int], int], block: int | None, row_a: int | None, col_a: int | None,
+    row_b: int | None, col_b: int | None,
+) -> bool:
+    """Whether two drawn cells of one block are on different hosts (``False`` when hosts are not drawn, or either
+    cell is an ellipsis)."""
+    if block is None or None in (row_a, col_a, row_b, col_b):
+        return False
+    a = hosts.get((block, row_a, col_a))  # type: ignore[arg-type]
+    b = hosts.get((block, row_b, col_b))  # type: ignore[arg-type]
+    return a is not None and b is not None and a != b
 
 
 def _esc(text: object) -> str:
@@ -418,25 +507,37 @@ _CELL = "color:#000;background:"
 CAPTION_STYLE = "text-align:left;padding-bottom:4px;font-weight:bold"
 """Style of the line above the table that names the mesh (a block as wide as the notebook cell)."""
 _GAP = "color:#666;text-align:center"
+_MARKED = "font-weight:bold;outline:3px solid #000;outline-offset:-3px"
+_HOST_LINE = "3px solid #000"
 
 
-def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) -> str:
-    """An HTML table of one instance of ``mesh``, one colour per group along ``highlight``.
+def html(
+    mesh: Mesh,
+    highlight: HighlightArg = None,
+    rank: int | None = None,
+    *,
+    gpus_per_node: int | None = None,
+    topology: Topology | None = None,
+) -> str:
+    """An HTML table of one instance of ``mesh``, one colour and one tag per group along ``highlight``.
 
-    ``highlight`` defaults to the last axis. Each cell's ``title`` (shown on
-    hover) names its rank, coordinates and group; a legend follows, and the
+    ``highlight`` defaults to the last axis. Each cell shows its rank and its group's tag (``5·b``: readable
+    without colour); ``rank``'s own cell is outlined and marked ``5*``; with ``gpus_per_node`` (block order) or a
+    ``topology``, thick lines mark where the host changes. Each cell's ``title`` (shown on
+    hover) names its rank, coordinates, group and host; a legend follows, and the
     caption above the table (as wide as the page, not the table) is the mesh's repr.
     At most about 32 x 32 cells are drawn; larger instances are summarised with
     ``…`` rows and columns and a note of what was left out. Everything is escaped, and the result is well-formed XML.
 
     >>> import fmesh
     >>> out = fmesh.rendering.html(fmesh.make_mesh((2, 2), ("dp", "tp")))
-    >>> out.startswith("<div"), 'title="rank 3: dp=1, tp=1; group b along tp"' in out
-    (True, True)
+    >>> out.startswith("<div"), 'title="rank 3: dp=1, tp=1; group b along tp"' in out, ">3·b</td>" in out
+    (True, True, True)
     """
     if highlight is None and isinstance(mesh, Mesh) and mesh.ndim:
         highlight = mesh.axis_names[-1]
     inst = _instance(mesh, highlight, rank)
+    hosts = _hosts(mesh, topology, gpus_per_node)
     sizes = mesh.axis_sizes
     ndim = mesh.ndim
     shown_blocks = min(product(sizes[:-2]) if ndim >= 3 else 1, HTML_MAX_BLOCKS + 1)
@@ -453,6 +554,7 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
     if line:
         caption.append(line)
     caption.append(_layout_line(mesh))
+    caption += [note for note in (_rank_line(rank, True), _hosts_line(hosts, True)) if note is not None]
     # A block of its own above the table, not a <caption>: a caption is laid out at the table's width, so
     # a narrow table (one axis of 2) squeezed the mesh's description into a column of words.
     out.append(f'<div class="fmesh-caption" style="{CAPTION_STYLE}">{_esc(" — ".join(caption))}</div>')
@@ -467,6 +569,7 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
 
     span = len(frame.cols) + 1
     shown_groups: list[int] = []
+    cell_hosts: dict[tuple[int, int, int], int] = {}
     colours = _colours(inst, frame)
     for block in frame.blocks:
         if ndim >= 3:
@@ -478,10 +581,11 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
             out.append(f'<tr><th colspan="{span}" style="text-align:left">{_esc(label)}</th></tr>')
         if block is None:
             continue
-        for row in frame.rows:
+        for index, row in enumerate(frame.rows):
             row_label = "" if ndim < 2 else ELLIPSIS if row is None else f"{names[-2]}={row}"
             out.append(f'<tr><th>{_esc(row_label)}</th>')
-            for col in frame.cols:
+            above = frame.rows[index - 1] if index else None
+            for col_index, col in enumerate(frame.cols):
                 if row is None or col is None:
                     out.append(f'<td style="{_GAP}">{ELLIPSIS}</td>')
                     continue
@@ -490,13 +594,27 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
                 title = f"rank {cell_rank}: " + (
                     ", ".join(f"{n}={d}" for n, d in zip(names, coordinate, strict=True)) or "no axes"
                 )
+                text = str(cell_rank) + (RANK_MARK if cell_rank == rank else "")
                 background = "#fff"
                 if inst.highlight:
                     group = inst.group_of(coordinate)
                     shown_groups.append(group)
                     background = colours[group]
                     title += f"; group {_tag(group)} along {hl_axes}"
-                out.append(f'<td style="{_CELL}{background}" title="{_esc(title)}">{cell_rank}</td>')
+                    text += "·" + _tag(group)
+                style = f"{_CELL}{background}"
+                if cell_rank == rank:
+                    style += f";{_MARKED}"
+                if hosts is not None:
+                    host = hosts.host_of(cell_rank)
+                    title += f"; host {host}"
+                    cell_hosts[block, row, col] = host
+                    left = frame.cols[col_index - 1] if col_index else None
+                    if _host_changes(cell_hosts, block, row, left, row, col):
+                        style += f";border-left:{_HOST_LINE}"
+                    if _host_changes(cell_hosts, block, above, col, row, col):
+                        style += f";border-top:{_HOST_LINE}"
+                out.append(f'<td style="{style}" title="{_esc(title)}">{_esc(text)}</td>')
             out.append("</tr>")
     out.append("</tbody></table>")
 
@@ -506,7 +624,9 @@ def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None) ->
         out.append(f"<div>{_esc(note)}</div>")
     if inst.highlight:
         listed, left_out = _legend_groups(inst, shown_groups)
-        out.append(f"<div>{_esc(f'groups along {hl_axes}: {inst.num_groups} groups of {inst.group_size} ranks')}</div>")
+        noun = "group" if inst.num_groups == 1 else "groups"
+        count = f"groups along {hl_axes}: {inst.num_groups} {noun} of {inst.group_size} ranks, tagged in each cell"
+        out.append(f"<div>{_esc(count)}</div>")
         out.append('<ul style="list-style:none;padding-left:0;margin:2px 0">')
         for index, group in enumerate(listed):
             if left_out and index == len(listed) - 4:

@@ -42,6 +42,8 @@ class Text:
         self.legend: dict[str, tuple[str, list[int | None]]] = {}
         self.legend_title: str | None = None
         self.legend_lines: list[str] = []
+        self.host_rules = 0  # lines of '-' drawn between rows on different hosts
+        self.host_bars: set[tuple[str | None, str | None, str]] = set()  # cells drawn with '|' before them
         block: str | None = None
         cols: list[str] | None = None
         in_legend = False
@@ -59,6 +61,9 @@ class Text:
                 if match:
                     ranks = [None if t == ELLIPSIS else int(t) for t in match.group(3).split(", ")]
                     self.legend[match.group(1)] = (match.group(2), ranks)
+                continue
+            if set(line) == {"-"}:  # a host boundary between two rows
+                self.host_rules += 1
                 continue
             if line.startswith(ELLIPSIS) and cols is None:
                 self.blocks.append(line)
@@ -81,7 +86,9 @@ class Text:
                 row, values = None, tokens
             assert len(values) == len(cols), line
             for col, value in zip(cols, values, strict=True):
-                self.cells[(block, row, col)] = value
+                if value.startswith("|"):
+                    self.host_bars.add((block, row, col))
+                self.cells[(block, row, col)] = value.removeprefix("|")
 
 
 def _labels_to_coordinate(mesh: Mesh, key: tuple[str | None, str | None, str]) -> tuple[int, ...] | None:
@@ -125,7 +132,8 @@ def check_text(mesh: Mesh, highlight: str | Sequence[str] | None = None, rank: i
         else:
             rank_text, tag = value, ""
             assert "·" not in value
-        cell_rank = int(rank_text)
+        assert rank_text.endswith("*") == (rank_text.removesuffix("*") == str(rank)), (key, value)  # rank= marked
+        cell_rank = int(rank_text.removesuffix("*"))
         assert cell_rank in instance, (key, value)
         assert mesh.coordinate(cell_rank) == coordinate, (key, value)
         if axes:
@@ -252,10 +260,12 @@ def test_text_derived_meshes_and_instances() -> None:
     tp = root["tp"]
     for rank in (0, 5, 13):
         out = check_text(tp, "tp", rank=rank)
-        assert f"instance {tp.groups('tp').index(tp.group(rank, 'tp')) + 1} of 4 (holding rank {rank})" in out.header
-        assert sorted(int(v.split("·")[0]) for v in out.cells.values()) == sorted(tp.group(rank, "tp"))
+        number = tp.groups("tp").index(tp.group(rank, "tp"))  # numbered from 0, like a coordinate
+        assert f"instance {number} of 4, numbered from 0 (holding rank {rank})" in out.header
+        assert sorted(int(v.split("·")[0].rstrip("*")) for v in out.cells.values()) == sorted(tp.group(rank, "tp"))
+        assert [v for v in out.cells.values() if "*" in v] == [f"{rank}*·a"]
     first = check_text(tp, "tp")
-    assert "instance 1 of 4 (the first; pass rank= to choose another)" in first.header
+    assert "instance 0 of 4, numbered from 0 (the first; pass rank= to choose another)" in first.header
     stage = fmesh.select(fmesh.make_mesh((2, 4), ("pp", "tp")), pp=1)
     out = check_text(stage, "tp")
     assert [out.cells[(None, None, f"tp={i}")] for i in range(4)] == ["4·a", "5·a", "6·a", "7·a"]
@@ -361,15 +371,21 @@ class _Strict(HTMLParser):
 
 
 def _cells(root: ET.Element) -> list[tuple[int, str, str]]:
-    """(rank, title, background) of every drawn cell."""
+    """(rank, title, background) of every drawn cell; each cell's text (rank, ``*`` if marked, ``·`` and the
+    group's tag) says the same as its title, so the picture reads without colour."""
     out = []
     for td in root.iter("td"):
         title = td.get("title")
         if title is None:
             assert td.text == ELLIPSIS
             continue
-        style = dict(part.split(":") for part in (td.get("style") or "").split(";") if part)
-        out.append((int(td.text or ""), title, style["background"]))
+        style = dict(part.split(":", 1) for part in (td.get("style") or "").split(";") if part)
+        rank_text, _, tag = (td.text or "").partition("·")
+        cell_rank = int(rank_text.removesuffix("*"))
+        group = re.search(r"; group ([a-z]+) along", title)
+        assert tag == (group.group(1) if group else ""), (td.text, title)
+        assert rank_text.endswith("*") == ("outline" in style), (td.text, style)
+        out.append((cell_rank, title, style["background"]))
     return out
 
 
@@ -522,3 +538,84 @@ def test_notebooks_draw_a_mesh_as_its_html_table() -> None:
         assert formatted["text/plain"] == repr(mesh)
     finally:
         InteractiveShell.clear_instance()
+
+
+# --------------------------------------------------------------------------- what a planner asks of a picture
+
+
+def test_the_rank_passed_is_marked_in_text_and_html() -> None:
+    mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))
+    out = check_text(mesh, "tp", rank=6)
+    assert "* marks rank 6" in out.header
+    assert {key: value for key, value in out.cells.items() if "*" in value} == {(None, "dp=1", "tp=2"): "6*·b"}
+    root = check_html(mesh, "tp", rank=6)
+    marked = [td for td in root.iter("td") if "outline" in (td.get("style") or "")]
+    assert [td.text for td in marked] == ["6*·b"]
+    assert all("*" not in (td.text or "") for td in check_html(mesh, "tp").iter("td"))
+
+
+def _host_edges(mesh: Mesh, topology: fmesh.Topology) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
+    """Expected host boundaries of a 2-axis mesh, from Topology.host_of: (row, col) of cells whose left
+    neighbour, and of rows whose upper neighbour in some column, is on another host."""
+    rows, cols = mesh.axis_sizes
+    host = {(r, c): topology.host_of(mesh.group(mesh.groups(None)[0][0], None)[r * cols + c])
+            for r in range(rows) for c in range(cols)}
+    left = {(r, c) for r in range(rows) for c in range(1, cols) if host[r, c] != host[r, c - 1]}
+    above = {(r, c) for r in range(1, rows) for c in range(cols) if host[r, c] != host[r - 1, c]}
+    return left, above
+
+
+@pytest.mark.parametrize(
+    ("shape", "rank_map", "topology"),
+    [
+        ((2, 4), None, fmesh.Topology(4, 2)),
+        ((4, 2), None, fmesh.Topology(2, 4)),
+        ((2, 4), None, fmesh.Topology(2, 4, rank_order="cyclic")),
+        ((4, 4), list(range(15, -1, -1)),
+         fmesh.Topology(2, 8, rank_order=tuple(np.random.default_rng(1).permutation(16).tolist()))),
+    ],
+)
+def test_host_boundaries_in_text_and_html(shape: tuple[int, int], rank_map: list[int] | None,
+                                          topology: fmesh.Topology) -> None:
+    mesh = fmesh.make_mesh(shape, ("dp", "tp"), rank_map=rank_map)
+    left, above = _host_edges(mesh, topology)
+    out = Text(fmesh.render(mesh, "tp", topology=topology))
+    assert out.host_bars == {(None, f"dp={r}", f"tp={c}") for r, c in left}
+    assert out.host_rules == len({r for r, _ in above})
+    root = _tree(html(mesh, "tp", topology=topology))
+    drawn_left, drawn_above = set(), set()
+    for td in root.iter("td"):
+        title = td.get("title") or ""
+        coordinate = tuple(int(x) for x in re.findall(r"=(\d+)", title.split(";")[0]))
+        cell_rank = int(title.split(":")[0].split()[1])
+        assert title.endswith(f"; host {topology.host_of(cell_rank)}")
+        if "border-left" in (td.get("style") or ""):
+            drawn_left.add(coordinate)
+        if "border-top" in (td.get("style") or ""):
+            drawn_above.add(coordinate)
+    assert (drawn_left, drawn_above) == (left, above)
+
+
+def test_gpus_per_node_is_block_order_and_checked() -> None:
+    mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))
+    assert fmesh.render(mesh, "tp", gpus_per_node=2) == fmesh.render(mesh, "tp", topology=fmesh.Topology(4, 2))
+    assert html(mesh, gpus_per_node=2) == html(mesh, topology=fmesh.Topology(4, 2))
+    assert "hosts: 4 hosts of 2 ranks (block order)" in fmesh.render(mesh, gpus_per_node=2)
+    with pytest.raises(ValueError, match="gpus_per_node=3 does not divide the mesh's world size 8"):
+        fmesh.render(mesh, gpus_per_node=3)
+    with pytest.raises(ValueError, match="expected gpus_per_node as a positive int, but got 0"):
+        html(mesh, gpus_per_node=0)
+    with pytest.raises(ValueError, match="not both"):
+        fmesh.render(mesh, gpus_per_node=2, topology=fmesh.Topology(4, 2))
+    with pytest.raises(ValueError, match="has 16 ranks, but the mesh's world has 8"):
+        fmesh.render(mesh, topology=fmesh.Topology(2, 8))
+    with pytest.raises(TypeError, match=r"expected topology as an fmesh\.Topology"):
+        html(mesh, topology=8)  # type: ignore[arg-type]
+
+
+def test_one_group_is_one_group() -> None:
+    mesh = fmesh.make_mesh((4,), ("tp",))
+    assert "groups along tp: 1 group of 4 ranks in this instance, tagged a" in fmesh.render(mesh, "tp")
+    text = "".join(_tree(html(mesh, "tp")).itertext())
+    assert "1 group of 4 ranks" in text and "1 groups" not in text
+    assert "2 groups of 2 ranks" in "".join(_tree(html(fmesh.make_mesh((2, 2), ("dp", "tp")))).itertext())
