@@ -317,7 +317,8 @@ def _highlight_line(inst: _Instance) -> str | None:
     count = inst.num_groups
     tags = "a" if count == 1 else f"{_tag(0)}..{_tag(count - 1)}"
     noun = "group" if count == 1 else "groups"
-    return f"groups along {axes}: {count} {noun} of {inst.group_size} ranks in this instance, tagged {tags}"
+    ranks = "rank" if inst.group_size == 1 else "ranks"
+    return f"groups along {axes}: {count} {noun} of {inst.group_size} {ranks} in this instance, tagged {tags}"
 
 
 def _legend_groups(inst: _Instance, shown: list[int]) -> tuple[list[int], int]:
@@ -625,7 +626,8 @@ def html(
     if inst.highlight:
         listed, left_out = _legend_groups(inst, shown_groups)
         noun = "group" if inst.num_groups == 1 else "groups"
-        count = f"groups along {hl_axes}: {inst.num_groups} {noun} of {inst.group_size} ranks, tagged in each cell"
+        ranks = "rank" if inst.group_size == 1 else "ranks"
+        count = f"groups along {hl_axes}: {inst.num_groups} {noun} of {inst.group_size} {ranks}, tagged in each cell"
         out.append(f"<div>{_esc(count)}</div>")
         out.append('<ul style="list-style:none;padding-left:0;margin:2px 0">')
         for index, group in enumerate(listed):

@@ -619,3 +619,4 @@ def test_one_group_is_one_group() -> None:
     text = "".join(_tree(html(mesh, "tp")).itertext())
     assert "1 group of 4 ranks" in text and "1 groups" not in text
     assert "2 groups of 2 ranks" in "".join(_tree(html(fmesh.make_mesh((2, 2), ("dp", "tp")))).itertext())
+    assert "1 group of 1 rank in this instance" in fmesh.render(fmesh.make_mesh((1,), ("tp",)), "tp")
