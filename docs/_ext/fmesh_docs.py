@@ -47,20 +47,22 @@ def public_paths() -> dict[int, str]:
 
 
 def _lookup(dotted: str) -> Any:
-    """The object a dotted path names (a module, then attributes), or ``None``."""
+    """The object a dotted path names, or ``None``: attributes first (``fmesh.context.launch`` is the function
+    the package exports, not its submodule of that name), importing a submodule only where no attribute is."""
     parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            value: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
+    try:
+        value: Any = importlib.import_module(parts[0])
+    except ImportError:
+        return None
+    for index, part in enumerate(parts[1:], start=1):
+        if hasattr(value, part):
+            value = getattr(value, part)
             continue
         try:
-            for attribute in parts[cut:]:
-                value = getattr(value, attribute)
-        except AttributeError:
+            value = importlib.import_module(".".join(parts[: index + 1]))
+        except ImportError:
             return None
-        return value
-    return None
+    return value
 
 
 def public_target(target: str, module: str | None, cls: str | None) -> str | None:
@@ -118,8 +120,21 @@ class ErrorCatalogue(SphinxDirective):
         return container.children
 
 
+class MeshPicture(SphinxDirective):
+    """``.. fmesh-picture::`` with a Python expression as content (``fmesh`` in scope): the HTML picture
+    :func:`fmesh.rendering.html` draws of it, made when the docs are built (never a stale copy)."""
+
+    has_content = True
+
+    def run(self) -> list[nodes.Node]:
+        value = eval("\n".join(self.content), {"fmesh": fmesh})  # the docs' own source, not user input
+        picture = value if isinstance(value, str) else fmesh.rendering.html(value)
+        return [nodes.raw("", picture, format="html")]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("fmesh-errors", ErrorCatalogue)
+    app.add_directive("fmesh-picture", MeshPicture)
     app.connect("missing-reference", resolve_public)
     app.connect("autodoc-skip-member", skip_republished)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

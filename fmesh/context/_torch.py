@@ -14,15 +14,24 @@
   the ranks, so an unsorted partition is made group by group instead (every rank taking part).
 * The per-version layer, where releases differ (each pinned by ``tests/test_torch_private.py``):
 
-  ======================  =====================================  ==================================
-  what                    torch 2.10 - 2.12                      torch 2.13 - 2.15
-  ======================  =====================================  ==================================
-  a DeviceMesh's layout   one ``_MeshLayout(shape, stride)``,    ``_MeshLayout([_FlatLayout, ...])``
-                          a nested mode per dim
-  ``_pg_registry``        from 2.11 (2.10 resolves by name)      yes
-  collective names        ``all_gather_into_tensor``             ``all_gather_single`` (2.13 warns
-                                                                 on the old names)
-  ======================  =====================================  ==================================
+  ============================  ==========================================  ==========================================
+  what                          torch 2.10 - 2.12                           torch 2.13 - 2.15
+  ============================  ==========================================  ==========================================
+  a DeviceMesh's layout         one ``_MeshLayout(shape, stride)``, a       ``_MeshLayout([_FlatLayout, ...])``, a
+                                nested mode per dim; ``_flatten`` makes a   ``_FlatLayout`` per dim
+                                bare mode (``4:1``), a slice a tuple
+                                (``(4,):(1,)``), and they compare unequal
+  ``DeviceMesh._pg_registry``   from 2.11 (2.10 resolves groups by name)    yes
+  collective names              ``all_gather_into_tensor``                  ``all_gather_single`` (2.13 warns on the
+                                                                            old names)
+  ``dist.split_group``          sorts each split's ranks: an unsorted       sorts them on 2.13; keeps their order from
+                                partition is made group by group instead    2.14
+  the ``fake`` backend's store  raises on every write                       raises on 2.13; a do-nothing store from
+                                                                            2.14
+  ``LocalTensorMode``           ``dist.get_rank()`` is the rank             the same on 2.13; symbolic from 2.14:
+                                (``fmesh.simulate``)                        ``fmesh.simulate`` takes the rank from the
+                                                                            Context
+  ============================  ==========================================  ==========================================
 
 No other fmesh module names anything private of torch; ``tests/test_architecture.py`` checks it.
 
