@@ -12,11 +12,11 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "_ext"))
 
-import fmesh  # noqa: E402
+import fmesh
 
 project = "fmesh"
 author = "the fmesh authors"
-copyright = "the fmesh authors"  # noqa: A001
+copyright = "the fmesh authors"
 release = version = "0.1.0"
 
 extensions = [

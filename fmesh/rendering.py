@@ -443,7 +443,7 @@ def render(
                 hidden = product(frame.block_sizes) - sum(1 for b in frame.blocks if b is not None)
                 body.append(f"{ELLIPSIS} ({hidden} blocks not drawn)")
                 continue
-            body.append(f"{label}:")
+            body.append(f"{label}{_block_hosts(inst, frame, block, hosts) if block is not None else ''}:")
         if ndim:
             body.append((lead + "  ".join(c.ljust(width) for c in col_labels)).rstrip())
         for index, ((row_label, cells), row) in enumerate(zip(rows, frame.rows, strict=True)):
@@ -479,6 +479,20 @@ def _host_changes(
     a = hosts.get((block, row_a, col_a))  # type: ignore[arg-type]
     b = hosts.get((block, row_b, col_b))  # type: ignore[arg-type]
     return a is not None and b is not None and a != b
+
+
+def _block_hosts(inst: _Instance, frame: _Frame, block: int, hosts: Topology | None) -> str:
+    """`` (host 0)`` or `` (hosts 0, 1)``: the hosts of a block's drawn cells (blocks are drawn apart, so the host
+    changes between blocks are said in their labels); empty when no hosts are drawn."""
+    if hosts is None:
+        return ""
+    ndim = inst.mesh.ndim
+    found = sorted({
+        hosts.host_of(inst.rank(frame.coordinate(block, row, col, ndim)))
+        for row in frame.rows if row is not None for col in frame.cols if col is not None
+    })
+    shown = ", ".join(map(str, found)) if len(found) <= 4 else f"{found[0]}, {found[1]}, {ELLIPSIS}, {found[-1]}"
+    return f" (host {shown})" if len(found) == 1 else f" (hosts {shown})"
 
 
 def _esc(text: object) -> str:
@@ -579,6 +593,8 @@ def html(
                 if block is None
                 else ", ".join(f"{n}={d}" for n, d in zip(names, _unravel(block, frame.block_sizes), strict=False))
             )
+            if block is not None:
+                label += _block_hosts(inst, frame, block, hosts)
             out.append(f'<tr><th colspan="{span}" style="text-align:left">{_esc(label)}</th></tr>')
         if block is None:
             continue

@@ -43,6 +43,7 @@ class Text:
         self.legend_title: str | None = None
         self.legend_lines: list[str] = []
         self.host_rules = 0  # lines of '-' drawn between rows on different hosts
+        self.block_hosts: dict[str, list[int]] = {}  # block label -> the hosts its label names
         self.host_bars: set[tuple[str | None, str | None, str]] = set()  # cells drawn with '|' before them
         block: str | None = None
         cols: list[str] | None = None
@@ -69,7 +70,9 @@ class Text:
                 self.blocks.append(line)
                 continue
             if line.endswith(":"):
-                block = line[:-1]
+                block, _, on_hosts = line[:-1].partition(" (host")  # "dp=1 (hosts 2, 3):" when hosts are drawn
+                if on_hosts:
+                    self.block_hosts[block] = [int(h) for h in on_hosts.removeprefix("s").strip(" )").split(", ")]
                 self.blocks.append(block)
                 continue
             if cols is None and "=" in line:
@@ -620,3 +623,17 @@ def test_one_group_is_one_group() -> None:
     assert "1 group of 4 ranks" in text and "1 groups" not in text
     assert "2 groups of 2 ranks" in "".join(_tree(html(fmesh.make_mesh((2, 2), ("dp", "tp")))).itertext())
     assert "1 group of 1 rank in this instance" in fmesh.render(fmesh.make_mesh((1,), ("tp",)), "tp")
+
+
+def test_blocks_say_their_hosts() -> None:
+    mesh = fmesh.make_mesh((2, 2, 4), ("dp", "cp", "tp"))
+    for topology in (fmesh.Topology(2, 8), fmesh.Topology(4, 4, rank_order="cyclic")):
+        out = Text(fmesh.render(mesh, "tp", topology=topology))
+        expected = {f"dp={d}": sorted({topology.host_of(r) for r in range(16) if mesh.coordinate(r)[0] == d})
+                    for d in range(2)}
+        assert out.block_hosts == expected
+        headers = ["".join(th.itertext()) for th in _tree(html(mesh, topology=topology)).iter("th")
+                   if th.get("colspan")]
+        assert headers == [f"{d} (host{'s' if len(h) > 1 else ''} {', '.join(map(str, h))})"
+                           for d, h in expected.items()]
+    assert Text(fmesh.render(mesh, "tp")).block_hosts == {}
