@@ -49,7 +49,8 @@ python_use_unqualified_type_names = False
 
 html_theme = "furo"
 html_title = f"fmesh {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["fmesh.css"]
 copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True
 
