@@ -40,7 +40,7 @@ myst_heading_anchors = 3
 
 autosummary_generate = True
 autosummary_ignore_module_all = False
-autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
+autodoc_default_options = {"members": True, "undoc-members": False}
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True

@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
+import re
 import types
 from typing import Any
 
@@ -102,6 +104,25 @@ def skip_republished(app: Sphinx, what: str, name: str, value: Any, skip: bool, 
     return True if any(v is value for v in published if not isinstance(v, types.ModuleType)) else None
 
 
+def attrs_defaults(app: Sphinx, what: str, name: str, value: Any, options: Any, signature: str | None,
+                   return_annotation: str | None) -> tuple[str | None, str | None] | None:
+    """An attrs class's signature shows ``attr_dict['offset'].default`` for a default (its generated ``__init__``
+    names it so): show the default itself where its repr is Python (``0``, ``()``), else ``...``."""
+    if signature is None or "attr_dict[" not in signature or not hasattr(value, "__attrs_attrs__"):
+        return None
+    defaults = {field.name.lstrip("_"): field.default for field in value.__attrs_attrs__}
+
+    def shown(match: re.Match[str]) -> str:
+        text = repr(defaults.get(match.group(1), ...))
+        try:
+            ast.parse(text, mode="eval")
+        except SyntaxError:
+            return "..."
+        return text
+
+    return re.sub(r"attr_dict\['(\w+)'\]\.default", shown, signature), return_annotation
+
+
 class ErrorCatalogue(SphinxDirective):
     """A table of fmesh's exceptions and warnings, read from :mod:`fmesh.errors`."""
 
@@ -137,4 +158,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("fmesh-picture", MeshPicture)
     app.connect("missing-reference", resolve_public)
     app.connect("autodoc-skip-member", skip_republished)
+    app.connect("autodoc-process-signature", attrs_defaults)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
