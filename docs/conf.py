@@ -1,4 +1,4 @@
-"""Sphinx configuration: ``python -m sphinx -n -W --keep-going docs docs/_build/html`` (or ``make -C docs html``).
+"""Sphinx configuration: ``python -m sphinx -n -W --keep-going docs docs/_build/html`` builds the site.
 
 The API reference is generated from the docstrings (autodoc + autosummary); the notebooks are rendered with the
 outputs they were committed with (myst-nb, no execution: the test suite runs them); reference tables that live in
