@@ -250,7 +250,7 @@ def check_manifest(data: Any, source: str = "manifest") -> Any:
     >>> check_manifest({"schema": "fmesh.manifest/2"}, "a.json")
     Traceback (most recent call last):
     ...
-    fmesh.errors.ManifestError: a.json: expected schema 'fmesh.manifest/1', but got 'fmesh.manifest/2'
+    fmesh.ManifestError: a.json: expected schema 'fmesh.manifest/1', but got 'fmesh.manifest/2'
     """
     if not isinstance(data, Mapping):
         raise _fail(source, f"expected a JSON object with schema {SCHEMA!r}, but got {type(data).__name__}")
@@ -300,7 +300,7 @@ def load_manifest(path: str | pathlib.Path) -> dict[str, Any]:
     >>> load_manifest("/nonexistent.json")
     Traceback (most recent call last):
     ...
-    fmesh.errors.ManifestError: /nonexistent.json: cannot read it: No such file or directory
+    fmesh.ManifestError: /nonexistent.json: cannot read it: No such file or directory
     """
     source = str(path)
     try:
