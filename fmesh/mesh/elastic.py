@@ -19,13 +19,13 @@ where the larger mesh has them).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import accumulate
 
 import attrs
 
 from fmesh.layout.int_tuple import is_int
-from fmesh.layout.layout import Layout, Modes
+from fmesh.layout.layout import Layout
 from fmesh.mesh.lineage import Lineage
 from fmesh.mesh.mesh import Mesh
 from fmesh.mesh.universe import Universe
@@ -174,19 +174,21 @@ def _change(mesh: Mesh, position: int, coordinates: tuple[int | None, ...]) -> M
     old_size, new_size = mesh.axis_sizes[position], len(coordinates)
     lineage = Lineage(mesh.universe, mesh.axis_names[position], stride, old_size, coordinates)
 
-    def restride(modes: Modes) -> Layout:
+    def restride(layout: Layout) -> Layout:
         # Digits above the axis move by the change of its extent; digits below it stay.
-        changed = tuple((s, d if d < stride else d // old_size * new_size) for s, d in modes)
-        return Layout(tuple(s for s, _ in changed), tuple(d for _, d in changed))
+        if all(d < stride for _, d in layout.modes):
+            return layout
+        modes = tuple((s, d if d < stride else d // old_size * new_size) for s, d in layout.modes)
+        return Layout(tuple(s for s, _ in modes), tuple(d for _, d in modes))
 
-    layouts = [restride(lay.modes) for lay in mesh.layouts]
+    layouts = [restride(lay) for lay in mesh.layouts]
     layouts[position] = Layout(new_size, stride)
     high, low = divmod(mesh.offset, old_size * stride)  # the offset has no digit along the axis
     universe = Universe(
         lineage.world_size, _rank_map(lineage), mesh.universe.device_type, lineage=lineage
     )
     return attrs.evolve(
-        mesh, universe=universe, layouts=layouts, pinned=restride(mesh.pinned.modes),
+        mesh, universe=universe, layouts=layouts, pinned=restride(mesh.pinned),
         offset=high * new_size * stride + low,
     )
 
@@ -202,19 +204,25 @@ def _rank_map(lineage: Lineage) -> tuple[int, ...] | None:
     if parent.is_identity and ordered and (not grown or outermost):
         return None
     old_ranks = parent.rank_map
-    # Old rank (or -1 for a new slot) of every new slot, one block of `stride` slots at a time.
-    blocks: list[int] = []
+    # The new slots in order, one block of `stride` slots at a time: old ranks, or None for new slots.
+    blocks: list[Sequence[int] | None] = []
     for high in range(parent.world_size // (lineage.old_size * stride)):
         for old in lineage.coordinates:
-            if old is None:
-                blocks.extend([-1] * stride)
-            else:
-                start = (high * lineage.old_size + old) * stride
-                blocks.extend(old_ranks[start : start + stride])
-    remains = bytearray(parent.world_size)
-    for rank in blocks:
-        if rank >= 0:
-            remains[rank] = 1
-    renumbered = [0, *accumulate(remains)]  # renumbered[r]: how many remaining old ranks are below r
-    joined = iter(range(renumbered[-1], lineage.world_size))
-    return tuple(renumbered[rank] if rank >= 0 else next(joined) for rank in blocks)
+            start = (high * lineage.old_size + (old or 0)) * stride
+            blocks.append(None if old is None else old_ranks[start : start + stride])
+    renumber: list[int] | None = None  # None: every old rank remains and keeps its number
+    if sum(c is not None for c in lineage.coordinates) < lineage.old_size:
+        remains = bytearray(parent.world_size)
+        for block in blocks:
+            for rank in block or ():
+                remains[rank] = 1
+        renumber = [0, *accumulate(remains)]  # renumber[r]: how many remaining old ranks are below r
+    joined = renumber[-1] if renumber else parent.world_size  # the first new slot's rank
+    ranks: list[int] = []
+    for block in blocks:
+        if block is None:
+            ranks.extend(range(joined, joined + stride))
+            joined += stride
+        else:
+            ranks.extend(block if renumber is None else (renumber[rank] for rank in block))
+    return tuple(ranks)
