@@ -107,10 +107,7 @@ class Lineage:
         >>> Lineage(Universe(4), "dp", stride=1, old_size=4, coordinates=(1, 3)).old_slot(1)
         3
         """
-        high, rest = divmod(slot, self.new_size * self.stride)
-        coordinate, low = divmod(rest, self.stride)
-        old = self.coordinates[coordinate]
-        return None if old is None else (high * self.old_size + old) * self.stride + low
+        return _move(slot, self.stride, (self.new_size, self.old_size), self.coordinates)
 
     def new_slot(self, slot: int) -> int | None:
         """The new slot of parent ``slot``, or ``None`` where the change dropped it.
@@ -119,7 +116,13 @@ class Lineage:
         >>> Lineage(Universe(4), "dp", stride=1, old_size=4, coordinates=(1, 3)).new_slot(3)
         1
         """
-        high, rest = divmod(slot, self.old_size * self.stride)
-        coordinate, low = divmod(rest, self.stride)
-        new = self._new_coordinates[coordinate]
-        return None if new is None else (high * self.new_size + new) * self.stride + low
+        return _move(slot, self.stride, (self.old_size, self.new_size), self._new_coordinates)
+
+
+def _move(slot: int, stride: int, sizes: tuple[int, int], coordinates: tuple[int | None, ...]) -> int | None:
+    """``slot`` of a universe where the axis has ``sizes[0]`` coordinates, in the universe where it has
+    ``sizes[1]``: the digits above and below the axis stay, its coordinate ``c`` becomes ``coordinates[c]``."""
+    high, rest = divmod(slot, sizes[0] * stride)
+    coordinate, low = divmod(rest, stride)
+    moved = coordinates[coordinate]
+    return None if moved is None else (high * sizes[1] + moved) * stride + low
