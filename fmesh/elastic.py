@@ -15,10 +15,11 @@ its meshes. One axis absorbs the change, the first of ``axes`` that can:
 a part of each step's computation that the others wait for, so a group cannot lose one. Dropping a
 slice drops every rank at that coordinate of the axis, also the ranks that did not fail: a loss in
 replica 1 drops all of replica 1. The groups of the smaller job are exactly those of a restarted
-job with that degree, for every mesh of :data:`fmesh.parallel.MESH_NAMES`; the expert meshes keep
-their members only when ``ep * etp`` divides ``cp * tp`` or the axis is not ``dp_shard`` (``ep`` is
-carved from ``dp_shard * cp * tp``), and where the smaller ``dp_shard`` leaves no valid ``ep``,
-that axis cannot absorb the loss and the error says why.
+job with that degree, for every mesh of :data:`fmesh.parallel.MESH_NAMES`, and every group of the
+smaller job is the survivors of a group of the old one, except the expert meshes when ``dp_shard``
+changes and ``ep * etp`` does not divide ``cp * tp`` (``ep`` is carved from ``dp_shard * cp * tp``, so
+the experts are laid out again); where the smaller ``dp_shard`` leaves no valid ``ep``, that axis
+cannot absorb the loss and the error says why.
 
 >>> import fmesh
 >>> dims = fmesh.ParallelDims(16, dp_replicate=2, dp_shard=4, tp=2)
