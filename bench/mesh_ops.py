@@ -5,6 +5,7 @@ Run from the repository root::
     python bench/mesh_ops.py            # full run (about a minute on 2 cores)
     python bench/mesh_ops.py --quick    # smoke run: smaller worlds, fewer repetitions
     python bench/mesh_ops.py --json results.json
+    python bench/mesh_ops.py --large-only   # only table 2 (fmesh alone at 2^20 ranks), elastic rows included
 
 Prints three markdown tables:
 
@@ -12,8 +13,9 @@ Prints three markdown tables:
    at several world sizes. DeviceMesh runs on the ``fake`` process-group backend, so building
    a mesh (and flattening/unflattening one) creates its process groups eagerly, as it does in
    a real job; that cost is part of what is compared. fmesh values create no groups.
-2. fmesh alone at 2^20 ranks: every operation and single-rank queries, and the planning tools
-   (recipes, host spans, ``python -m fmesh plan``, pictures) that unit tests no longer time.
+2. fmesh alone at 2^20 ranks: every operation and single-rank queries, the planning tools
+   (recipes, host spans, ``python -m fmesh plan``, pictures) that unit tests no longer time, and the
+   elastic operations (a lost rank, a join, rank conversion).
 3. Peak Python memory (tracemalloc) of building a mesh and doing the operations at
    2^10, 2^15 and 2^20 ranks.
 
@@ -220,6 +222,7 @@ def large_world(fmesh_budget: Budget) -> list[Row]:
     flat = fmesh.flatten(mesh, ("dp_replicate", "dp_shard"), "dp")
     ops["group dp (flattened)"] = lambda: flat.group(rank, "dp")
     ops.update(planning_ops(world))
+    ops.update(elastic_ops(world, rank))
     rows = []
     for op, fn in ops.items():
         seconds, reps = time_op(fn, fmesh_budget)
@@ -241,6 +244,23 @@ def planning_ops(world: int) -> dict[str, Callable[[], object]]:
         "build_plan (python -m fmesh plan)": lambda: fmesh.planning.build_plan(world, 8, **degrees),
         "render (text picture)": lambda: fmesh.render(mesh, highlight="tp"),
         "rendering.html (notebook picture)": lambda: fmesh.rendering.html(mesh),
+    }
+
+
+def elastic_ops(world: int, rank: int) -> dict[str, Callable[[], object]]:
+    """The elastic operations at ``world`` ranks: the mesh and the job after ``rank`` is lost, a join
+    (a grow of the outermost axis needs no rank map; a grow of an inner one lists a new rank map of the
+    whole world, so it costs what building a permuted universe costs), and converting a rank."""
+    shape = SHAPES[world]
+    mesh = fmesh.make_mesh(shape, NAMES)
+    dims = fmesh.ParallelDims(world, pp=shape[0], dp_replicate=shape[1], cp=shape[3], tp=shape[4])
+    smaller = fmesh.without(mesh, [rank], "dp_replicate")
+    return {
+        "without (lost rank: drop its dp_replicate slice)": lambda: fmesh.without(mesh, [rank], "dp_replicate"),
+        "resize pp +1 (join; outermost, no rank map)": lambda: fmesh.resize(mesh, "pp", shape[0] + 1),
+        "resize dp_shard +1 (join; new 2^20 rank map)": lambda: fmesh.resize(mesh, "dp_shard", shape[2] + 1),
+        "elastic.shrink(ParallelDims, [rank])": lambda: fmesh.elastic.shrink(dims, [rank]),
+        "old_rank + new_rank": lambda: (fmesh.old_rank(smaller, 12345), fmesh.new_rank(smaller, rank)),
     }
 
 
@@ -325,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="smoke run: worlds 64 and 4096, few repetitions")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--large-only", action="store_true", help="only the fmesh-alone table at 2^20 ranks")
     args = parser.parse_args(argv)
 
     if args.quick:
@@ -336,13 +357,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     start = time.perf_counter()
     results = Results()
-    for world in worlds:
+    for world in () if args.large_only else worlds:
         results.comparison += compare(world, fmesh_budget, dm_budget)
     results.large = large_world(fmesh_budget)
-    results.memory = memory((2**10, 2**15, 2**20))
+    results.memory = [] if args.large_only else memory((2**10, 2**15, 2**20))
     results.elapsed_s = time.perf_counter() - start
 
-    print(render(results))
+    text = render(results)
+    if args.large_only:  # the one table measured
+        text = text[text.index("## fmesh alone") : text.index("\n## Peak memory")]
+    print(text)
     print()
     print(
         f"torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()}, "

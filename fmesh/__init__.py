@@ -8,8 +8,8 @@ The package is layered, each layer importing only from those below it:
 * :mod:`fmesh.errors`: every exception and warning fmesh raises;
 * :mod:`fmesh.layout`: the CuTe-style layout algebra over tuples of ints;
 * :mod:`fmesh.mesh`: ``Universe``, ``Mesh`` and the pure transforms;
-* recipes: :mod:`fmesh.parallel`, :mod:`fmesh.topology`, :mod:`fmesh.costs`, :mod:`fmesh.planning`,
-  :mod:`fmesh.manifest`, :mod:`fmesh.rendering`;
+* recipes: :mod:`fmesh.parallel`, :mod:`fmesh.elastic`, :mod:`fmesh.topology`, :mod:`fmesh.costs`,
+  :mod:`fmesh.planning`, :mod:`fmesh.manifest`, :mod:`fmesh.rendering`;
 * :mod:`fmesh.context`: the only code that touches ``torch.distributed``;
 * :mod:`fmesh.cli`: ``python -m fmesh``.
 
@@ -23,7 +23,7 @@ Only the context needs torch; it is imported on first use of one of its names.
 
 from typing import TYPE_CHECKING, Any
 
-from fmesh import costs, manifest, parallel, planning, rendering, topology
+from fmesh import costs, elastic, manifest, parallel, planning, rendering, topology
 from fmesh.costs import Links, cost
 from fmesh.errors import (
     CommandLineError,
@@ -39,7 +39,22 @@ from fmesh.errors import (
     UnsupportedTorchError,
 )
 from fmesh.layout import Layout
-from fmesh.mesh import Mesh, Universe, concat, flatten, make_mesh, rename, select, slice, unflatten
+from fmesh.mesh import (
+    Lineage,
+    Mesh,
+    Universe,
+    concat,
+    flatten,
+    make_mesh,
+    new_rank,
+    old_rank,
+    rename,
+    resize,
+    select,
+    slice,
+    unflatten,
+    without,
+)
 from fmesh.parallel import ParallelDims
 from fmesh.rendering import render
 from fmesh.topology import Topology
@@ -97,6 +112,7 @@ __all__ = [
     "GroupTimeoutError",
     "LaunchError",
     "Layout",
+    "Lineage",
     "Links",
     "ManifestError",
     "Mesh",
@@ -115,21 +131,26 @@ __all__ = [
     "cost",
     "costs",
     "device_mesh_groups",
+    "elastic",
     "flatten",
     "from_device_mesh",
     "launch",
     "make_mesh",
     "manifest",
+    "new_rank",
+    "old_rank",
     "parallel",
     "planning",
     "rename",
     "render",
     "rendering",
+    "resize",
     "select",
     "simulate",
     "slice",
     "topology",
     "unflatten",
+    "without",
 ]
 
 for _name in __all__:

@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from fmesh.mesh import Mesh, flatten, make_mesh, rename, unflatten
+from fmesh.mesh import Lineage, Mesh, flatten, make_mesh, rename, unflatten
 
 __all__ = ["DEGREE_NAMES", "MESH_ALIASES", "MESH_NAMES", "WORLD_AXES", "ParallelDims"]
 
@@ -140,6 +140,9 @@ class ParallelDims:
     singleton groups). Use the ``*_enabled`` properties to ask whether an axis is
     really parallel.
 
+    ``lineage`` (not part of equality) is set on the degrees of a job made smaller or larger by
+    :mod:`fmesh.elastic`: every mesh of the job then converts ranks to and from the old job's.
+
     Deliberate differences, with the same rank groups in every case:
 
     - torchtitan before late 2025 dropped degree-1 dims from the world mesh
@@ -176,6 +179,7 @@ class ParallelDims:
     etp: int = attrs.field(default=1, kw_only=True, validator=_check_degree)
     device_type: str = attrs.field(default="cpu", kw_only=True, validator=_check_device_type)
     rank_map: tuple[int, ...] | None = attrs.field(default=None, kw_only=True, converter=_to_rank_map)
+    lineage: Lineage | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
     _world: Mesh = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -186,6 +190,7 @@ class ParallelDims:
             WORLD_AXES,
             device_type=self.device_type,
             rank_map=self.rank_map,
+            lineage=self.lineage,
         )
         object.__setattr__(self, "_world", world)
 

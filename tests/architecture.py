@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "fmesh.layout": 1,
     "fmesh.mesh": 2,
     "fmesh.parallel": 3,
+    "fmesh.elastic": 3,
     "fmesh.topology": 3,
     "fmesh.rendering": 3,
     "fmesh.planning": 3,

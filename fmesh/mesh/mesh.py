@@ -31,6 +31,7 @@ from fmesh.layout.layout import (
 )
 from fmesh.mesh import frame as frames
 from fmesh.mesh import transforms
+from fmesh.mesh.lineage import Lineage
 from fmesh.mesh.universe import Universe
 
 if TYPE_CHECKING:
@@ -459,11 +460,13 @@ def make_mesh(
     *,
     device_type: str = "cpu",
     rank_map: Any = None,
+    lineage: Lineage | None = None,
 ) -> Mesh:
     """A root mesh whose axes cover the whole universe, row-major like ``init_device_mesh``.
 
     ``rank_map`` (any permutation of ``range(world_size)``, also a tensor of
-    shape ``axis_sizes``) says which global rank sits in each slot.
+    shape ``axis_sizes``) says which global rank sits in each slot; ``lineage`` is for the
+    universe of a job made smaller or larger (see :func:`fmesh.without`).
 
     >>> make_mesh((2, 4), ("dp", "tp"))
     Mesh(dp=2, tp=4; world=8)
@@ -486,5 +489,5 @@ def make_mesh(
         )
     root = Layout(tuple(axis_sizes))
     layouts = [Layout(s, d) for s, d in root.modes]
-    universe = Universe(root.size, rank_map=rank_map, device_type=device_type)
+    universe = Universe(root.size, rank_map=rank_map, device_type=device_type, lineage=lineage)
     return Mesh(universe, tuple(axis_names), layouts)

@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from fmesh.layout.int_tuple import is_int
+from fmesh.mesh.lineage import Lineage
 
 
 def _positive_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -39,6 +40,10 @@ def canonical_rank_map(world_size: int, rank_map: Any) -> tuple[int, ...] | None
         raise ValueError(
             f"rank_map has {len(ranks)} entries, but world_size is {world_size}; it needs one rank per slot"
         )
+    if set(map(type, ranks)) == {int} and sorted(ranks) == list(range(world_size)):
+        # A permutation of plain ints, checked at C speed (a million ranks in ~0.1 s); the loop below
+        # is what explains a bad map.
+        return None if ranks == tuple(range(world_size)) else ranks
     seen = bytearray(world_size)
     for rank in ranks:
         if not is_int(rank):
@@ -78,6 +83,9 @@ class Universe:
     """``world_size`` ranks on ``device_type``; slot ``i`` holds global rank ``rank_map[i]``.
 
     Meshes lay out slots; the rank map says which process sits in each slot.
+    A universe made by :func:`fmesh.without` or :func:`fmesh.resize` has a ``lineage``: which
+    slot of the universe before it each slot was (not part of equality, like the rank map,
+    which the id covers).
     ``id`` is a digest of the inputs: the same in every process, kept by pickling,
     and shared by every mesh derived from one another. Equality and hashing use
     it, so comparing universes of a million ranks costs nothing.
@@ -90,14 +98,22 @@ class Universe:
     world_size: int = attrs.field(validator=_positive_int)
     _rank_map: tuple[int, ...] | None = attrs.field(eq=False, alias="rank_map")
     device_type: str = attrs.field(default="cpu", validator=_device_type)
+    lineage: Lineage | None = attrs.field(default=None, eq=False)
     _slots: tuple[int, ...] | None = attrs.field(
         init=False, default=attrs.Factory(_inverse, takes_self=True), eq=False
     )
     id: str = attrs.field(init=False, default=attrs.Factory(_stable_id, takes_self=True))
 
-    def __init__(self, world_size: int, rank_map: Any = None, device_type: str = "cpu") -> None:
+    def __init__(
+        self, world_size: int, rank_map: Any = None, device_type: str = "cpu", *, lineage: Lineage | None = None
+    ) -> None:
         _positive_int(self, attrs.fields(Universe).world_size, world_size)
-        self.__attrs_init__(world_size, canonical_rank_map(world_size, rank_map), device_type)
+        if lineage is not None:
+            if not isinstance(lineage, Lineage):
+                raise TypeError(f"lineage must be an fmesh.mesh.Lineage or None, got {lineage!r}")
+            if lineage.world_size != world_size:
+                raise ValueError(f"the lineage describes {lineage.world_size} slots, but world_size is {world_size}")
+        self.__attrs_init__(world_size, canonical_rank_map(world_size, rank_map), device_type, lineage)
 
     @property
     def rank_map(self) -> Sequence[int]:

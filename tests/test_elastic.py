@@ -1,0 +1,331 @@
+"""Elastic meshes and jobs (fmesh.without, fmesh.resize, fmesh.elastic): laws against brute force.
+
+The references here enumerate ranks and read coordinates; the code under test never does.
+"""
+
+from __future__ import annotations
+
+import doctest
+import math
+import pathlib
+import pickle
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import fmesh
+from fmesh.parallel import MESH_NAMES
+
+EXPERT_MESHES = ("ep", "efsdp", "etp")
+
+
+# ----------------------------------------------------------------- references
+
+
+def dropped_coordinates(mesh: fmesh.Mesh, lost: Sequence[int], axis: str) -> set[int]:
+    position = mesh.axis_index(axis)
+    return {coordinate[position] for coordinate in map(mesh.coordinate, lost) if coordinate is not None}
+
+
+def survivors(mesh: fmesh.Mesh, lost: Sequence[int], axis: str) -> list[int]:
+    """Every rank whose coordinate along ``axis`` holds no lost rank, ascending (a mesh covering its universe)."""
+    position, dropped = mesh.axis_index(axis), dropped_coordinates(mesh, lost, axis)
+    return [r for r in range(mesh.world_size) if (mesh.coordinate(r) or ())[position] not in dropped]
+
+
+def renumbered(groups: Sequence[tuple[int, ...]], number: dict[int, int]) -> tuple[tuple[int, ...], ...]:
+    """The groups' surviving members in the new numbering, groups with no survivor left out."""
+    kept = (tuple(number[r] for r in group if r in number) for group in groups)
+    return tuple(group for group in kept if group)
+
+
+def through_rank_map(groups: Sequence[tuple[int, ...]], universe: fmesh.Universe) -> tuple[tuple[int, ...], ...]:
+    """A restarted job's groups (over slots, its rank map the identity) read through ``universe``'s rank map."""
+    return tuple(tuple(universe.rank_of(slot) for slot in group) for group in groups)
+
+
+# ----------------------------------------------------------------- strategies
+
+
+@st.composite
+def meshes(draw: st.DrawFn) -> fmesh.Mesh:
+    """A mesh of up to 4 axes over at most 64 ranks, maybe permuted, maybe sliced or with adjacent axes flattened."""
+    sizes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4).filter(lambda s: math.prod(s) <= 64))
+    names = tuple("abcd"[: len(sizes)])
+    world = math.prod(sizes)
+    rank_map = draw(st.one_of(st.none(), st.permutations(range(world))))
+    mesh = fmesh.make_mesh(tuple(sizes), names, rank_map=rank_map)
+    how = draw(st.sampled_from(("root", "slice", "flatten")))
+    if how == "slice":
+        mesh = fmesh.slice(mesh, *draw(st.permutations(names).flatmap(lambda p: st.sampled_from(
+            [p[:k] for k in range(1, len(p) + 1)]))))
+    elif how == "flatten" and len(names) > 1:
+        start = draw(st.integers(0, len(names) - 2))
+        stop = draw(st.integers(start + 2, len(names)))
+        mesh = fmesh.flatten(mesh, names[start:stop], "flat")
+    return mesh
+
+
+@st.composite
+def jobs(draw: st.DrawFn) -> fmesh.ParallelDims:
+    """ParallelDims of at most 64 ranks, with expert parallelism where the degrees allow it."""
+    pp, replicate, shard = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 6))
+    cp, tp = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
+    world = pp * replicate * shard * cp * tp
+    assume(world <= 64)
+    etp = draw(st.sampled_from((1, tp)))
+    region = shard * cp * (tp if etp == 1 else 1)
+    ep = draw(st.sampled_from([d for d in range(1, region + 1) if region % d == 0]))
+    rank_map = draw(st.one_of(st.none(), st.permutations(range(world))))
+    return fmesh.ParallelDims(world, pp=pp, dp_replicate=replicate, dp_shard=shard, cp=cp, tp=tp, ep=ep, etp=etp,
+                              rank_map=rank_map)
+
+
+def lost_ranks(world: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(0, world - 1), min_size=1, max_size=3)
+
+
+def restarted(dims: fmesh.ParallelDims, axis: str, size: int) -> fmesh.ParallelDims:
+    """The job a restart with ``axis`` of ``size`` would launch (identity rank map)."""
+    degrees = {name: getattr(dims, name) for name in ("pp", "dp_replicate", "dp_shard", "cp", "tp")}
+    degrees[axis] = size
+    return fmesh.ParallelDims(math.prod(degrees.values()), **degrees, ep=dims.ep, etp=dims.etp)
+
+
+# --------------------------------------------------------------- mesh laws
+
+
+@given(st.data())
+def test_without_keeps_the_survivors_groups_renumbered_in_ascending_order(data: st.DataObject) -> None:
+    mesh = data.draw(meshes())
+    axis = data.draw(st.sampled_from(mesh.axis_names))
+    lost = data.draw(lost_ranks(mesh.world_size))
+    dropped = dropped_coordinates(mesh, lost, axis)
+    assume(len(dropped) < mesh.shape[axis])
+    alive = survivors(mesh, lost, axis)
+    number = {rank: new for new, rank in enumerate(alive)}
+
+    smaller = fmesh.without(mesh, lost, axis)
+
+    assert smaller.world_size == len(alive)
+    assert dict(smaller.shape) == {**mesh.shape, axis: mesh.shape[axis] - len(dropped)}
+    for axes in (*mesh.axis_names, None):
+        assert smaller.groups(axes) == renumbered(mesh.groups(axes), number), axes
+    assert [fmesh.new_rank(smaller, r) for r in range(mesh.world_size)] == [number.get(r) for r in
+                                                                             range(mesh.world_size)]
+    assert [fmesh.old_rank(smaller, r) for r in range(smaller.world_size)] == alive
+
+
+@given(st.data())
+def test_resize_grows_with_old_ranks_keeping_their_numbers_and_shrinks_back(data: st.DataObject) -> None:
+    mesh = data.draw(meshes())
+    axis = data.draw(st.sampled_from(mesh.axis_names))
+    size = mesh.shape[axis]
+    larger = fmesh.resize(mesh, axis, size + data.draw(st.integers(1, 3)))
+    world = mesh.world_size
+
+    assert larger.world_size == world // size * larger.shape[axis]
+    assert [fmesh.new_rank(larger, r) for r in range(world)] == list(range(world))
+    assert [fmesh.old_rank(larger, r) for r in range(larger.world_size)] == [
+        r if r < world else None for r in range(larger.world_size)
+    ]
+    for name in mesh.axis_names:  # the old ranks' groups are the new groups' old members
+        old_members = tuple(g for g in (tuple(r for r in group if r < world) for group in larger.groups(name)) if g)
+        assert old_members == mesh.groups(name), name
+    back = fmesh.resize(larger, axis, size)
+    assert back == mesh and hash(back) == hash(mesh)
+    assert fmesh.without(larger, range(world, larger.world_size), axis) == mesh
+
+
+@given(st.data())
+def test_old_and_new_rank_are_inverse(data: st.DataObject) -> None:
+    mesh = data.draw(meshes())
+    axis = data.draw(st.sampled_from(mesh.axis_names))
+    if data.draw(st.booleans()):
+        lost = data.draw(lost_ranks(mesh.world_size))
+        assume(len(dropped_coordinates(mesh, lost, axis)) < mesh.shape[axis])
+        changed = fmesh.without(mesh, lost, axis)
+    else:
+        changed = fmesh.resize(mesh, axis, data.draw(st.integers(1, 6)))
+    for old in range(mesh.world_size):
+        new = fmesh.new_rank(changed, old)
+        assert new is None or fmesh.old_rank(changed, new) == old
+    for new in range(changed.world_size):
+        old = fmesh.old_rank(changed, new)
+        assert old is None or fmesh.new_rank(changed, old) == new
+    kept = [r for r in range(mesh.world_size) if fmesh.new_rank(changed, r) is not None]
+    assert sorted(fmesh.new_rank(changed, r) for r in kept) == list(range(len(kept)))  # type: ignore[type-var]
+
+
+def test_without_on_a_selected_mesh_drops_the_uncovered_ranks_slices_too() -> None:
+    mesh = fmesh.make_mesh((2, 3, 2), ("pp", "dp", "tp"))
+    stage1 = fmesh.select(mesh, pp=1)
+    smaller = fmesh.without(stage1, [8], "dp")  # rank 8 is at dp=1: in both stages, dp=1 goes
+    assert smaller == fmesh.select(fmesh.without(mesh, [8], "dp"), pp=1)
+    assert smaller.groups("dp") == ((4, 6), (5, 7))
+
+
+def test_a_grown_size_one_axis_goes_where_make_mesh_puts_it() -> None:
+    mesh = fmesh.make_mesh((1, 2, 1, 3, 1), ("pp", "r", "cp", "s", "tp"))
+    for axis in mesh.axis_names:
+        sizes = dict(mesh.shape)
+        sizes[axis] = 2 if sizes[axis] == 1 else sizes[axis] + 1
+        larger = fmesh.resize(mesh, axis, sizes[axis])
+        expected = fmesh.make_mesh(tuple(sizes.values()), mesh.axis_names)
+        for name in mesh.axis_names:
+            assert larger.groups(name) == through_rank_map(expected.groups(name), larger.universe), (axis, name)
+
+
+def test_the_lineage_is_a_value_and_survives_pickling() -> None:
+    smaller = fmesh.without(fmesh.make_mesh((4, 2), ("dp", "tp")), [3], "dp")
+    lineage = smaller.universe.lineage
+    assert lineage == fmesh.Lineage(fmesh.Universe(8), "dp", stride=2, old_size=4, coordinates=(0, 2, 3))
+    copy = pickle.loads(pickle.dumps(smaller))
+    assert copy == smaller and fmesh.old_rank(copy, 2) == 4
+    twice = fmesh.without(smaller, [0], "tp")
+    assert twice.universe.lineage is not None and twice.universe.lineage.parent is smaller.universe
+
+
+# --------------------------------------------------------------- job laws
+
+
+@given(st.data())
+def test_shrink_equals_a_restarted_job_for_every_named_mesh(data: st.DataObject) -> None:
+    dims = data.draw(jobs())
+    axis = data.draw(st.sampled_from(("pp", "dp_replicate", "dp_shard")))
+    lost = data.draw(lost_ranks(dims.world_size))
+    world = dims.world_mesh
+    dropped = dropped_coordinates(world, lost, axis)
+    assume(len(dropped) < world.shape[axis])
+    try:
+        restart = restarted(dims, axis, world.shape[axis] - len(dropped))
+    except ValueError as error:  # the smaller degree leaves no valid expert layout: shrink says so
+        assert "ep=" in str(error)
+        with pytest.raises(ValueError, match=re.escape(f"{axis} {world.shape[axis]} -> ") + ".*ep="):
+            fmesh.elastic.shrink(dims, lost, axes=(axis,))
+        return
+    smaller = fmesh.elastic.shrink(dims, lost, axes=(axis,))
+    number = {rank: new for new, rank in enumerate(survivors(world, lost, axis))}
+
+    assert smaller.world_mesh == fmesh.without(world, lost, axis)
+    keeps_experts = axis != "dp_shard" or (dims.cp * dims.tp) % (dims.ep * dims.etp) == 0
+    for name in MESH_NAMES:
+        new_groups = smaller.mesh(name).groups()
+        assert new_groups == through_rank_map(restart.mesh(name).groups(), smaller.world_mesh.universe), name
+        if keeps_experts or name not in EXPERT_MESHES:
+            assert new_groups == renumbered(dims.mesh(name).groups(), number), name
+    for name in ("dp", "fsdp", "loss", "ep"):
+        assert fmesh.old_rank(smaller.mesh(name), 0) == min(number)
+
+
+@given(st.data())
+def test_grow_equals_a_restarted_job_and_shrinking_the_newcomers_returns_the_job(data: st.DataObject) -> None:
+    dims = data.draw(jobs())
+    axis = data.draw(st.sampled_from(("pp", "dp_replicate", "dp_shard")))
+    world = dims.world_mesh
+    added = data.draw(st.integers(1, 2))
+    joining = added * world.world_size // world.shape[axis]
+    try:
+        restart = restarted(dims, axis, world.shape[axis] + added)
+    except ValueError as error:
+        assert "ep=" in str(error)
+        with pytest.raises(ValueError, match=re.escape(f"{axis} {world.shape[axis]} -> ") + ".*ep="):
+            fmesh.elastic.grow(dims, joining, axes=(axis,))
+        return
+    larger = fmesh.elastic.grow(dims, joining, axes=(axis,))
+
+    assert larger.world_size == dims.world_size + joining
+    for name in MESH_NAMES:
+        assert larger.mesh(name).groups() == through_rank_map(restart.mesh(name).groups(),
+                                                              larger.world_mesh.universe), name
+    assert [fmesh.new_rank(larger.world_mesh, r) for r in range(dims.world_size)] == list(range(dims.world_size))
+    back = fmesh.elastic.shrink(larger, range(dims.world_size, larger.world_size), axes=(axis,))
+    assert back.degrees == dims.degrees
+    for mesh, original in ((back.world_mesh, dims.world_mesh), (back.expert_mesh, dims.expert_mesh)):
+        assert mesh == original and hash(mesh) == hash(original)
+
+
+def test_the_axis_chosen_is_dp_replicate_before_dp_shard_and_pp_only_when_named() -> None:
+    dims = fmesh.ParallelDims(32, pp=2, dp_replicate=2, dp_shard=4, tp=2)
+    assert fmesh.elastic.shrink(dims, [0]).degrees["dp_replicate"] == 1
+    assert fmesh.elastic.shrink(dims, [0, 8]).degrees["dp_shard"] == 3  # both replicas hit
+    assert fmesh.elastic.shrink(dims, [0, 8, 2]).degrees["dp_shard"] == 2
+    with pytest.raises(ValueError, match="pp is tried only when axes names it"):
+        fmesh.elastic.shrink(dims, [0, 8, 2, 4, 6])
+    assert fmesh.elastic.shrink(dims, [0, 8, 2, 4, 6], axes=(*fmesh.elastic.ELASTIC_AXES, "pp")).pp == 1
+    assert fmesh.elastic.grow(dims, 16).dp_replicate == 3
+    assert fmesh.elastic.grow(dims, 8).dp_shard == 5
+
+
+# ------------------------------------------------------------------ errors
+
+ERRORS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
+    ("unknown axis", lambda: fmesh.without(fmesh.make_mesh((2, 2), ("dp", "tp")), [0], "pp"), KeyError,
+     "unknown axis 'pp': this mesh has axes ('dp', 'tp')"),
+    ("rank outside", lambda: fmesh.without(fmesh.make_mesh((2, 2), ("dp", "tp")), [4], "dp"), ValueError,
+     "rank 4 is outside the universe: valid ranks are 0..3"),
+    ("one int", lambda: fmesh.without(fmesh.make_mesh((2, 2), ("dp", "tp")), 3, "dp"), TypeError,  # type: ignore
+     "iterable of ranks such as [5], got 3"),
+    ("not covered", lambda: fmesh.without(fmesh.select(fmesh.make_mesh((2, 2), ("pp", "dp")), pp=0), [3], "dp"),
+     ValueError, "rank 3 is not covered"),
+    ("drops everything", lambda: fmesh.without(fmesh.make_mesh((2, 2), ("dp", "tp")), [0, 3], "dp"), ValueError,
+     "would drop every coordinate of axis 'dp' (size 2) and leave no rank"),
+    ("size 0", lambda: fmesh.resize(fmesh.make_mesh((2, 2), ("dp", "tp")), "dp", 0), ValueError,
+     "expected a positive int size for axis 'dp', got 0"),
+    ("strided axis", lambda: fmesh.without(fmesh.flatten(fmesh.make_mesh((2, 2, 2), ("a", "b", "c")), ("c", "a"),
+                                                         "x"), [0], "x"),
+     ValueError, "its ranks are not one stride apart"),
+    ("no lineage", lambda: fmesh.old_rank(fmesh.make_mesh((2,), ("dp",)), 0), ValueError, "has no lineage"),
+    ("new rank outside", lambda: fmesh.new_rank(fmesh.resize(fmesh.make_mesh((2,), ("dp",)), "dp", 3), 2),
+     ValueError, "rank 2 is outside the universe: valid ranks are 0..1"),
+    ("tp absorbs", lambda: fmesh.elastic.shrink(fmesh.ParallelDims(4, tp=2), [0], axes=("tp",)), ValueError,
+     "axes names 'tp': tp and cp cannot absorb a change"),
+    ("unknown recipe axis", lambda: fmesh.elastic.grow(fmesh.ParallelDims(4), 4, axes=("dp",)), ValueError,
+     "unknown axis 'dp' in axes: expected names from ('pp', 'dp_replicate', 'dp_shard')"),
+    ("nothing lost", lambda: fmesh.elastic.shrink(fmesh.ParallelDims(4), []), ValueError, "at least one lost rank"),
+    ("no slice joins", lambda: fmesh.elastic.grow(fmesh.ParallelDims(8, tp=2), 3), ValueError,
+     "dp_shard: a slice along it has 2 ranks, and 3 is not a multiple of 2"),
+    ("everything hit", lambda: fmesh.elastic.shrink(fmesh.ParallelDims(4, dp_shard=2, tp=2), [0, 2]), ValueError,
+     "dp_replicate=1: the lost ranks lie in all 1 of its slices; dp_shard=2: the lost ranks lie in all 2 of its "
+     "slices (pp is tried only when axes names it; tp and cp cannot absorb a change"),
+    ("expert layout", lambda: fmesh.elastic.shrink(fmesh.ParallelDims(8, dp_shard=4, tp=2, ep=4), [3]), ValueError,
+     "dp_shard 4 -> 3: ep=4 does not divide dp_shard(3) * cp(1) * tp(2) = 6: with etp=1, ep is carved from "
+     "dp_shard * cp * tp inside one dp_replicate group; valid ep: 1, 2, 3, 6"),
+]
+
+
+@pytest.mark.parametrize(("call", "kind", "fragment"), [e[1:] for e in ERRORS], ids=[e[0] for e in ERRORS])
+def test_bad_input_is_a_clear_error(call: Callable[[], object], kind: type[Exception], fragment: str) -> None:
+    with pytest.raises(kind) as raised:
+        call()
+    assert fragment in str(raised.value)
+
+
+# ------------------------------------------------------------ no torch, docs
+
+PURE = """
+import sys
+sys.modules["torch"] = None  # any import of torch now fails
+import fmesh
+dims = fmesh.ParallelDims(16, dp_replicate=2, dp_shard=4, tp=2)
+smaller = fmesh.elastic.shrink(dims, [9])
+larger = fmesh.resize(dims.world_mesh, "tp", 3)
+print(smaller.world_size, fmesh.old_rank(smaller.mesh("fsdp"), 0), fmesh.new_rank(larger, 1))
+"""
+
+
+def test_the_elastic_algebra_runs_without_torch() -> None:
+    result = subprocess.run([sys.executable, "-c", PURE], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["8", "0", "1"]
+
+
+def test_the_guide_examples_are_true() -> None:
+    guide = pathlib.Path(__file__).resolve().parent.parent / "docs" / "guides" / "elastic.md"
+    outcome = doctest.testfile(str(guide), module_relative=False, optionflags=doctest.ELLIPSIS)
+    assert outcome.attempted >= 10 and outcome.failed == 0
