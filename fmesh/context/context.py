@@ -436,7 +436,7 @@ class Context:
         """
         target = self._groups.target(mesh, permute.check_axis("ppermute", axis))
         send_to, receive_from = permute.peers(permute.check_perm(perm, target.size, axis), target.index)
-        return self._permute(target, tensor, send_to, receive_from)
+        return self._permute("ppermute", target, tensor, send_to, receive_from)
 
     def shift(self, tensor: torch.Tensor, mesh: Mesh, axis: str, offset: int = 1, wrap: bool = False) -> torch.Tensor:
         """:meth:`ppermute` to the member ``offset`` steps along ``axis`` (the next pipeline stage, for
@@ -452,18 +452,18 @@ class Context:
             raise TypeError(f"shift: expected an int offset (steps along the axis), but got {offset!r}")
         target = self._groups.target(mesh, permute.check_axis("shift", axis))
         send_to, receive_from = permute.shift_peers(target.index, target.size, offset, bool(wrap))
-        return self._permute(target, tensor, send_to, receive_from)
+        return self._permute("shift", target, tensor, send_to, receive_from)
 
-    def _permute(self, target: Target, tensor: torch.Tensor, send_to: int | None,
+    def _permute(self, what: str, target: Target, tensor: torch.Tensor, send_to: int | None,
                  receive_from: int | None) -> torch.Tensor:
-        check_tensor("ppermute", tensor, self._world.device)
+        check_tensor(what, tensor, self._world.device)
         if self._simulated:
             raise ValueError(
                 "simulate() cannot run point-to-point operations (ppermute, shift): torch's LocalTensorMode has "
                 "no send or receive; run them on real processes with fmesh.launch(...)")
         group = self._groups.group(target)  # every member creates it, sending or not
         if self._check_tensors:
-            self._agree_on_tensor("ppermute", target, tensor)
+            self._agree_on_tensor(what, target, tensor)
         if autograd.records(tensor):
             return autograd.Permute.apply(  # type: ignore[no-any-return]
                 tensor, target, group, send_to, receive_from, self._board)
