@@ -127,7 +127,8 @@ def traced_all_to_all(tensor: torch.Tensor, output_splits: list[int] | None, inp
 
 
 def traced_broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup) -> torch.Tensor:
-    """A functional ``broadcast`` from global rank ``src`` that Dynamo traces."""
+    """A functional ``broadcast`` from member ``src`` (its rank within ``group``: the op's root rank goes to
+    the backend as it is, unlike ``dist.broadcast``'s global ``src``) that Dynamo traces."""
     return funcol.broadcast(tensor, src, group)
 
 

@@ -202,7 +202,7 @@ def broadcast(target: Target, group: dist.ProcessGroup | None, tensor: torch.Ten
               board: Agreement | None) -> torch.Tensor:
     """Member ``src``'s ``tensor`` on every member; ``src`` checked by the caller."""
     if group is not None and compiling():
-        return _torch.traced_broadcast(tensor.contiguous(), target.ranks[src], group)
+        return _torch.traced_broadcast(tensor.contiguous(), src, group)
     result = tensor.clone()
     if group is not None:
         run("broadcast", target, group, lambda: dist.broadcast(result, src=target.ranks[src], group=group), board)
