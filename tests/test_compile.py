@@ -97,7 +97,8 @@ def test_every_collective_compiles_with_no_graph_break_and_equals_eager() -> Non
     for result in results:
         assert len(result) == 11  # every collective ran
         for name, found in result.items():
-            assert {**found, "grad nonzero": True} == {"breaks": 0, "graphs": 1, "same": True, "grad nonzero": True}
+            assert {**found, "grad nonzero": True} == {"breaks": 0, "graphs": 1, "same": True,
+                                                       "grad nonzero": True}, (name, found)
     # A gradient flows on some rank (ppermute [(0, 1)]: only to the sender): equal zeros would prove little.
     assert all(any(result[name]["grad nonzero"] for result in results) for name in results[0])
 

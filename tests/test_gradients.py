@@ -58,10 +58,12 @@ def cases(mesh: Mesh, axes: tuple[str, ...], rng: random.Random) -> list[tuple[s
     found.append((f"all_gather dim={dim}", gather, lambda ctx, x: ctx.all_gather(x, mesh, axes, dim=dim),
                   lambda xs, r: torch.cat([xs[g] for g in group(r)], dim)))
     for op in ("sum", "avg"):
-        scatter = shape(split=0)
-        sdim = 0
-        found.append((f"reduce_scatter {op}", scatter, lambda ctx, x, op=op: ctx.reduce_scatter(x, mesh, axes, op=op),
-                      lambda xs, r, op=op: (sum(xs[g] for g in group(r)) / (n if op == "avg" else 1)).chunk(
+        scatter = shape()
+        sdim = rng.randrange(len(scatter))
+        scatter = tuple(size * n if i == sdim else size for i, size in enumerate(scatter))
+        found.append((f"reduce_scatter {op} dim={sdim}", scatter,
+                      lambda ctx, x, op=op, sdim=sdim: ctx.reduce_scatter(x, mesh, axes, dim=sdim, op=op),
+                      lambda xs, r, op=op, sdim=sdim: (sum(xs[g] for g in group(r)) / (n if op == "avg" else 1)).chunk(
                           n, sdim)[group(r).index(r)]))
     a2a = shape(split=0)
     concat = rng.randrange(len(a2a))

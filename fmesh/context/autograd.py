@@ -37,8 +37,6 @@ from fmesh.context.agreement import Agreement
 from fmesh.context.groups import Target
 from fmesh.errors import NoGradientError
 
-Group = dist.ProcessGroup | None
-
 
 def records(tensor: torch.Tensor) -> bool:
     """Whether autograd records an operation on ``tensor`` now.
@@ -46,14 +44,14 @@ def records(tensor: torch.Tensor) -> bool:
     >>> records(torch.ones(1, requires_grad=True)), records(torch.ones(1))
     (True, False)
     """
-    return tensor.requires_grad and torch.is_grad_enabled()
+    return bool(tensor.requires_grad and torch.is_grad_enabled())
 
 
-class AllReduce(torch.autograd.Function):
+class AllReduce(torch.autograd.Function):  # type: ignore[misc]
     """all_reduce with ``op`` sum or avg; the backward is the same all_reduce of the gradients."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: Group, op: str,
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, op: str,
                 board: Agreement | None) -> torch.Tensor:
         ctx.link = (target, group, op, board)
         return collectives.all_reduce(target, group, tensor, op, board)
@@ -64,7 +62,7 @@ class AllReduce(torch.autograd.Function):
         return collectives.all_reduce(target, group, grad, op, board), None, None, None, None
 
 
-class NoGradient(torch.autograd.Function):
+class NoGradient(torch.autograd.Function):  # type: ignore[misc]
     """A ``result`` computed from ``tensor`` (detached) by a reduction with no gradient in fmesh (max, min,
     product): the forward returns it, the backward raises, naming ``what`` was computed."""
 
@@ -80,11 +78,11 @@ class NoGradient(torch.autograd.Function):
             "(tensor.detach()), or write the selection with a sum all_reduce (e.g. of a one-hot mask of the winner)")
 
 
-class AllGather(torch.autograd.Function):
+class AllGather(torch.autograd.Function):  # type: ignore[misc]
     """all_gather along ``dim``; the backward is a sum reduce_scatter along ``dim``."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: Group, dim: int,
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, dim: int,
                 board: Agreement | None) -> torch.Tensor:
         ctx.link = (target, group, dim, board)
         return collectives.all_gather(target, group, tensor, dim, board)
@@ -95,11 +93,11 @@ class AllGather(torch.autograd.Function):
         return collectives.reduce_scatter(target, group, grad, dim, "sum", board), None, None, None, None
 
 
-class ReduceScatter(torch.autograd.Function):
+class ReduceScatter(torch.autograd.Function):  # type: ignore[misc]
     """reduce_scatter (sum or avg) along ``dim``; the backward is an all_gather along ``dim`` (1/n for avg)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: Group, dim: int, op: str,
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, dim: int, op: str,
                 board: Agreement | None) -> torch.Tensor:
         ctx.link = (target, group, dim, op, board)
         return collectives.reduce_scatter(target, group, tensor, dim, op, board)
@@ -111,12 +109,12 @@ class ReduceScatter(torch.autograd.Function):
         return gathered / target.size if op == "avg" else gathered, None, None, None, None, None
 
 
-class AllToAll(torch.autograd.Function):
+class AllToAll(torch.autograd.Function):  # type: ignore[misc]
     """all_to_all; the backward is the inverse all_to_all (``split_dim`` and ``concat_dim`` swapped)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: Group, split_dim: int, concat_dim: int,
-                board: Agreement | None) -> torch.Tensor:
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, split_dim: int,
+                concat_dim: int, board: Agreement | None) -> torch.Tensor:
         ctx.link = (target, group, split_dim, concat_dim, board)
         return collectives.all_to_all(target, group, tensor, split_dim, concat_dim, board)
 
@@ -126,11 +124,11 @@ class AllToAll(torch.autograd.Function):
         return collectives.all_to_all(target, group, grad, concat_dim, split_dim, board), None, None, None, None, None
 
 
-class Broadcast(torch.autograd.Function):
+class Broadcast(torch.autograd.Function):  # type: ignore[misc]
     """broadcast from member ``src``; the backward sums the gradients into ``src`` (zeros elsewhere)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: Group, src: int,
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, src: int,
                 board: Agreement | None) -> torch.Tensor:
         ctx.link = (target, group, src, board)
         return collectives.broadcast(target, group, tensor, src, board)
@@ -142,11 +140,11 @@ class Broadcast(torch.autograd.Function):
         return (summed if target.index == src else torch.zeros_like(summed)), None, None, None, None
 
 
-class Permute(torch.autograd.Function):
+class Permute(torch.autograd.Function):  # type: ignore[misc]
     """ppermute / shift; the backward sends each gradient back to where its value came from."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: Group, send_to: int | None,
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, send_to: int | None,
                 receive_from: int | None, board: Agreement | None) -> torch.Tensor:
         ctx.link = (target, group, send_to, receive_from, board)
         return permute.permute(target, group, tensor, send_to, receive_from, board)
@@ -157,11 +155,11 @@ class Permute(torch.autograd.Function):
         return permute.permute(target, group, grad, receive_from, send_to, board), None, None, None, None, None
 
 
-class SumGradients(torch.autograd.Function):
+class SumGradients(torch.autograd.Function):  # type: ignore[misc]
     """Identity forward; the backward is a sum all_reduce of the gradients (Megatron's "f")."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: Group,
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None,
                 board: Agreement | None) -> torch.Tensor:
         ctx.link = (target, group, board)
         return tensor.view_as(tensor)
@@ -172,11 +170,11 @@ class SumGradients(torch.autograd.Function):
         return collectives.all_reduce(target, group, grad, "sum", board), None, None, None
 
 
-class SumPartials(torch.autograd.Function):
+class SumPartials(torch.autograd.Function):  # type: ignore[misc]
     """Sum all_reduce forward; identity backward (Megatron's "g")."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: Group,
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None,
                 board: Agreement | None) -> torch.Tensor:
         return collectives.all_reduce(target, group, tensor, "sum", board)
 

@@ -72,7 +72,7 @@ def compiling() -> bool:
     >>> compiling()
     False
     """
-    return torch.compiler.is_compiling()
+    return bool(torch.compiler.is_compiling())
 
 
 def _traced_reduce(tensor: torch.Tensor, op: str, reduce: Callable[[torch.Tensor, str], torch.Tensor],

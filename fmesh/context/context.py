@@ -232,9 +232,9 @@ class Context:
         if autograd.records(tensor):
             if op not in ("sum", "avg"):
                 result = collectives.all_reduce(target, group, tensor.detach(), op, self._board)
-                return autograd.NoGradient.apply(  # type: ignore[no-any-return]
+                return autograd.NoGradient.apply(
                     tensor, result, f"all_reduce op={op!r} along {target.label()}")
-            return autograd.AllReduce.apply(tensor, target, group, op, self._board)  # type: ignore[no-any-return]
+            return autograd.AllReduce.apply(tensor, target, group, op, self._board)
         return collectives.all_reduce(target, group, tensor, op, self._board)
 
     def all_gather(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0) -> torch.Tensor:
@@ -250,7 +250,7 @@ class Context:
         if self._check_tensors:
             self._agree_on_tensor("all_gather", target, tensor)
         if autograd.records(tensor):
-            return autograd.AllGather.apply(tensor, target, group, dim, self._board)  # type: ignore[no-any-return]
+            return autograd.AllGather.apply(tensor, target, group, dim, self._board)
         return collectives.all_gather(target, group, tensor, dim, self._board)
 
     def reduce_scatter(
@@ -273,9 +273,9 @@ class Context:
         if autograd.records(tensor):
             if op not in ("sum", "avg"):
                 result = collectives.reduce_scatter(target, group, tensor.detach(), dim, op, self._board)
-                return autograd.NoGradient.apply(  # type: ignore[no-any-return]
+                return autograd.NoGradient.apply(
                     tensor, result, f"reduce_scatter op={op!r} along {target.label()}")
-            return autograd.ReduceScatter.apply(tensor, target, group, dim, op, self._board)  # type: ignore[no-any-return]
+            return autograd.ReduceScatter.apply(tensor, target, group, dim, op, self._board)
         return collectives.reduce_scatter(target, group, tensor, dim, op, self._board)
 
     def broadcast(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, src: int = 0) -> torch.Tensor:
@@ -293,7 +293,7 @@ class Context:
             self._agree_on_tensor("broadcast", target, tensor)
         group = self._groups.group(target)
         if autograd.records(tensor):
-            return autograd.Broadcast.apply(tensor, target, group, src, self._board)  # type: ignore[no-any-return]
+            return autograd.Broadcast.apply(tensor, target, group, src, self._board)
         return collectives.broadcast(target, group, tensor, src, self._board)
 
     def all_to_all(
@@ -314,7 +314,7 @@ class Context:
             self._agree_on_tensor("all_to_all", target, tensor)
         group = self._groups.group(target)
         if autograd.records(tensor):
-            return autograd.AllToAll.apply(  # type: ignore[no-any-return]
+            return autograd.AllToAll.apply(
                 tensor, target, group, split_dim, concat_dim, self._board)
         return collectives.all_to_all(target, group, tensor, split_dim, concat_dim, self._board)
 
@@ -336,7 +336,7 @@ class Context:
         check_tensor("sum_gradients", tensor, self._world.device)
         target, group = self._groups.resolve(mesh, axes)
         if autograd.records(tensor):
-            return autograd.SumGradients.apply(tensor, target, group, self._board)  # type: ignore[no-any-return]
+            return autograd.SumGradients.apply(tensor, target, group, self._board)
         return tensor
 
     def sum_partials(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None) -> torch.Tensor:
@@ -358,7 +358,7 @@ class Context:
         if self._check_tensors:
             self._agree_on_tensor("sum_partials", target, tensor)
         if autograd.records(tensor):
-            return autograd.SumPartials.apply(tensor, target, group, self._board)  # type: ignore[no-any-return]
+            return autograd.SumPartials.apply(tensor, target, group, self._board)
         return collectives.all_reduce(target, group, tensor, "sum", self._board)
 
     def _agree_on_tensor(self, what: str, target: Target, tensor: torch.Tensor) -> None:
@@ -465,7 +465,7 @@ class Context:
         if self._check_tensors:
             self._agree_on_tensor(what, target, tensor)
         if autograd.records(tensor):
-            return autograd.Permute.apply(  # type: ignore[no-any-return]
+            return autograd.Permute.apply(
                 tensor, target, group, send_to, receive_from, self._board)
         return permute.permute(target, group, tensor, send_to, receive_from, self._board)
 
