@@ -114,3 +114,15 @@ def test_inductor_compiles_a_collective_and_its_backward_like_eager() -> None:
     for result in succeeded(launch(on_inductor, 4, timeout=600)):
         assert result == {name: {"breaks": 0, "graphs": 1, "same": True, "grad nonzero": True}
                           for name in ("all_reduce", "all_gather")}
+
+
+def test_a_mesh_built_inside_a_compiled_function_is_one_clear_error() -> None:
+    with Context.fake(4) as ctx:
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return ctx.all_reduce(x, fmesh.make_mesh((2, 2), ("dp", "tp")), "tp")
+
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=r"make_mesh inside torch.compile: build meshes outside the compiled "
+                                            r"function .* ctx.materialize\(mesh\)"):
+            torch.compile(step, backend="aot_eager", fullgraph=True)(torch.ones(2))
+        assert step(torch.ones(2)).shape == (2,)  # the same function runs in eager
