@@ -16,7 +16,14 @@
     (a ring) against ``dist.batch_isend_irecv`` of the same sends and receives; with the time to pickle
     and unpickle the object once, which both sides pay.
 
-    python bench/collectives.py [--quick]
+(d) Gradients and compile: the autograd wrapper's cost per call (fake backend, no communication: the
+    Python cost of ``ctx.all_reduce`` on a tensor that requires grad, against one that does not); the
+    opt-in ``check_tensors`` cost per collective (gloo, 2 processes); a small tensor-parallel MLP
+    (column- then row-parallel linear over tp) forward + backward, eager against ``torch.compile``
+    (aot_eager), fmesh's ``sum_gradients`` / ``sum_partials`` against the same model written with
+    torch's functional collectives on the exported DeviceMesh's tp group.
+
+    python bench/collectives.py [--quick] [--only d]
 """
 
 from __future__ import annotations
@@ -297,6 +304,113 @@ def creation(worlds: list[int], reps: int) -> list[tuple[Any, ...]]:
 # ------------------------------------------------------------------------------------------------ report
 
 
+# ------------------------------------------------------------------------------ (d) gradients and compile
+
+
+def autograd_overhead(calls: int) -> list[tuple[str, float]]:
+    """Per-call µs of ``ctx.all_reduce`` through the autograd Function and without, on the fake backend."""
+    import torch
+
+    import fmesh
+
+    with fmesh.Context.fake(4) as ctx:
+        mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+        plain, recorded = torch.ones(4), torch.ones(4, requires_grad=True)
+
+        def no_grad_call() -> None:
+            with torch.no_grad():
+                ctx.all_reduce(recorded, mesh, "tp")
+
+        got = _medians({"plain": lambda: ctx.all_reduce(plain, mesh, "tp"),
+                        "grad": lambda: ctx.all_reduce(recorded, mesh, "tp"),
+                        "no_grad": no_grad_call}, calls)
+    return [("ctx.all_reduce(t) on fake, t without grad (the hot path)", got["plain"]),
+            ("ctx.all_reduce(t) on fake, t.requires_grad (through the autograd Function)", got["grad"]),
+            ("the autograd wrapper's cost (difference)", got["grad"] - got["plain"]),
+            ("ctx.all_reduce(t) on fake, t.requires_grad under torch.no_grad()", got["no_grad"])]
+
+
+def _check_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]:
+    import torch
+
+    import fmesh
+
+    mesh = fmesh.make_mesh((ctx.world_size,), ("dp",))
+    t = torch.ones(1)
+    got = _medians({"call": lambda: ctx.all_reduce(t, mesh, "dp")}, iterations["small"])
+    ctx.barrier()
+    return [got["call"]]
+
+
+def check_cost(world: int, iterations: int) -> tuple[float, float]:
+    """Median µs of a 1-element ``ctx.all_reduce`` on gloo without and with ``check_tensors`` (rank 0)."""
+    import fmesh
+
+    return tuple(  # type: ignore[return-value]
+        fmesh.launch(functools.partial(_check_rank, iterations={"small": iterations}), world, timeout=600,
+                     context_options={"timeout": 120, "check_tensors": on}, start_method="spawn")[0][0]
+        for on in (False, True))
+
+
+def _mlp_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]:
+    import torch
+    from torch.distributed import _functional_collectives as funcol
+
+    import fmesh
+
+    mesh = fmesh.make_mesh((ctx.world_size,), ("tp",))
+    group = ctx.device_mesh(mesh).get_group("tp")
+    batch, width, hidden = 8, 64, 256
+    torch.manual_seed(0)
+    w1 = torch.randn(width, hidden // ctx.world_size, requires_grad=True)
+    w2 = torch.randn(hidden // ctx.world_size, width, requires_grad=True)
+    x = torch.randn(batch, width)
+
+    def with_fmesh(x: torch.Tensor) -> torch.Tensor:
+        inner = torch.relu(ctx.sum_gradients(x, mesh, "tp") @ w1)
+        return ctx.sum_partials(inner @ w2, mesh, "tp").square().mean()
+
+    def with_funcol(x: torch.Tensor) -> torch.Tensor:
+        inner = torch.relu(x @ w1)
+        return funcol.all_reduce(inner @ w2, "sum", group).square().mean()
+
+    def step(model: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            leaf = x.detach().requires_grad_()
+            model(leaf).backward()
+            w1.grad = w2.grad = None
+        return run
+
+    compiled = {name: torch.compile(model, backend="aot_eager", fullgraph=True)
+                for name, model in (("fmesh", with_fmesh), ("funcol", with_funcol))}
+    calls = {"fmesh eager": step(with_fmesh), "funcol eager": step(with_funcol),
+             "fmesh compiled": step(compiled["fmesh"]), "funcol compiled": step(compiled["funcol"])}
+    got = _medians(calls, iterations["mlp"])
+    ctx.barrier()
+    return [(ctx.world_size, label, us) for label, us in got.items()]
+
+
+def gradients_and_compile(quick: bool) -> None:
+    print("\n### (d) gradients and compile\n")
+    print("| call | µs |")
+    print("| --- | ---: |")
+    for label, us in autograd_overhead(20_000 if quick else 200_000):
+        print(f"| {label} | {us:.2f} |")
+    print("\n| procs | all_reduce 1 elem, gloo | check_tensors off µs | check_tensors on µs | check cost µs |")
+    print("| ---: | --- | ---: | ---: | ---: |")
+    off, on = check_cost(2, 100 if quick else 1000)
+    print(f"| 2 | median per call | {_us(off)} | {_us(on)} | {_us(on - off)} |")
+    print("\n| procs | TP MLP forward + backward (batch 8, 64 -> 256 -> 64, tp split) | µs |")
+    print("| ---: | --- | ---: |")
+    for world, label, us in on_ranks(_mlp_rank, [2], {"mlp": 50 if quick else 500}):
+        print(f"| {world} | {label} | {_us(us)} |")
+    print("\nfmesh = `ctx.sum_gradients` on the column-parallel input and `ctx.sum_partials` on the row-parallel "
+          "output; funcol = torch's `funcol.all_reduce` on the exported DeviceMesh's `get_group('tp')` (its own "
+          "autograd: an all_reduce backward), one all_reduce forward and one backward on both sides; compiled = "
+          "`torch.compile(fullgraph=True, backend='aot_eager')`. The check's cost is a few store round trips "
+          "(TCPStore on loopback) per collective: an option for debugging, not for training.")
+
+
 def _us(x: float) -> str:
     return f"{x:.1f}"
 
@@ -304,6 +418,7 @@ def _us(x: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="few iterations, small worlds (a smoke run)")
+    parser.add_argument("--only", choices=["all", "d"], default="all", help="run every section, or (d) alone")
     args = parser.parse_args(argv)
     quick = args.quick
     import torch
@@ -311,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}"
           f"{' (--quick: few iterations, numbers are noisy)' if quick else ''}\n")
 
+    gradients_and_compile(quick)
+    if args.only == "d":
+        return 0
     iterations = {"small": 200, "large": 20} if quick else {"small": 3000, "large": 300}
     rows = on_ranks(_latency_rank, [2] if quick else [2, 4], iterations)
     print("### (a) all_reduce latency, gloo on loopback (rank 0, median µs)\n")

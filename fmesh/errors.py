@@ -18,9 +18,11 @@ __all__ = [
     "LaunchError",
     "ManifestError",
     "MeshMismatchError",
+    "NoGradientError",
     "PlacementWarning",
     "RankLostError",
     "RemoteTraceback",
+    "TensorMismatchError",
     "UnpicklableObjectError",
     "UnsupportedTorchError",
 ]
@@ -136,5 +138,29 @@ class PlacementWarning(UserWarning):
     Emitted by :func:`fmesh.topology.warn_placement`.
 
     >>> issubclass(PlacementWarning, UserWarning)
+    True
+    """
+
+
+class NoGradientError(RuntimeError):
+    """The backward of a collective that has no gradient in fmesh was asked for.
+
+    Raised by ``backward()`` through ``ctx.all_reduce(t, mesh, axes, op=...)`` with op ``max``, ``min`` or
+    ``product`` on a tensor that requires grad, naming the op and the axes; fmesh never returns a
+    silently wrong gradient. Reduce a detached tensor, or write the selection with a sum all_reduce.
+
+    >>> issubclass(NoGradientError, RuntimeError)
+    True
+    """
+
+
+class TensorMismatchError(ValueError):
+    """The members of a collective's group hold tensors of different shapes or dtypes.
+
+    Raised on every member by the opt-in check (``Context(check_tensors=True)``) before the collective
+    runs, naming the odd rank(s), their tensor and what the other members hold; without the check such
+    a call aborts gloo or hangs NCCL.
+
+    >>> issubclass(TensorMismatchError, ValueError)
     True
     """

@@ -12,7 +12,7 @@ SCRIPT = ROOT / "bench" / "collectives.py"
 
 def test_quick_collectives_benchmark_runs() -> None:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=180
+        [sys.executable, str(SCRIPT), "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout
@@ -29,3 +29,8 @@ def test_quick_collectives_benchmark_runs() -> None:
                  "shift(wrap=True) | 1 KiB"):
         assert f"| 2 | {call} |" in out, call
     assert "ctx.ppermute(t, mesh, 'tp', [(0, 1), (1, 0)]) on fake (no comm)" in out
+    # (d) gradients and compile
+    assert "| the autograd wrapper's cost (difference) |" in out
+    assert "| 2 | median per call |" in out  # check_tensors off / on
+    for label in ("fmesh eager", "funcol eager", "fmesh compiled", "funcol compiled"):
+        assert f"| 2 | {label} |" in out, label

@@ -85,6 +85,7 @@ def check_supported(version: str) -> tuple[int, int]:
 TORCH = check_supported(torch.__version__)  # before any private name: they differ outside the range
 
 import torch.distributed as dist  # noqa: E402
+from torch.distributed import _functional_collectives as funcol  # noqa: E402
 from torch.distributed import _mesh_layout as mesh_layout  # noqa: E402
 from torch.distributed import distributed_c10d as c10d  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
@@ -105,6 +106,39 @@ def default_store() -> dist.Store:
 # torch 2.13 deprecates the *_into_tensor/*_tensor names in favour of *_single.
 all_gather_single: Any = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+# Functional collectives: what a compiled region runs (Dynamo traces them into the graph; the in-place
+# c10d calls and fmesh's failure explanation around them stay in eager). Names as in 2.10 - 2.15.
+_funcol_gather: Any = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+_funcol_scatter: Any = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+
+
+def traced_all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup) -> torch.Tensor:
+    """A functional ``all_reduce`` (``op`` one of sum, max, min, product) that Dynamo traces."""
+    return funcol.all_reduce(tensor, op, group)
+
+
+def traced_all_gather(tensor: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """A functional ``all_gather`` along ``dim`` that Dynamo traces."""
+    return _funcol_gather(tensor, dim, group)
+
+
+def traced_reduce_scatter(tensor: torch.Tensor, op: str, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """A functional ``reduce_scatter`` along ``dim`` that Dynamo traces."""
+    return _funcol_scatter(tensor, op, dim, group)
+
+
+def traced_all_to_all(tensor: torch.Tensor, output_splits: list[int] | None, input_splits: list[int] | None,
+                      group: dist.ProcessGroup) -> torch.Tensor:
+    """A functional ``all_to_all_single`` along dim 0 (even chunks when the splits are ``None``)."""
+    return funcol.all_to_all_single(tensor, output_splits, input_splits, group)
+
+
+def traced_broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """A functional ``broadcast`` from member ``src`` (its rank within ``group``: the op's root rank goes to
+    the backend as it is, unlike ``dist.broadcast``'s global ``src``) that Dynamo traces."""
+    return funcol.broadcast(tensor, src, group)
 
 
 def local_tensor_mode(world_size: int) -> Any:
@@ -277,13 +311,17 @@ def export_root(universe: Universe, device_type: str) -> DeviceMesh:
     ``DeviceMesh._concatenate`` (which FSDP2 calls on its dp and tp meshes)
     demands one rank map; sharing a root also shares ``_flatten_mapping``.
     """
-    return DeviceMesh(
+    root = DeviceMesh(
         device_type,
         _layout=_mesh_layout([Layout(universe.world_size)]),
         _rank_map=rank_map_tensor(universe),
         mesh_dim_names=("fmesh_world",),
         _init_backend=False,
     )
+    # Dynamo reads `_dim_group_names` of every DeviceMesh it meets (the root too, through get_group); a root
+    # made without a backend has none. The root has no group of its own: an empty list says so.
+    root._dim_group_names = []
+    return root
 
 
 def export_device_mesh(mesh: Mesh, root: DeviceMesh, groups: Sequence[dist.ProcessGroup]) -> DeviceMesh:

@@ -4,7 +4,11 @@ group, leaves its input alone and returns a new tensor.
 The group is ``None`` for a group of one, where every collective is a copy. Arguments are checked
 by the ``check_*`` helpers before the Context asks for a group, so a bad call never creates one.
 
-A failure is explained before it is raised (:func:`failed`): the survivors hold a roll call through
+Inside ``torch.compile`` each collective is the functional collective of the same meaning
+(:func:`compiling`), which Dynamo traces into the graph; the eager path, with its timing and failure
+explanation, is never traced.
+
+A failure in eager is explained before it is raised (:func:`failed`): the survivors hold a roll call through
 the store, and the ranks that do not answer are named. A peer that failed with an error of fmesh's
 own passes it on (a mesh mismatch on one rank is a mismatch on all); a backend error after the
 group's timeout is :class:`~fmesh.GroupTimeoutError`; one with members gone is
@@ -60,6 +64,23 @@ def check_index(what: str, name: str, value: object, size: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < size:
         raise ValueError(f"{what} {name}={value!r} is an index within the group: valid 0..{size - 1}")
     return value
+
+
+def compiling() -> bool:
+    """Whether Dynamo is tracing this call (``torch.compile``): then the functional collective runs.
+
+    >>> compiling()
+    False
+    """
+    return bool(torch.compiler.is_compiling())
+
+
+def _traced_reduce(tensor: torch.Tensor, op: str, reduce: Callable[[torch.Tensor, str], torch.Tensor],
+                   size: int) -> torch.Tensor:
+    # avg as a sum and a division on every backend: gloo has no AVG, and the result is the same.
+    if op == "avg":
+        return reduce(tensor, "sum") / size
+    return reduce(tensor, op)
 
 
 def check_divisible(what: str, label: str, tensor: torch.Tensor, dim: int, size: int) -> None:
@@ -127,9 +148,11 @@ def run(what: str, target: Target, group: dist.ProcessGroup, call: Callable[[], 
 def all_reduce(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, op: str,
                board: Agreement | None) -> torch.Tensor:
     """Reduce over the group; ``op`` is checked by the caller (:func:`reduce_op`)."""
-    result = tensor.clone()
     if group is None:
-        return result
+        return tensor.clone()
+    if compiling():
+        return _traced_reduce(tensor, op, lambda t, o: _torch.traced_all_reduce(t, o, group), target.size)
+    result = tensor.clone()
     # The hot path: no closure, and a string compare rather than ReduceOp's (slower) __eq__.
     started = time.monotonic()
     try:
@@ -149,6 +172,8 @@ def all_gather(target: Target, group: dist.ProcessGroup | None, tensor: torch.Te
     if group is None:
         return tensor.clone()
     moved = tensor.movedim(dim, 0).contiguous()
+    if compiling():
+        return _torch.traced_all_gather(moved, 0, group).movedim(0, dim)
     output = torch.empty((target.size * moved.shape[0], *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     run("all_gather", target, group, lambda: _torch.all_gather_single(output, moved, group=group), board)
     return output.movedim(0, dim)
@@ -160,6 +185,9 @@ def reduce_scatter(target: Target, group: dist.ProcessGroup | None, tensor: torc
     if group is None:
         return tensor.clone()
     moved = tensor.movedim(dim, 0).contiguous()
+    if compiling():
+        return _traced_reduce(moved, op, lambda t, o: _torch.traced_reduce_scatter(t, o, 0, group),
+                              target.size).movedim(0, dim)
     output = torch.empty((moved.shape[0] // target.size, *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     gloo_avg = op == "avg" and target.spec.backend == "gloo"
     op_now = REDUCE_OPS["sum" if gloo_avg else op]
@@ -173,6 +201,8 @@ def reduce_scatter(target: Target, group: dist.ProcessGroup | None, tensor: torc
 def broadcast(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, src: int,
               board: Agreement | None) -> torch.Tensor:
     """Member ``src``'s ``tensor`` on every member; ``src`` checked by the caller."""
+    if group is not None and compiling():
+        return _torch.traced_broadcast(tensor.contiguous(), src, group)
     result = tensor.clone()
     if group is not None:
         run("broadcast", target, group, lambda: dist.broadcast(result, src=target.ranks[src], group=group), board)
@@ -185,8 +215,11 @@ def all_to_all(target: Target, group: dist.ProcessGroup | None, tensor: torch.Te
     if group is None:
         return tensor.clone()
     moved = tensor.movedim(split_dim, 0).contiguous()
-    output = torch.empty_like(moved)
-    run("all_to_all", target, group, lambda: dist.all_to_all_single(output, moved, group=group), board)
+    if compiling():
+        output = _torch.traced_all_to_all(moved, None, None, group)
+    else:
+        output = torch.empty_like(moved)
+        run("all_to_all", target, group, lambda: dist.all_to_all_single(output, moved, group=group), board)
     chunks = output.movedim(0, split_dim).chunk(target.size, dim=split_dim)
     return torch.cat(chunks, dim=concat_dim)
 

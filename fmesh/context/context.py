@@ -32,13 +32,14 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from fmesh.context import _torch, collectives, objects, permute
+from fmesh.context import _torch, autograd, collectives, objects, permute
 from fmesh.context.agreement import Agreement
 from fmesh.context.collectives import REDUCE_OPS
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, plan_groups
 from fmesh.context.groups import GroupRegistry, Target
 from fmesh.context.options import AxisOptions, GroupSettings
+from fmesh.context.tensors import agree_on_tensor, check_tensor
 from fmesh.context.world import World
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
@@ -73,16 +74,23 @@ class Context:
         name: str = "fmesh",
         simulated: bool = False,
         creation_timeout: timedelta | float | None = None,
+        check_tensors: bool = False,
     ) -> None:
         # Every argument is checked before any group is touched.
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
+        checking = _check_flag(check_tensors)
         world = World.start(backend=backend, rank=rank, world_size=world_size, store=store, init_method=init_method,
                             timeout=settings.timeout, device=device, gpus_per_node=gpus_per_node, name=name)
-        self._own(world, settings, simulated)
+        self._own(world, settings, simulated, check_tensors=checking)
 
-    def _own(self, world: World, settings: GroupSettings, simulated: bool = False) -> None:
+    def _own(self, world: World, settings: GroupSettings, simulated: bool = False, *,
+             check_tensors: bool = False) -> None:
         self._world = world
         self._simulated = simulated
+        # check_tensors: each collective's members agree on shape and dtype first (see fmesh.context.tensors);
+        # the count of checked collectives per group names each agreement.
+        self._check_tensors = check_tensors
+        self._tensor_checks: dict[str, int] = {}
         self._settings = attrs.evolve(settings, backend=world.backend)
         self._board: Agreement | None = None
         if not world.fake:  # the fake backend's store cannot be used
@@ -106,6 +114,7 @@ class Context:
         gpus_per_node: int | None = None,
         name: str = "fmesh",
         creation_timeout: timedelta | float | None = None,
+        check_tensors: bool = False,
     ) -> Context:
         """Under ``torchrun`` (any ``env://`` launch): init the default group if needed, NCCL with
         CUDA else gloo, and bind ``cuda:LOCAL_RANK``. With none of the launcher's variables (``RANK``,
@@ -116,9 +125,10 @@ class Context:
         'from_env'
         """
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
+        checking = _check_flag(check_tensors)
         world = World.from_env(backend=backend, timeout=settings.timeout, gpus_per_node=gpus_per_node, name=name)
         context = cls.__new__(cls)
-        context._own(world, settings)
+        context._own(world, settings, check_tensors=checking)
         return context
 
     @classmethod
@@ -215,7 +225,16 @@ class Context:
         """
         if op not in REDUCE_OPS:
             collectives.reduce_op(op)  # raises, naming the choices
+        check_tensor("all_reduce", tensor, self._world.device, op)
         target, group = self._groups.resolve(mesh, axes)
+        if self._check_tensors:
+            self._agree_on_tensor("all_reduce", target, tensor)
+        if autograd.records(tensor):
+            if op not in ("sum", "avg"):
+                result = collectives.all_reduce(target, group, tensor.detach(), op, self._board)
+                return autograd.NoGradient.apply(
+                    tensor, result, f"all_reduce op={op!r} along {target.label()}")
+            return autograd.AllReduce.apply(tensor, target, group, op, self._board)
         return collectives.all_reduce(target, group, tensor, op, self._board)
 
     def all_gather(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0) -> torch.Tensor:
@@ -226,7 +245,12 @@ class Context:
         ...     ctx.all_gather(torch.ones(2, 3), fmesh.make_mesh((2, 2), ("dp", "tp")), "tp", dim=1).shape
         torch.Size([2, 6])
         """
+        check_tensor("all_gather", tensor, self._world.device)
         target, group = self._groups.resolve(mesh, axes)
+        if self._check_tensors:
+            self._agree_on_tensor("all_gather", target, tensor)
+        if autograd.records(tensor):
+            return autograd.AllGather.apply(tensor, target, group, dim, self._board)
         return collectives.all_gather(target, group, tensor, dim, self._board)
 
     def reduce_scatter(
@@ -240,9 +264,19 @@ class Context:
         torch.Size([2])
         """
         collectives.reduce_op(op)
+        check_tensor("reduce_scatter", tensor, self._world.device, op)
         target = self._groups.target(mesh, axes)
         collectives.check_divisible("reduce_scatter", "dim", tensor, dim, target.size)
-        return collectives.reduce_scatter(target, self._groups.group(target), tensor, dim, op, self._board)
+        if self._check_tensors:
+            self._agree_on_tensor("reduce_scatter", target, tensor)
+        group = self._groups.group(target)
+        if autograd.records(tensor):
+            if op not in ("sum", "avg"):
+                result = collectives.reduce_scatter(target, group, tensor.detach(), dim, op, self._board)
+                return autograd.NoGradient.apply(
+                    tensor, result, f"reduce_scatter op={op!r} along {target.label()}")
+            return autograd.ReduceScatter.apply(tensor, target, group, dim, op, self._board)
+        return collectives.reduce_scatter(target, group, tensor, dim, op, self._board)
 
     def broadcast(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, src: int = 0) -> torch.Tensor:
         """Every member gets the ``tensor`` of member ``src`` (an index within the group).
@@ -252,9 +286,15 @@ class Context:
         ...     ctx.broadcast(torch.ones(2), fmesh.make_mesh((4,), ("dp",)), "dp", src=3).shape
         torch.Size([2])
         """
+        check_tensor("broadcast", tensor, self._world.device)
         target = self._groups.target(mesh, axes)
         collectives.check_index("broadcast", "src", src, target.size)
-        return collectives.broadcast(target, self._groups.group(target), tensor, src, self._board)
+        if self._check_tensors:
+            self._agree_on_tensor("broadcast", target, tensor)
+        group = self._groups.group(target)
+        if autograd.records(tensor):
+            return autograd.Broadcast.apply(tensor, target, group, src, self._board)
+        return collectives.broadcast(target, group, tensor, src, self._board)
 
     def all_to_all(
         self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, split_dim: int = 0, concat_dim: int = 0
@@ -267,10 +307,67 @@ class Context:
         ...     ctx.all_to_all(torch.ones(4, 3), fmesh.make_mesh((2,), ("ep",)), "ep", 0, 1).shape
         torch.Size([2, 6])
         """
+        check_tensor("all_to_all", tensor, self._world.device)
         target = self._groups.target(mesh, axes)
         collectives.check_divisible("all_to_all", "split_dim", tensor, split_dim, target.size)
+        if self._check_tensors:
+            self._agree_on_tensor("all_to_all", target, tensor)
         group = self._groups.group(target)
+        if autograd.records(tensor):
+            return autograd.AllToAll.apply(
+                tensor, target, group, split_dim, concat_dim, self._board)
         return collectives.all_to_all(target, group, tensor, split_dim, concat_dim, self._board)
+
+    def sum_gradients(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None) -> torch.Tensor:
+        """``tensor`` itself forward; its gradient is summed over the group along ``axes`` backward.
+
+        The first half of the tensor-parallel pair (Megatron's "f"): put it on the input of a
+        column-parallel linear layer, whose members each use the whole (replicated) input for their own
+        shard of the output, so the input's gradient is the sum of the members' gradients. The other half
+        is :meth:`sum_partials`. Not a collective in the forward: nothing is sent without autograd.
+
+        >>> import fmesh
+        >>> with fmesh.Context.fake(2) as ctx:
+        ...     x = torch.ones(3, requires_grad=True)
+        ...     ctx.sum_gradients(x, fmesh.make_mesh((2,), ("tp",)), "tp").sum().backward()
+        ...     x.grad.shape
+        torch.Size([3])
+        """
+        check_tensor("sum_gradients", tensor, self._world.device)
+        target, group = self._groups.resolve(mesh, axes)
+        if autograd.records(tensor):
+            return autograd.SumGradients.apply(tensor, target, group, self._board)
+        return tensor
+
+    def sum_partials(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None) -> torch.Tensor:
+        """The sum over the group along ``axes`` forward (an all_reduce); the gradient passes unchanged backward.
+
+        The second half of the tensor-parallel pair (Megatron's "g"): put it on the output of a
+        row-parallel linear layer, whose members each hold a partial sum of the output. The gradient is
+        passed through, not summed, because every member computes the same loss from the same summed
+        output: that loss counts once. (:meth:`all_reduce` instead differentiates the sum of every
+        member's loss, and sums the gradient.) The other half is :meth:`sum_gradients`.
+
+        >>> import fmesh
+        >>> with fmesh.Context.fake(2) as ctx:
+        ...     ctx.sum_partials(torch.ones(3), fmesh.make_mesh((2,), ("tp",)), "tp").shape
+        torch.Size([3])
+        """
+        check_tensor("sum_partials", tensor, self._world.device)
+        target, group = self._groups.resolve(mesh, axes)
+        if self._check_tensors:
+            self._agree_on_tensor("sum_partials", target, tensor)
+        if autograd.records(tensor):
+            return autograd.SumPartials.apply(tensor, target, group, self._board)
+        return collectives.all_reduce(target, group, tensor, "sum", self._board)
+
+    def _agree_on_tensor(self, what: str, target: Target, tensor: torch.Tensor) -> None:
+        """The opt-in check: the members agree on ``tensor``'s shape and dtype (eager only, real backends)."""
+        if self._board is None or target.size == 1 or collectives.compiling():
+            return
+        key = target.spec.digest()
+        count = self._tensor_checks[key] = self._tensor_checks.get(key, 0) + 1
+        agree_on_tensor(self._board, what, target, count, tensor)
 
     def barrier(self, mesh: Mesh | None = None, axes: AxesArg = None) -> None:
         """Wait until every member of the group along ``axes`` (default: the whole world) arrives.
@@ -339,7 +436,7 @@ class Context:
         """
         target = self._groups.target(mesh, permute.check_axis("ppermute", axis))
         send_to, receive_from = permute.peers(permute.check_perm(perm, target.size, axis), target.index)
-        return self._permute(target, tensor, send_to, receive_from)
+        return self._permute("ppermute", target, tensor, send_to, receive_from)
 
     def shift(self, tensor: torch.Tensor, mesh: Mesh, axis: str, offset: int = 1, wrap: bool = False) -> torch.Tensor:
         """:meth:`ppermute` to the member ``offset`` steps along ``axis`` (the next pipeline stage, for
@@ -355,15 +452,21 @@ class Context:
             raise TypeError(f"shift: expected an int offset (steps along the axis), but got {offset!r}")
         target = self._groups.target(mesh, permute.check_axis("shift", axis))
         send_to, receive_from = permute.shift_peers(target.index, target.size, offset, bool(wrap))
-        return self._permute(target, tensor, send_to, receive_from)
+        return self._permute("shift", target, tensor, send_to, receive_from)
 
-    def _permute(self, target: Target, tensor: torch.Tensor, send_to: int | None,
+    def _permute(self, what: str, target: Target, tensor: torch.Tensor, send_to: int | None,
                  receive_from: int | None) -> torch.Tensor:
+        check_tensor(what, tensor, self._world.device)
         if self._simulated:
             raise ValueError(
                 "simulate() cannot run point-to-point operations (ppermute, shift): torch's LocalTensorMode has "
                 "no send or receive; run them on real processes with fmesh.launch(...)")
         group = self._groups.group(target)  # every member creates it, sending or not
+        if self._check_tensors:
+            self._agree_on_tensor(what, target, tensor)
+        if autograd.records(tensor):
+            return autograd.Permute.apply(
+                tensor, target, group, send_to, receive_from, self._board)
         return permute.permute(target, group, tensor, send_to, receive_from, self._board)
 
     # --------------------------------------------------------- plan, create
@@ -401,6 +504,9 @@ class Context:
                 self._groups.split(planned.mesh, planned.axes, planned.ranks)
             elif planned.ranks is not None:
                 self._groups.group(self._groups.target(planned.mesh, planned.axes))
+        for planned in plan.groups:  # known by identity too, for torch.compile on torch < 2.13
+            if planned.ranks is not None:
+                self._groups.resolve(planned.mesh, planned.axes)
         # Every group this rank is a member of exists now; no need to plan (and walk the topology) again.
         return GroupPlan(tuple(attrs.evolve(g, exists=g.ranks is not None) for g in plan.groups))
 
@@ -488,3 +594,9 @@ class Context:
     def __repr__(self) -> str:
         state = "closed" if self._groups.closed else f"{len(self._groups)} groups"
         return f"Context(rank={self.rank}, world={self.world_size}, {self.backend}, {state})"
+
+
+def _check_flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"check_tensors: expected True or False, but got {value!r}")
+    return value

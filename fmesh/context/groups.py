@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import attrs
+import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch
@@ -34,6 +35,11 @@ from fmesh.context.world import World
 from fmesh.errors import ContextClosedError
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
+
+# Dynamo before torch 2.13 cannot hash a Mesh (an attrs class with its own __hash__), so a compiled region
+# finds its groups by the mesh object's identity there, in entries that eager calls record (at most this many).
+BY_IDENTITY = _torch.TORCH < (2, 13)
+IDENTITY_ENTRIES = 256
 
 
 @attrs.frozen
@@ -110,6 +116,9 @@ class GroupRegistry:
         # The hot path: (mesh, axes) -> its target and group, once the group exists (one dict lookup).
         self._resolved: dict[tuple[Mesh, tuple[str, ...]], tuple[Target, dist.ProcessGroup | None]] = {}
         self._groups: dict[GroupSpec, dist.ProcessGroup] = {}
+        # BY_IDENTITY: (id(mesh), axes) -> (mesh, target, group), and id(target) -> (target, group).
+        self._by_identity: dict[tuple[int, Any], tuple[Mesh, Target, dist.ProcessGroup | None]] = {}
+        self._by_target: dict[int, tuple[Target, dist.ProcessGroup | None]] = {}
         self._creating = threading.Lock()  # two threads asking for one group create it once
         self._splits: set[str] = set()  # split_group calls made (every rank makes the same ones)
         self._hits = 0
@@ -139,6 +148,8 @@ class GroupRegistry:
         ``"tp"``, ``("tp",)`` and ``["tp"]`` are one entry (``close()`` empties the cache, so a hit
         also means the registry is open).
         """
+        if BY_IDENTITY and torch.compiler.is_compiling():
+            return self.resolve(mesh, axes)[0]
         try:
             found = self._targets[(mesh, mesh.as_axes(axes))]
         except (KeyError, AttributeError, TypeError):  # new, not a Mesh, or unhashable: check it all
@@ -170,6 +181,8 @@ class GroupRegistry:
 
     def resolve(self, mesh: Mesh, axes: AxesArg) -> tuple[Target, dist.ProcessGroup | None]:
         """:meth:`target` and :meth:`group` in one cached lookup: what a collective's hot path asks."""
+        if BY_IDENTITY:
+            return self._resolve_by_identity(mesh, axes)
         try:  # one axis by name is the common case: skip the call that normalises the others
             found = self._resolved[(mesh, (axes,) if axes.__class__ is str else mesh.as_axes(axes))]
         except (KeyError, AttributeError, TypeError):
@@ -179,12 +192,38 @@ class GroupRegistry:
         self._hits += 1
         return found
 
+    def _resolve_by_identity(self, mesh: Mesh, axes: AxesArg) -> tuple[Target, dist.ProcessGroup | None]:
+        """:meth:`resolve` where Dynamo cannot hash a Mesh: a compiled region looks the mesh object up by its
+        identity (as recorded by eager calls); eager calls record it."""
+        key = (id(mesh), mesh.as_axes(axes) if isinstance(mesh, Mesh) else axes)
+        known = self._by_identity.get(key)
+        if known is not None and known[0] is mesh:
+            return known[1], known[2]
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                f"fmesh cannot find the group along {axes!r} of {mesh!r} inside torch.compile on torch "
+                f"{torch.__version__} (whose Dynamo cannot hash a Mesh): build meshes outside the compiled region "
+                "and call ctx.materialize(mesh) (or the collective once) before compiling")
+        try:
+            target = self._targets[(mesh, mesh.as_axes(axes))]
+        except (KeyError, AttributeError, TypeError):
+            target = self.target(mesh, axes)
+        group = self.group(target)
+        if len(self._by_identity) >= IDENTITY_ENTRIES:
+            self._by_identity.clear()
+            self._by_target.clear()
+        self._by_identity[key] = (mesh, target, group)
+        self._by_target[id(target)] = (target, group)
+        return target, group
+
     # -------------------------------------------------------------- groups
 
     def group(self, target: Target) -> dist.ProcessGroup | None:
         """The target's process group, created on first need; ``None`` for a group of one."""
         if target.size == 1:
             return None
+        if BY_IDENTITY and torch.compiler.is_compiling():
+            return self._by_target[id(target)][1]
         return self.process_group(target)
 
     def process_group(self, target: Target) -> dist.ProcessGroup:
@@ -295,6 +334,8 @@ class GroupRegistry:
             self._groups.clear()
             self._targets.clear()
             self._resolved.clear()
+            self._by_identity.clear()
+            self._by_target.clear()
             if dist.is_initialized():
                 for group in groups:
                     end_group(group)

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from fmesh.context import _torch
 from fmesh.context.agreement import Agreement
-from fmesh.context.collectives import run
+from fmesh.context.collectives import compiling, run
 from fmesh.context.groups import Target
 
 Perm = tuple[tuple[int, int], ...]
@@ -120,7 +121,15 @@ def shift_peers(index: int, size: int, offset: int, wrap: bool) -> tuple[int | N
 def permute(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, send_to: int | None,
             receive_from: int | None, board: Agreement | None) -> torch.Tensor:
     """Send ``tensor`` to member ``send_to`` and return what member ``receive_from`` sent (zeros when
-    nobody sends here), in one batch of point-to-point operations on ``group``."""
+    nobody sends here), in one batch of point-to-point operations on ``group``.
+
+    Inside ``torch.compile`` it is one ``all_to_all`` with uneven splits instead (what torch's own
+    ``permute_tensor`` does): Dynamo traces that with no switch, while it traces point-to-point only under
+    ``torch._dynamo.config.enable_p2p_compilation`` (torch 2.13 and later, experimental). Every member of the
+    group takes part in it, as every member calls ``ppermute``.
+    """
+    if group is not None and compiling():
+        return _traced_permute(target, group, tensor, send_to, receive_from)
     if receive_from == target.index:  # a pair (i, i): this member keeps its own
         return tensor.clone()
     received = torch.zeros_like(tensor, memory_format=torch.contiguous_format)
@@ -132,3 +141,20 @@ def permute(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tenso
     if operations:
         run("ppermute", target, group, lambda: [work.wait() for work in dist.batch_isend_irecv(operations)], board)
     return received
+
+
+def _traced_permute(target: Target, group: dist.ProcessGroup, tensor: torch.Tensor, send_to: int | None,
+                    receive_from: int | None) -> torch.Tensor:
+    """:func:`permute` as an ``all_to_all`` of the flattened tensor: ``numel`` elements to ``send_to``, from
+    ``receive_from``, none to or from anyone else."""
+    numel = tensor.numel()
+    input_splits, output_splits = [0] * target.size, [0] * target.size
+    if send_to is not None:
+        input_splits[send_to] = numel
+    if receive_from is not None:
+        output_splits[receive_from] = numel
+    sent = tensor.reshape(-1) if send_to is not None else tensor.reshape(-1)[:0]
+    received = _torch.traced_all_to_all(sent.contiguous(), output_splits, input_splits, group)
+    if receive_from is None:
+        return torch.zeros_like(tensor, memory_format=torch.contiguous_format)
+    return received.reshape(tensor.shape)

@@ -13,6 +13,7 @@ layout modes; nothing is ever enumerated over the world.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -454,6 +455,19 @@ class Mesh:
         return f"Mesh({axes}; world={self.world_size}{covered})"
 
 
+def check_not_compiling(what: str) -> None:
+    """``RuntimeError`` inside ``torch.compile``: Dynamo cannot build attrs values (and meshes are values: build
+    them once, outside). Torch-free: it looks only at a torch that is imported already.
+
+    >>> check_not_compiling("make_mesh")
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():
+        raise RuntimeError(
+            f"{what} inside torch.compile: build meshes outside the compiled function (they are values: make them "
+            "once), create their groups with ctx.materialize(mesh), and call the collectives inside")
+
+
 def make_mesh(
     axis_sizes: Sequence[int],
     axis_names: Sequence[str],
@@ -473,6 +487,7 @@ def make_mesh(
     >>> make_mesh((2, 2), ("dp", "tp"), rank_map=[3, 2, 1, 0]).group(3, "tp")
     (3, 2)
     """
+    check_not_compiling("make_mesh")
     if isinstance(axis_sizes, (str, bytes)) or not isinstance(axis_sizes, Sequence):
         raise TypeError(f"axis_sizes must be a sequence of ints such as (2, 4), got {axis_sizes!r}")
     if isinstance(axis_names, str) or not isinstance(axis_names, Sequence):

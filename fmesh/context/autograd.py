@@ -1,0 +1,183 @@
+"""The backward of every tensor collective: one small ``torch.autograd.Function`` per collective.
+
+The meaning is torch's ``torch.distributed.nn.functional``'s: the loss is the sum of every member's
+loss, so each collective's backward is the collective that carries each gradient back to where its
+input came from:
+
+=========================  ===========================================================
+forward                    backward (on the same group)
+=========================  ===========================================================
+all_reduce sum             all_reduce sum
+all_reduce avg             all_reduce avg (the sum, scaled by 1/n)
+all_reduce max/min/product raises :class:`~fmesh.NoGradientError`
+all_gather along ``dim``   reduce_scatter sum along ``dim``
+reduce_scatter sum (avg)   all_gather along ``dim`` (scaled by 1/n)
+all_to_all                 all_to_all with ``split_dim`` and ``concat_dim`` swapped
+broadcast from ``src``     sum reduce to ``src``; the other members' inputs get zeros
+ppermute / shift           the inverse permutation
+=========================  ===========================================================
+
+And the tensor-parallel pair, for a loss every member computes alike: :class:`SumGradients`
+(identity forward, all_reduce backward) and :class:`SumPartials` (all_reduce forward, identity
+backward).
+
+The Context goes through a Function only when autograd records (``torch.is_grad_enabled()`` and the
+input ``requires_grad``); otherwise it calls the collective directly, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from fmesh.context import collectives, permute
+from fmesh.context.agreement import Agreement
+from fmesh.context.groups import Target
+from fmesh.errors import NoGradientError
+
+
+def records(tensor: torch.Tensor) -> bool:
+    """Whether autograd records an operation on ``tensor`` now.
+
+    >>> records(torch.ones(1, requires_grad=True)), records(torch.ones(1))
+    (True, False)
+    """
+    return bool(tensor.requires_grad and torch.is_grad_enabled())
+
+
+class AllReduce(torch.autograd.Function):  # type: ignore[misc]
+    """all_reduce with ``op`` sum or avg; the backward is the same all_reduce of the gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, op: str,
+                board: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, group, op, board)
+        return collectives.all_reduce(target, group, tensor, op, board)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        target, group, op, board = ctx.link
+        return collectives.all_reduce(target, group, grad, op, board), None, None, None, None
+
+
+class NoGradient(torch.autograd.Function):  # type: ignore[misc]
+    """A ``result`` computed from ``tensor`` (detached) by a reduction with no gradient in fmesh (max, min,
+    product): the forward returns it, the backward raises, naming ``what`` was computed."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, result: torch.Tensor, what: str) -> torch.Tensor:
+        ctx.what = what
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        raise NoGradientError(
+            f"{ctx.what} has no gradient in fmesh (only op='sum' and op='avg' do); reduce a detached tensor "
+            "(tensor.detach()), or write the selection with a sum all_reduce (e.g. of a one-hot mask of the winner)")
+
+
+class AllGather(torch.autograd.Function):  # type: ignore[misc]
+    """all_gather along ``dim``; the backward is a sum reduce_scatter along ``dim``."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, dim: int,
+                board: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, group, dim, board)
+        return collectives.all_gather(target, group, tensor, dim, board)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        target, group, dim, board = ctx.link
+        return collectives.reduce_scatter(target, group, grad, dim, "sum", board), None, None, None, None
+
+
+class ReduceScatter(torch.autograd.Function):  # type: ignore[misc]
+    """reduce_scatter (sum or avg) along ``dim``; the backward is an all_gather along ``dim`` (1/n for avg)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, dim: int, op: str,
+                board: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, group, dim, op, board)
+        return collectives.reduce_scatter(target, group, tensor, dim, op, board)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        target, group, dim, op, board = ctx.link
+        gathered = collectives.all_gather(target, group, grad, dim, board)
+        return gathered / target.size if op == "avg" else gathered, None, None, None, None, None
+
+
+class AllToAll(torch.autograd.Function):  # type: ignore[misc]
+    """all_to_all; the backward is the inverse all_to_all (``split_dim`` and ``concat_dim`` swapped)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, split_dim: int,
+                concat_dim: int, board: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, group, split_dim, concat_dim, board)
+        return collectives.all_to_all(target, group, tensor, split_dim, concat_dim, board)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        target, group, split_dim, concat_dim, board = ctx.link
+        return collectives.all_to_all(target, group, grad, concat_dim, split_dim, board), None, None, None, None, None
+
+
+class Broadcast(torch.autograd.Function):  # type: ignore[misc]
+    """broadcast from member ``src``; the backward sums the gradients into ``src`` (zeros elsewhere)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, src: int,
+                board: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, group, src, board)
+        return collectives.broadcast(target, group, tensor, src, board)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        target, group, src, board = ctx.link
+        summed = collectives.all_reduce(target, group, grad, "sum", board)
+        return (summed if target.index == src else torch.zeros_like(summed)), None, None, None, None
+
+
+class Permute(torch.autograd.Function):  # type: ignore[misc]
+    """ppermute / shift; the backward sends each gradient back to where its value came from."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, send_to: int | None,
+                receive_from: int | None, board: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, group, send_to, receive_from, board)
+        return permute.permute(target, group, tensor, send_to, receive_from, board)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        target, group, send_to, receive_from, board = ctx.link
+        return permute.permute(target, group, grad, receive_from, send_to, board), None, None, None, None, None
+
+
+class SumGradients(torch.autograd.Function):  # type: ignore[misc]
+    """Identity forward; the backward is a sum all_reduce of the gradients (Megatron's "f")."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None,
+                board: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, group, board)
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        target, group, board = ctx.link
+        return collectives.all_reduce(target, group, grad, "sum", board), None, None, None
+
+
+class SumPartials(torch.autograd.Function):  # type: ignore[misc]
+    """Sum all_reduce forward; identity backward (Megatron's "g")."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None,
+                board: Agreement | None) -> torch.Tensor:
+        return collectives.all_reduce(target, group, tensor, "sum", board)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad, None, None, None

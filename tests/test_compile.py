@@ -1,0 +1,128 @@
+"""Every tensor collective of the Context inside ``torch.compile(fullgraph=True)``: zero graph breaks, and
+the result and the input's gradient equal to eager; an exported DeviceMesh's ``get_group`` traces too.
+
+Meshes and groups are made outside the compiled functions (``ctx.materialize``), as the docs ask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+from test_context import launch, succeeded
+
+import fmesh
+from fmesh import Context
+
+Call = Callable[[torch.Tensor], torch.Tensor]
+
+
+def collectives(ctx: Context) -> dict[str, Call]:
+    """Each collective (and the TP pair) along tp, and along the pair (tp, dp), of a permuted 2 x 2 mesh."""
+    mesh = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[2, 0, 3, 1])
+    ctx.materialize(mesh, (mesh, ("tp", "dp")))
+    pair = ("tp", "dp")
+    return {
+        "all_reduce": lambda x: ctx.all_reduce(x, mesh, "tp"),
+        "all_reduce avg pair": lambda x: ctx.all_reduce(x, mesh, pair, op="avg"),
+        "all_gather": lambda x: ctx.all_gather(x, mesh, "tp", dim=1),
+        "all_gather pair": lambda x: ctx.all_gather(x, mesh, pair),
+        "reduce_scatter": lambda x: ctx.reduce_scatter(x, mesh, "tp"),
+        "broadcast": lambda x: ctx.broadcast(x, mesh, "tp", src=1),
+        "all_to_all": lambda x: ctx.all_to_all(x, mesh, "tp", 0, 1),
+        "ppermute": lambda x: ctx.ppermute(x, mesh, "tp", [(0, 1)]),
+        "shift": lambda x: ctx.shift(x, mesh, "tp", offset=1, wrap=True),
+        "sum_gradients": lambda x: ctx.sum_gradients(x, mesh, "tp"),
+        "sum_partials": lambda x: ctx.sum_partials(x, mesh, "tp"),
+    }
+
+
+def run(call: Call, x: torch.Tensor, compiled: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The result of ``(call(x) ** 2).sum()`` and ``x``'s gradient, through ``compiled`` if given."""
+    leaf = x.clone().requires_grad_()
+
+    def loss(t: torch.Tensor) -> torch.Tensor:
+        return (call(t) ** 2).sum()
+
+    value = (compiled(loss) if compiled is not None else loss)(leaf)
+    value.backward()
+    assert leaf.grad is not None
+    return value.detach(), leaf.grad
+
+
+def compiled_like_eager(ctx: Context, backend: str, names: list[str] | None = None) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    x = torch.arange(8.0).reshape(4, 2) + 10 * ctx.rank
+    for name, call in collectives(ctx).items():
+        if names is not None and name not in names:
+            continue
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(lambda t, call=call: (call(t) ** 2).sum())(x.clone().requires_grad_())
+        eager = run(call, x)
+        torch._dynamo.reset()
+        got = run(call, x, lambda f: torch.compile(f, backend=backend, fullgraph=True))
+        found[name] = {"breaks": explained.graph_break_count, "graphs": explained.graph_count,
+                       "same": all(torch.allclose(a, b) for a, b in zip(got, eager, strict=True)),
+                       "grad nonzero": bool(eager[1].abs().sum() > 0)}
+    return found
+
+
+def on_aot_eager(ctx: Context) -> dict[str, Any]:
+    return compiled_like_eager(ctx, "aot_eager")
+
+
+def on_inductor(ctx: Context) -> dict[str, Any]:
+    return compiled_like_eager(ctx, "inductor", ["all_reduce", "all_gather"])
+
+
+def exported_get_group(ctx: Context) -> dict[str, Any]:
+    """funcol on an exported DeviceMesh's ``get_group`` inside a compiled function; and a mesh made inside."""
+    from torch.distributed import _functional_collectives as funcol
+
+    device_mesh = ctx.device_mesh(fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[2, 0, 3, 1]))
+
+    def total(x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(x, "sum", device_mesh.get_group("tp")) * 2
+
+    torch._dynamo.reset()
+    got = torch.compile(total, backend="aot_eager", fullgraph=True)(torch.ones(2) * ctx.rank)
+    return {"get_group": got.tolist()}
+
+
+def test_every_collective_compiles_with_no_graph_break_and_equals_eager() -> None:
+    results = succeeded(launch(on_aot_eager, 4, timeout=400))
+    for result in results:
+        assert len(result) == 11  # every collective ran
+        for name, found in result.items():
+            assert {**found, "grad nonzero": True} == {"breaks": 0, "graphs": 1, "same": True,
+                                                       "grad nonzero": True}, (name, found)
+    # A gradient flows on some rank (ppermute [(0, 1)]: only to the sender): equal zeros would prove little.
+    assert all(any(result[name]["grad nonzero"] for result in results) for name in results[0])
+
+
+def test_an_exported_device_mesh_get_group_traces() -> None:
+    results = succeeded(launch(exported_get_group, 4, timeout=200))
+    # tp groups of rank_map [2, 0, 3, 1]: (2, 0) and (3, 1).
+    assert [r["get_group"] for r in results] == [[4.0, 4.0], [8.0, 8.0], [4.0, 4.0], [8.0, 8.0]]
+
+
+@pytest.mark.slow
+def test_inductor_compiles_a_collective_and_its_backward_like_eager() -> None:
+    for result in succeeded(launch(on_inductor, 4, timeout=600)):
+        assert result == {name: {"breaks": 0, "graphs": 1, "same": True, "grad nonzero": True}
+                          for name in ("all_reduce", "all_gather")}
+
+
+def test_a_mesh_built_inside_a_compiled_function_is_one_clear_error() -> None:
+    with Context.fake(4) as ctx:
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return ctx.all_reduce(x, fmesh.make_mesh((2, 2), ("dp", "tp")), "tp")
+
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=r"make_mesh inside torch.compile: build meshes outside the compiled "
+                                            r"function .* ctx.materialize\(mesh\)"):
+            torch.compile(step, backend="aot_eager", fullgraph=True)(torch.ones(2))
+        assert step(torch.ones(2)).shape == (2,)  # the same function runs in eager
