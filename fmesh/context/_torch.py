@@ -176,20 +176,26 @@ def split_groups(
     return group
 
 
-def _registered(group: dist.ProcessGroup | None) -> bool:
-    return group is None or group in c10d._world.pg_map
+def registered(group: dist.ProcessGroup | None) -> bool:
+    """Whether torch still knows ``group`` (``None``: the default group): not destroyed, not aborted."""
+    return group in c10d._world.pg_map if group is not None else dist.is_initialized()
 
 
 def destroy_group(group: dist.ProcessGroup) -> None:
     """Destroy ``group`` in the orderly way (its pending work finishes); one aborted already is gone."""
-    if _registered(group):
+    if registered(group):
         dist.destroy_process_group(group)
 
 
 def abort_group(group: dist.ProcessGroup | None = None) -> None:
     """Tear ``group`` (``None``: every group, the default one too) down without waiting for peers."""
-    if _registered(group):
+    if registered(group):
         c10d._abort_process_group(group)
+
+
+def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
+    """Give ``group``'s collectives ``timeout`` (it was connected under a shorter one)."""
+    c10d._set_pg_timeout(timeout, group)
 
 
 def release_groups(root: DeviceMesh) -> None:

@@ -41,16 +41,20 @@ from typing import Any
 import attrs
 import torch.distributed as dist
 
-from fmesh.errors import GroupTimeoutError, MeshMismatchError, RankLostError
+from fmesh.context.connections import Connections
+from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
 
 OK = "ok"
 MISMATCH = "mismatch"  # a verdict: the members disagree
 LOST = "lost"  # a verdict: a member failed instead of coming
 TIMEOUT = "timeout"  # a verdict: members never came within the creation timeout
 FAILED = "failed"  # a status: this rank raised
+CLOSED = "closed"  # a status: this rank closed (or aborted) its context
+FINAL_STATES = (FAILED, CLOSED)  # a member in one of these will never come: a wait for it ends at once
 GRACE_SECONDS = 1.0  # creation normally completes in milliseconds; slower is worth a look
-MAX_POLL_SECONDS = 8.0
-VERDICT_MARGIN_SECONDS = 30.0  # how long past the timeout the others wait for the elected waiter's verdict
+MAX_POLL_SECONDS = 8.0  # the longest pause between two looks at the missing members
+POLL_FIRST_SECONDS = 0.001  # the first pause between two checks of the verdict
+POLL_MAX_SECONDS = 0.1  # the longest: how late a waiter learns the verdict, or that its context was aborted
 MAX_GROUPS_FOLLOWED = 64  # bounds the work of one diagnosis
 
 
@@ -82,8 +86,8 @@ def describe_status(rank: int, status: dict[str, Any]) -> str:
         return f"rank {rank} waits to create {status.get('what', '?')} ({status.get('description', '?')})"
     if state == FAILED:
         return f"rank {rank} failed: {status.get('error', '?')}"
-    if state == "closed":
-        return f"rank {rank} closed its context"
+    if state == CLOSED:
+        return f"rank {rank} {'aborted' if status.get('aborted') else 'closed'} its context"
     if state == "running":
         return f"rank {rank} is not creating a group (busy elsewhere, or it took another path)"
     return f"rank {rank} never posted a status (its context did not start, or it crashed)"
@@ -102,6 +106,8 @@ class Agreement:
     rank: int
     creation_timeout: timedelta
     grace: float = GRACE_SECONDS  # how long a waiter waits before it looks at what the missing ones do
+    # The Context's groups' sockets, and whether it was aborted (then every wait ends at its next poll).
+    connections: Connections = attrs.field(factory=Connections, eq=False, repr=False)
 
     # ------------------------------------------------------------ statuses
 
@@ -165,20 +171,31 @@ class Agreement:
         self.post("running")
 
     def _wait(self, base: str, key: str, members: Sequence[int], description: str, what: str) -> None:
-        # Every waiter blocks in the store, which wakes it the moment the verdict is written: no polling
-        # load, however many wait. Past the grace period one waiter (elected with `add`) wakes now and
-        # then to look at the missing members, and writes the verdict of a cycle, a failed member or the
-        # creation timeout; the others keep waiting for that verdict. (A store logs a warning for each
-        # wait that times out: only the elected waiter's do, a few times.)
+        # Every waiter polls the verdict with `check`, which never blocks: a store's `wait` that expires logs a
+        # warning (torch's "[c10d] waitForInput ... timed out"), and a thread blocked in the store runs no signal
+        # handler and cannot be woken by `abort()`. The pause between polls doubles up to POLL_MAX_SECONDS, so a
+        # group made in milliseconds costs a few checks. Past the grace period one waiter (elected with `add`)
+        # looks now and then at the missing members and writes the verdict of a cycle or of a member that will
+        # never come (failed, closed); any waiter past the creation timeout writes the timeout.
         started = time.monotonic()
         deadline = started + self.creation_timeout.total_seconds()
         done = f"{base}/done"
-        if not self._waited(done, min(self.grace, deadline - started)):
-            if self.store.add(f"{base}/diagnoser", 1) == 1:
-                self._look_until_verdict(base, key, members, what, started, deadline)
-            elif not self._waited(done, deadline - time.monotonic() + VERDICT_MARGIN_SECONDS):
-                # The elected waiter is gone (it failed): time out on our own.
+        look_at, look_every, elected, pause = started + self.grace, self.grace, None, POLL_FIRST_SECONDS
+        while not self.store.check([done]):
+            self.check_halted(f"waiting to create {what}")
+            now = time.monotonic()
+            if now >= deadline:
                 self._write_timeout(base, key, members, what, started)
+                break
+            if now >= look_at:
+                if elected is None:
+                    elected = self.store.add(f"{base}/diagnoser", 1) == 1
+                if elected:
+                    self._diagnose(key, members)
+                look_every = min(look_every * 2, MAX_POLL_SECONDS)
+                look_at = now + look_every
+            time.sleep(min(pause, max(0.0, deadline - now)))
+            pause = min(pause * 2, POLL_MAX_SECONDS)
         verdict = self.store.get(done).decode()
         if verdict == OK:
             return
@@ -195,24 +212,34 @@ class Agreement:
         self.failed(error)
         raise error
 
-    def _waited(self, key: str, seconds: float) -> bool:
-        """Whether ``key`` exists within ``seconds`` (the store wakes us when it is written)."""
+    def connect_failed(self, members: Sequence[int], what: str, error: Exception) -> Exception:
+        """What it means that connecting an agreed group failed with ``error``: a member that failed or closed
+        meanwhile (it had arrived, then raised, exited its context or ran out of descriptors) is named with
+        what it posted; a member that never connected within the creation timeout is a timeout; anything else
+        is the backend's own ``error``."""
+        others = [m for m in members if m != self.rank]
         try:
-            self.store.wait([key], timedelta(seconds=max(0.001, seconds)))
-        except dist.DistStoreError:  # what a store's wait raises when it times out
-            return False
-        return True
+            statuses = self.statuses(others)
+        except Exception:  # the store is gone: its host is what died
+            return RankLostError(f"on rank {self.rank}: connecting {what} failed and the store is unreachable "
+                                 f"(its host is gone): {error}")
+        final = next((m for m in others if statuses[m].get("state") in FINAL_STATES), None)
+        if final is not None:
+            kind = MeshMismatchError if statuses[final].get("kind") == "MeshMismatchError" else RankLostError
+            return kind(f"on rank {self.rank}: {describe_status(final, statuses[final])}, after agreeing to create "
+                        f"{what}, a group it is a member of. See that rank's error first")
+        if isinstance(error, dist.DistStoreError) or "imeout" in str(error) or "timed out" in str(error):
+            doing = "; ".join(describe_status(m, statuses[m]) for m in others[:8])
+            return GroupTimeoutError(
+                f"on rank {self.rank}: the members of {what} agreed, but did not all connect within the creation "
+                f"timeout ({self.creation_timeout.total_seconds():g}s): a member died or hangs ({doing}). See the "
+                "logs of the ranks named here")
+        return error
 
-    def _look_until_verdict(self, base: str, key: str, members: Sequence[int], what: str, started: float,
-                            deadline: float) -> None:
-        look_every = self.grace
-        while not self.store.check([f"{base}/done"]):
-            if time.monotonic() >= deadline:
-                self._write_timeout(base, key, members, what, started)
-                return
-            self._diagnose(key, members)
-            self._waited(f"{base}/done", min(look_every, deadline - time.monotonic()))
-            look_every = min(look_every * 2, MAX_POLL_SECONDS)
+    def check_halted(self, doing: str) -> None:
+        """``ContextClosedError`` once :meth:`halt` ran (``ctx.abort()``, from any thread or a signal handler)."""
+        if self.connections.halted.is_set():
+            raise ContextClosedError(f"on rank {self.rank}: this context was aborted (ctx.abort()) while {doing}")
 
     def _write_timeout(self, base: str, key: str, members: Sequence[int], what: str, started: float) -> None:
         statuses = self.statuses(members)
@@ -235,10 +262,10 @@ class Agreement:
         statuses = self.statuses(members)
         for member in members:
             status = statuses[member]
-            if status.get("state") == FAILED and member != self.rank:
+            if status.get("state") in FINAL_STATES and member != self.rank:
                 kind = MISMATCH if status.get("kind") == "MeshMismatchError" else LOST
-                self.store.compare_set(f"{base}/done", "", f"{kind}\nrank {member}, a member of this group, failed "
-                                       f"instead of creating it: {status.get('error')}")
+                self.store.compare_set(f"{base}/done", "", f"{kind}\n{describe_status(member, status)}, instead of "
+                                       "creating this group (a member of it)")
                 return
         cycle = self._cycle(key, members, statuses)
         if cycle:
@@ -285,5 +312,6 @@ class Agreement:
         keys = [f"{base}/{m}" for m in members]
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not self.store.check(keys):
-            time.sleep(0.1)
+            self.check_halted(f"calling the roll of {label}")
+            time.sleep(0.05)
         return [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]

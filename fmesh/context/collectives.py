@@ -24,7 +24,7 @@ import torch.distributed as dist
 from fmesh.context import _torch
 from fmesh.context.agreement import FAILED, Agreement, describe_status
 from fmesh.context.groups import Target
-from fmesh.errors import GroupTimeoutError, MeshMismatchError, RankLostError
+from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
 
 REDUCE_OPS: dict[str, Any] = {
     "sum": dist.ReduceOp.SUM,
@@ -74,7 +74,17 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     fake backend (no store): then only the timeout is told apart. ``group``, broken now, is aborted
     first, so that members still blocked in it fail at once and answer the roll call too."""
     where = "the default group" if target is None else target.label()
+    if board is not None and board.connections.halted.is_set():
+        raise ContextClosedError(f"on rank {board.rank}: {what} along {where} ended: this context was aborted "
+                                 "(ctx.abort())") from None
+    if group is not None and not _torch.registered(group):  # a use after an earlier failure aborted it
+        raise RankLostError(f"on rank {ranks_rank(board)}: {where} failed earlier and was aborted then; this context "
+                            "cannot use it again: abort the context and restart, or recover onto a mesh without "
+                            "the lost ranks") from None
     if group is not None and board is not None:
+        # Cut its connections first: torch's abort of a gloo group releases neither a peer blocked in it nor this
+        # rank; with them cut, every member still blocked fails now and answers the roll call.
+        board.connections.sever(group.group_name)
         _torch.abort_group(group)
     timed_out = isinstance(error, dist.DistStoreError) or (
         time.monotonic() - started >= _TIMED_OUT * timeout.total_seconds())
@@ -86,10 +96,12 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         label = f"{what}-{target.spec.digest() if target is not None else 'world'}"
         missing = board.roll_call(label, ranks, ROLL_CALL_SECONDS)
         statuses = board.statuses(missing)
-    except Exception:  # the store is gone too: its host (rank 0) is likely what died
-        missing, statuses = list(ranks), {}
-    doing = "; ".join(describe_status(m, statuses[m]) if m in statuses else f"rank {m}: the store is unreachable"
-                      for m in missing[:8])
+    except ContextClosedError:
+        raise
+    except Exception:  # the store is gone too: its host is likely what died; this rank is not what is missing
+        missing, statuses = [m for m in ranks if m != board.rank], {}
+    doing = "; ".join(describe_status(m, statuses[m]) if m in statuses else f"rank {m}: the store is unreachable, "
+                      "its host is gone (rank 0, unless torchrun's agent hosts it)" for m in missing[:8])
     mismatch = next((m for m in missing if statuses.get(m, {}).get("kind") == "MeshMismatchError"), None)
     explained: Exception
     if mismatch is not None:
@@ -114,13 +126,18 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     raise explained from error
 
 
+def ranks_rank(board: Agreement | None) -> str:
+    """This rank, in an error, when known (``?`` on the fake backend, which has no board)."""
+    return "?" if board is None else str(board.rank)
+
+
 def run(what: str, target: Target, group: dist.ProcessGroup, call: Callable[[], object],
         board: Agreement | None) -> None:
     """``call()`` on ``group``, with its errors explained by :func:`failed`."""
     started = time.monotonic()
     try:
         call()
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
         failed(what, target, target.ranks, target.spec.timeout, started, error, board, group)
 
 
@@ -138,7 +155,7 @@ def all_reduce(target: Target, group: dist.ProcessGroup | None, tensor: torch.Te
             result.div_(target.size)
         else:
             dist.all_reduce(result, op=REDUCE_OPS[op], group=group)
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
         failed("all_reduce", target, target.ranks, target.spec.timeout, started, error, board, group)
     return result
 
@@ -202,5 +219,5 @@ def world_barrier(world_size: int, timeout: timedelta, board: Agreement | None) 
     started = time.monotonic()
     try:
         dist.barrier()
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
         failed("barrier", None, tuple(range(world_size)), timeout, started, error, board)

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch, collectives, objects, permute
-from fmesh.context.agreement import Agreement
+from fmesh.context.agreement import CLOSED, Agreement
 from fmesh.context.collectives import REDUCE_OPS
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, plan_groups
@@ -280,7 +280,7 @@ class Context:
         ...     ctx.barrier()
         """
         if mesh is None:
-            self._groups.check_open()
+            self._groups.enter("a barrier")
             collectives.world_barrier(self.world_size, self._settings.timeout, self._board)
             return
         target, group = self._groups.resolve(mesh, axes)
@@ -453,8 +453,11 @@ class Context:
         self._end(abort=False, error=None)
 
     def abort(self) -> None:
-        """Tear down every group this context made without waiting for peers (a rank died, or this one
-        failed); the context is closed afterwards. ``with ctx:`` does this when an exception leaves it.
+        """Tear down every group this context made at once, without waiting for peers or for any lock (a rank
+        died, or this one failed); the context is closed afterwards. ``with ctx:`` does this when an
+        exception leaves it. Safe from any thread and from a signal handler: a collective or a group creation
+        this rank is blocked in ends with :class:`~fmesh.ContextClosedError` (within 0.1 s), and peers blocked
+        with this rank fail at once and name it.
 
         >>> ctx = Context.fake(2)
         >>> ctx.abort(); ctx
@@ -465,15 +468,15 @@ class Context:
     def _end(self, *, abort: bool, error: BaseException | None) -> None:
         if self._groups.closed:
             return
+        if abort:  # first, before any store operation: ends this rank's waits and frees the peers blocked with it
+            self._groups.abort()
         if self._board is not None:  # tell peers waiting for this rank why it will not come
             if error is not None:
                 self._board.failed(error)
             else:
-                self._board.post_quietly("closed")
+                self._board.post_quietly(CLOSED, aborted=abort)
         self._exports.clear()
-        if abort:
-            self._groups.abort()
-        else:
+        if not abort:
             self._groups.close()
         self._world.close(abort=abort)
 
