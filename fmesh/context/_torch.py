@@ -93,6 +93,15 @@ def default_store() -> dist.Store:
     return c10d._get_default_store()
 
 
+def store_client(store: dist.Store) -> dist.Store:
+    """A connection of this Context's own to ``store``: a TCPStore client runs one operation at a time, so
+    two contexts connecting groups from two threads over one client would wait for each other's waits."""
+    try:
+        return store.clone()
+    except (AttributeError, RuntimeError):  # a store that cannot be cloned is shared
+        return store
+
+
 # torch 2.13 deprecates the *_into_tensor/*_tensor names in favour of *_single.
 all_gather_single: Any = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -120,8 +129,10 @@ def create_group(
     timeout: timedelta,
     options: Any = None,
     description: str = "fmesh",
+    store: dist.Store | None = None,
 ) -> dist.ProcessGroup:
-    """A group of ``ranks`` (in this order: group rank i is ``ranks[i]``), created by its members only.
+    """A group of ``ranks`` (in this order: group rank i is ``ranks[i]``), created by its members only,
+    meeting in ``store`` (default: the default group's).
 
     ``rank`` is this process's global rank, from the Context: inside torch's ``LocalTensorMode``
     (``fmesh.simulate``) ``dist.get_rank()`` is symbolic from torch 2.14.
@@ -129,7 +140,7 @@ def create_group(
     me = rank
     if me not in ranks:
         raise ValueError(f"rank {me} is not a member of group {list(ranks)}; only members create a group")
-    store = c10d._world.pg_map[c10d._get_default_group()][1]
+    store = store if store is not None else c10d._world.pg_map[c10d._get_default_group()][1]
     group, _ = c10d._new_process_group_helper(
         len(ranks),
         list(ranks).index(me),

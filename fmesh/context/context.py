@@ -86,8 +86,8 @@ class Context:
         self._settings = attrs.evolve(settings, backend=world.backend)
         self._board: Agreement | None = None
         if not world.fake:  # the fake backend's store cannot be used
-            self._board = Agreement(world.store(), f"fmesh/{world.name}/{world.epoch}", world.rank,
-                                    self._settings.creation_timeout)
+            self._board = Agreement(_torch.store_client(world.store()), f"fmesh/{world.name}/{world.epoch}",
+                                    world.rank, self._settings.creation_timeout)
             self._board.post("running")
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._groups = GroupRegistry(world, self._settings, agreement=self._board, ascending_only=simulated)

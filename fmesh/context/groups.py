@@ -265,6 +265,7 @@ class GroupRegistry:
                 timeout=connect_timeout,
                 options=target.spec.options,
                 description=f"fmesh_{'_'.join(target.axes)}",
+                store=None if self._agreement is None else self._agreement.store,
             ))
             if connect_timeout != target.spec.timeout:
                 _torch.set_group_timeout(group, target.spec.timeout)
