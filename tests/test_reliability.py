@@ -8,6 +8,7 @@ asserted here.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import resource
@@ -104,13 +105,19 @@ def test_abort_from_a_signal_handler_or_a_watchdog_ends_a_group_creation_at_once
         if ctx.rank == 0:
             time.sleep(3)
             return timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "a"))
+        aborted: list[float] = []
+
+        def abort(*_: Any) -> None:
+            aborted.append(time.monotonic())
+            ctx.abort()
+
         if ctx.rank == 1:
-            signal.signal(signal.SIGTERM, lambda *_: ctx.abort())
+            signal.signal(signal.SIGTERM, abort)
             threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
         else:
-            threading.Timer(1.0, ctx.abort).start()
-        kind, took, message = timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "a"))
-        return kind, took - 1.0, message
+            threading.Timer(1.0, abort).start()
+        kind, _, message = timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "a"))
+        return kind, time.monotonic() - aborted[0], message
 
     results = launch(body, 4)
     for rank in (1, 2):  # aborted while waiting: the wait ends within a poll (0.1 s) of the abort
@@ -128,9 +135,15 @@ def test_abort_ends_a_blocked_collective_and_frees_the_peers_blocked_with_it() -
         mesh = mesh2()
         ctx.all_reduce(torch.ones(1), mesh, "dp")  # the group exists on both ranks
         if ctx.rank == 0:  # blocked alone in a collective; a watchdog thread aborts after 1 s
-            threading.Timer(1.0, ctx.abort).start()
-            kind, took, message = timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "dp"))
-            return kind, took - 1.0, message
+            aborted: list[float] = []
+
+            def abort() -> None:
+                aborted.append(time.monotonic())
+                ctx.abort()
+
+            threading.Timer(1.0, abort).start()
+            kind, _, message = timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "dp"))
+            return kind, time.monotonic() - aborted[0], message
         time.sleep(0.3)  # rank 1 blocks in another collective rank 0 never joins: freed by rank 0's abort
         kind, took, message = timed(lambda: ctx.broadcast(torch.ones(1), mesh, "dp", src=1))
         return kind, took - 0.7, message
@@ -154,7 +167,7 @@ def test_a_member_that_fails_after_agreeing_is_named_within_the_creation_timeout
 
     zero, one = launch(body, 2, creation_timeout=3)
     assert one[0] == "OSError" and one[1] < 2.0, one
-    assert zero[0] == "RankLostError" and "rank 1 failed: OSError" in zero[2], zero
+    assert zero[0] == "RankLostError" and "rank 1 closed its context after it failed: OSError" in zero[2], zero
     assert zero[1] < 3.0 + 2.0, zero  # the creation timeout bounds the connection, then the posted failure is read
 
 
@@ -205,7 +218,7 @@ def store_host_dies(rank: int, port: int, out: Any) -> None:
 def test_when_the_store_host_dies_no_survivor_names_itself() -> None:
     context = multiprocessing.get_context("fork")
     out = context.Queue()
-    port = fmesh.context.launch.free_port()
+    port = importlib.import_module("fmesh.context.launch").free_port()
     procs = [context.Process(target=store_host_dies, args=(rank, port, out)) for rank in range(3)]
     for proc in procs:
         proc.start()
@@ -306,6 +319,7 @@ def test_running_out_of_file_descriptors_warns_then_fails_clearly_on_every_rank(
     assert zero[1] < 30 and one[1] < 30, (zero, one)
 
 
+@pytest.mark.slow
 def test_two_hundred_contexts_leave_threads_fds_and_memory_as_they_were() -> None:
     def body(ctx: Context) -> tuple[list[int], list[int]]:
         def figures() -> list[int]:

@@ -87,7 +87,8 @@ def describe_status(rank: int, status: dict[str, Any]) -> str:
     if state == FAILED:
         return f"rank {rank} failed: {status.get('error', '?')}"
     if state == CLOSED:
-        return f"rank {rank} {'aborted' if status.get('aborted') else 'closed'} its context"
+        failure = f" after it failed: {status['error']}" if status.get("error") else ""
+        return f"rank {rank} {'aborted' if status.get('aborted') else 'closed'} its context{failure}"
     if state == "running":
         return f"rank {rank} is not creating a group (busy elsewhere, or it took another path)"
     return f"rank {rank} never posted a status (its context did not start, or it crashed)"
@@ -129,6 +130,13 @@ class Agreement:
     def failed(self, error: BaseException) -> None:
         """Post that this rank failed with ``error`` (others waiting for it report it); never raises."""
         self.post_quietly(FAILED, error=f"{type(error).__name__}: {error}"[:2000], kind=type(error).__name__)
+
+    def close_quietly(self, aborted: bool) -> None:
+        """Post that this rank closed (or aborted) its context, keeping the error it failed with, if any."""
+        with contextlib.suppress(Exception):
+            last = self.statuses([self.rank])[self.rank]
+            failure = {k: last[k] for k in ("error", "kind") if k in last} if last.get("state") == FAILED else {}
+            self.post(CLOSED, aborted=aborted, **failure)
 
     def post_quietly(self, state: str, **fields: Any) -> None:
         """:meth:`post`, on a way out: a store that is gone (its host died) is no reason to raise."""
@@ -182,7 +190,11 @@ class Agreement:
         done = f"{base}/done"
         look_at, look_every, elected, pause = started + self.grace, self.grace, None, POLL_FIRST_SECONDS
         while not self.store.check([done]):
-            self.check_halted(f"waiting to create {what}")
+            if self.connections.halted.is_set():  # aborted: the group cannot be made; tell the members now
+                with contextlib.suppress(Exception):
+                    self.store.compare_set(done, "", f"{LOST}\nrank {self.rank} aborted its context while waiting "
+                                           "to create this group (a member of it)")
+                self.check_halted(f"waiting to create {what}")
             now = time.monotonic()
             if now >= deadline:
                 self._write_timeout(base, key, members, what, started)
@@ -313,5 +325,8 @@ class Agreement:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not self.store.check(keys):
             self.check_halted(f"calling the roll of {label}")
+            silent = [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
+            if all(status.get("state") in FINAL_STATES for status in self.statuses(silent).values()):
+                break  # every member that has not answered failed or closed: none of them ever will
             time.sleep(0.05)
         return [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]

@@ -29,7 +29,7 @@ import warnings
 
 from fmesh.errors import FileDescriptorLimitError, FileDescriptorWarning
 
-WARN_SHARE = 0.8  # warn once the open descriptors pass this share of the limit
+WARN_SHARE = 0.8  # warn once the open descriptors pass this share of what groups may use
 RESERVE = 32  # descriptors left for the program itself (files, logs, the store) when a group is refused
 _FD_DIR = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
 
@@ -109,7 +109,7 @@ class Connections:
             raise FileDescriptorLimitError(
                 f"creating {what} needs about {need} more file descriptors, but this process has {used} open of its "
                 f"limit of {limit} ({held} groups held by this context); {advice}")
-        if not self._warned and used + need > WARN_SHARE * limit:
+        if not self._warned and used + need > WARN_SHARE * (limit - RESERVE):
             self._warned = True
             warnings.warn(f"fmesh: {used + need} of this process's {limit} file descriptors in use after creating "
                           f"{what} ({held + 1} groups); at the limit fmesh refuses new groups: {advice}",

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch, collectives, objects, permute
-from fmesh.context.agreement import CLOSED, Agreement
+from fmesh.context.agreement import Agreement
 from fmesh.context.collectives import REDUCE_OPS
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, plan_groups
@@ -469,14 +469,16 @@ class Context:
         if self._groups.closed:
             return
         if abort:  # first, before any store operation: ends this rank's waits and frees the peers blocked with it
-            self._groups.abort()
+            self._groups.halt()
         if self._board is not None:  # tell peers waiting for this rank why it will not come
             if error is not None:
                 self._board.failed(error)
             else:
-                self._board.post_quietly(CLOSED, aborted=abort)
+                self._board.close_quietly(aborted=abort)
         self._exports.clear()
-        if not abort:
+        if abort:
+            self._groups.abort()
+        else:
             self._groups.close()
         self._world.close(abort=abort)
 

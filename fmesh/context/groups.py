@@ -378,13 +378,18 @@ class GroupRegistry:
 
         Every wait of the context ends at its next poll; every group's connections are cut, so a collective
         this rank is blocked in fails now and the peers blocked with it fail too; then torch aborts each."""
-        if self._agreement is not None:
-            self._agreement.connections.halted.set()
-            self._agreement.connections.sever_all()
+        self.halt()
         if self._closed:
             return
         self._closed = True
         self._forget_all(_torch.abort_group)
+
+    def halt(self) -> None:
+        """The first, instant part of :meth:`abort`: end every wait of the context at its next poll, and cut
+        every group's connections (the collectives blocked in them fail now, here and on the peers)."""
+        if self._agreement is not None:
+            self._agreement.connections.halted.set()
+            self._agreement.connections.sever_all()
 
     def _drop(self, spec: GroupSpec) -> None:
         """Forget the group of ``spec`` (torch aborted it after a failure) and every target resolved to it."""
@@ -407,7 +412,9 @@ class GroupRegistry:
         self._resolved.clear()
         if dist.is_initialized():
             for group in groups:
-                with contextlib.suppress(ValueError):  # aborted already, after a failed collective
+                # Aborted already (after a failed collective: ValueError), or the backend's abort failed: the
+                # groups left must still end, and the context still close.
+                with contextlib.suppress(ValueError if end_group is _torch.destroy_group else Exception):
                     end_group(group)
                 if self._agreement is not None:
                     self._agreement.connections.forget(group.group_name)

@@ -210,8 +210,11 @@ def launch(
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+            proc.close()  # its pipe now, not when an exception holding this frame is collected
         out.close()
-        del store  # the last reference: the server stops with it
+        # The last references, now rather than when an exception holding this frame is collected: the store's
+        # server stops, and the queue's pipes close.
+        del store, out
     return [results[rank] for rank in range(world_size)]
 
 
