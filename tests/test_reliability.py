@@ -110,6 +110,7 @@ def test_abort_from_a_signal_handler_or_a_watchdog_ends_a_group_creation_at_once
         def abort(*_: Any) -> None:
             aborted.append(time.monotonic())
             ctx.abort()
+            aborted.append(time.monotonic())
 
         if ctx.rank == 1:
             signal.signal(signal.SIGTERM, abort)
@@ -117,13 +118,15 @@ def test_abort_from_a_signal_handler_or_a_watchdog_ends_a_group_creation_at_once
         else:
             threading.Timer(1.0, abort).start()
         kind, _, message = timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "a"))
-        return kind, time.monotonic() - aborted[0], message
+        ended = time.monotonic()
+        time.sleep(0.5)  # the watchdog's abort may still be collecting
+        return kind, ended - aborted[0], f"abort took {aborted[1] - aborted[0]:.2f}s; {message}"
 
     results = launch(body, 4)
-    for rank in (1, 2):  # aborted while waiting: the wait ends within a poll (0.1 s) of the abort
+    for rank in (1, 2):  # aborted while waiting: the wait ends at its next poll (0.1 s), or as the handler returns
         kind, after_abort, message = results[rank]
         assert kind == "ContextClosedError" and "aborted" in message, results[rank]
-        assert after_abort < 1.0, results[rank]
+        assert after_abort < 2.0, results[rank]
     for rank, partner in ((0, 2), (3, 1)):  # the partner aborted: told at the first look (grace 1 s)
         kind, took, message = results[rank]
         assert kind == "RankLostError" and f"rank {partner} aborted its context" in message, results[rank]
@@ -200,6 +203,17 @@ def test_a_dead_rank_is_the_only_one_named_and_its_group_stays_failed() -> None:
         assert first[0] == "RankLostError" and "ranks [3] of the group did not answer" in first[2], (rank, first)
         assert first[1] < 7.0, (rank, first)  # the backend notices at once; the roll call takes at most 5 s
         assert again[0] == "RankLostError" and "failed earlier" in again[2] and again[1] < 0.5, (rank, again)
+
+
+def test_a_bad_tensor_on_one_rank_blames_no_healthy_peer() -> None:
+    def body(ctx: Context) -> Outcome:
+        ctx.all_reduce(torch.ones(1), mesh2(), "dp")
+        tensor = torch.ones(4, dtype=torch.int16) if ctx.rank == 1 else torch.ones(4)  # gloo cannot sum int16
+        return timed(lambda: ctx.all_reduce(tensor, mesh2(), "dp"))
+
+    for rank, (kind, took, message) in enumerate(launch(body, 2)):
+        assert kind == "RuntimeError" and "none is lost" in message, (rank, kind, message)
+        assert "rank 1: RuntimeError: Invalid scalar type" in message and took < 3.0, (rank, took, message)
 
 
 def store_host_dies(rank: int, port: int, out: Any) -> None:

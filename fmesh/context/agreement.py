@@ -316,11 +316,18 @@ class Agreement:
 
     # -------------------------------------------------------------- roll call
 
-    def roll_call(self, label: str, members: Sequence[int], seconds: float) -> list[int]:
+    def answers(self, label: str, members: Sequence[int]) -> dict[int, str]:
+        """What each of ``members`` answered the roll call ``label`` (each has answered)."""
+        keys = [f"{self.prefix}/roll/{label}/{m}" for m in members]
+        return {m: bytes(raw).decode(errors="replace") for m, raw in zip(members, self.store.multi_get(keys),
+                                                                          strict=True)}
+
+    def roll_call(self, label: str, members: Sequence[int], seconds: float, answer: str = "here") -> list[int]:
         """The ``members`` that do not answer within ``seconds`` (the survivors of a failed collective
-        each call this with the same ``label``); O(group size) store checks, on a failure path only."""
+        each call this with the same ``label``, answering what went wrong for them: :meth:`answers`);
+        O(group size) store checks, on a failure path only."""
         base = f"{self.prefix}/roll/{label}"
-        self.store.set(f"{base}/{self.rank}", "here")
+        self.store.set(f"{base}/{self.rank}", answer[:2000])
         keys = [f"{base}/{m}" for m in members]
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not self.store.check(keys):

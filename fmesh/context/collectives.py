@@ -8,7 +8,11 @@ A failure is explained before it is raised (:func:`failed`): the survivors hold 
 the store, and the ranks that do not answer are named. A peer that failed with an error of fmesh's
 own passes it on (a mesh mismatch on one rank is a mismatch on all); a backend error after the
 group's timeout is :class:`~fmesh.GroupTimeoutError`; one with members gone is
-:class:`~fmesh.RankLostError`; with every member present, the backend's own error is raised.
+:class:`~fmesh.RankLostError`; with every member present, a ``RuntimeError`` quoting what each member saw
+(a bad tensor on one rank is named there; its healthy peers are not blamed). The first survivor to fail
+cuts the group's connections (:mod:`fmesh.context.connections`), so members still blocked in it fail
+at once and answer the roll call. A group that failed is aborted: using it again is
+:class:`~fmesh.RankLostError` at once; in a context aborted meanwhile, :class:`~fmesh.ContextClosedError`.
 """
 
 from __future__ import annotations
@@ -78,9 +82,9 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         raise ContextClosedError(f"on rank {board.rank}: {what} along {where} ended: this context was aborted "
                                  "(ctx.abort())") from None
     if group is not None and not _torch.registered(group):  # a use after an earlier failure aborted it
-        raise RankLostError(f"on rank {ranks_rank(board)}: {where} failed earlier and was aborted then; this context "
-                            "cannot use it again: abort the context and restart, or recover onto a mesh without "
-                            "the lost ranks") from None
+        raise RankLostError(f"on rank {'?' if board is None else board.rank}: {where} failed earlier and was "
+                            "aborted then; this context cannot use it again: abort the context and restart, or "
+                            "recover onto a mesh without the lost ranks") from None
     if group is not None and board is not None:
         # Cut its connections first: torch's abort of a gloo group releases neither a peer blocked in it nor this
         # rank; with them cut, every member still blocked fails now and answers the roll call.
@@ -94,12 +98,13 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         raise error
     try:
         label = f"{what}-{target.spec.digest() if target is not None else 'world'}"
-        missing = board.roll_call(label, ranks, ROLL_CALL_SECONDS)
+        missing = board.roll_call(label, ranks, ROLL_CALL_SECONDS, f"{type(error).__name__}: {error}")
         statuses = board.statuses(missing)
+        answers = {} if missing else board.answers(label, ranks)
     except ContextClosedError:
         raise
     except Exception:  # the store is gone too: its host is likely what died; this rank is not what is missing
-        missing, statuses = [m for m in ranks if m != board.rank], {}
+        missing, statuses, answers = [m for m in ranks if m != board.rank], {}, {}
     doing = "; ".join(describe_status(m, statuses[m]) if m in statuses else f"rank {m}: the store is unreachable, "
                       "its host is gone (rank 0, unless torchrun's agent hosts it)" for m in missing[:8])
     mismatch = next((m for m in missing if statuses.get(m, {}).get("kind") == "MeshMismatchError"), None)
@@ -120,15 +125,14 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
             f"roll call within {ROLL_CALL_SECONDS:g}s: they are gone, or still blocked in this collective ({doing}). "
             f"Expected every member alive; see the logs of ranks {gone or missing}, then restart the job "
             f"(the backend said: {error})")
-    else:
-        raise error  # every member is there: the backend's own error says what went wrong
+    else:  # every member is there, none is lost: each one's own error, so the one that went wrong shows
+        told = "; ".join(f"rank {m}: {answer[:300]}" for m, answer in list(answers.items())[:8])
+        explained = RuntimeError(
+            f"on rank {board.rank}: {what} along {where} failed on its members, and every member answered a roll "
+            f"call, so none is lost. What each saw: {told}. The error that is not a closed connection is the cause "
+            "(check that every member passes a tensor of the same dtype and shape)")
     board.failed(explained)
     raise explained from error
-
-
-def ranks_rank(board: Agreement | None) -> str:
-    """This rank, in an error, when known (``?`` on the fake backend, which has no board)."""
-    return "?" if board is None else str(board.rank)
 
 
 def run(what: str, target: Target, group: dist.ProcessGroup, call: Callable[[], object],
