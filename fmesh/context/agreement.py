@@ -11,12 +11,15 @@ a constant number of store operations and bytes, whatever the group size:
 2. ``compare_set(<key>/digest, "", mine)``: the first member's digest stays, and the store hands it
    back; a member whose digest differs writes a mismatch verdict to ``<key>/done``;
 3. ``add(<key>/arrived, 1)``: the member that brings the count to the group size writes ``ok``;
-4. ``wait(<key>/done)`` (the store wakes the waiters) and read the verdict; post ``status/<rank>``:
-   running.
+4. ``check(<key>/done)`` until the verdict is there, pausing 1 ms, then 2, 4, ... up to 0.1 s between
+   checks, and read it; post ``status/<rank>``: running. (A store's blocking ``wait`` is not used: each
+   one that expires makes torch log a warning, a thread blocked in it runs no signal handler, and
+   ``ctx.abort()`` could not end it.)
 
 Full descriptions are read only to write an error. Past a grace period, one waiter (elected with
-``add``) wakes now and then to read the statuses of the members (one ``multi_get``) and follow the
-members that have not arrived to what each is waiting for; the others keep blocking in the store. A cycle
+``add``) now and then reads the statuses of the members (one ``multi_get``) and follows the
+members that have not arrived to what each is waiting for. A member whose status is final (it failed,
+closed or aborted its context) will never come: the wait ends with its error. A cycle
 (rank 0 waits here for rank 1, which waits elsewhere for rank 0) can never complete: it is a
 disagreement, reported as :class:`~fmesh.MeshMismatchError` on every rank of the cycle within
 seconds. A member that failed is reported with its own error (a mismatch stays a mismatch, anything

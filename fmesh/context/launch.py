@@ -60,11 +60,11 @@ def _die_with(parent: int) -> None:
         def watch() -> None:
             while os.getppid() == parent:
                 time.sleep(0.5)
-            os._exit(1)
+            os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=watch, daemon=True, name="fmesh-parent-watch").start()
     if os.getppid() != parent:  # it ended before the line above
-        os._exit(1)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _child(fn: Callable[[Context], Any], rank: int, world_size: int, port: int, options: dict[str, Any],
