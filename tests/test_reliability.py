@@ -444,7 +444,7 @@ def test_a_device_this_process_cannot_use_is_refused_at_the_door(device: str, ex
     if torch.cuda.is_available() and device == "cuda:0":
         pytest.skip("this machine has a GPU")
     with pytest.raises(ValueError, match=expected):
-        Context.fake(2, device=device)
+        Context(backend="gloo", rank=0, world_size=1, store=torch.distributed.HashStore(), device=device)
     assert not torch.distributed.is_initialized()
 
 

@@ -34,10 +34,11 @@ def _check_count(label: str, value: object) -> None:
         raise ValueError(f"{label} must be a non-negative int, got {value!r}")
 
 
-def check_device(device: object) -> torch.device | None:
+def check_device(device: object, dry_run: bool = False) -> torch.device | None:
     """``device`` as a ``torch.device`` this process has (``None`` stays ``None``); ``TypeError``/``ValueError``
     naming it and the choices otherwise, before any process group exists. An index is this rank's device
-    (``cuda:LOCAL_RANK`` differs between ranks, as it should).
+    (``cuda:LOCAL_RANK`` differs between ranks, as it should). A ``dry_run`` (the fake backend) may name
+    a device this machine lacks: it only describes one.
 
     >>> check_device("cpu"), check_device(None)
     (device(type='cpu'), None)
@@ -53,7 +54,7 @@ def check_device(device: object) -> torch.device | None:
                          "(or another backend's type, such as 'xpu')") from None
     if parsed.type == "meta":
         raise ValueError("device 'meta' holds no data, so no collective can run on it; use 'cpu' or 'cuda:N'")
-    if parsed.type == "cuda":
+    if parsed.type == "cuda" and not dry_run:
         count = torch.cuda.device_count()
         if parsed.index is None and count:
             parsed = torch.device("cuda", torch.cuda.current_device())
@@ -169,7 +170,7 @@ class World:
             _check_count(label, value)
         if world_size is not None and rank is not None and rank >= world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}: valid ranks are 0..{world_size - 1}")
-        checked_device = check_device(device)
+        checked_device = check_device(device, dry_run=backend == "fake")
         if init_method == "env://" or (init_method is None and store is None and rank is None):
             check_launcher_environment(os.environ)
         owns = not dist.is_initialized()
