@@ -28,6 +28,8 @@ from fmesh.costs import Links, cost
 from fmesh.errors import (
     CommandLineError,
     ContextClosedError,
+    FileDescriptorLimitError,
+    FileDescriptorWarning,
     GroupTimeoutError,
     LaunchError,
     ManifestError,
@@ -110,6 +112,8 @@ __all__ = [
     "CommandLineError",
     "Context",
     "ContextClosedError",
+    "FileDescriptorLimitError",
+    "FileDescriptorWarning",
     "GroupPlan",
     "GroupTimeoutError",
     "LaunchError",

@@ -14,6 +14,8 @@ from __future__ import annotations
 __all__ = [
     "CommandLineError",
     "ContextClosedError",
+    "FileDescriptorLimitError",
+    "FileDescriptorWarning",
     "GroupTimeoutError",
     "LaunchError",
     "ManifestError",
@@ -66,6 +68,26 @@ class ContextClosedError(RuntimeError):
     """A closed :class:`~fmesh.Context` was asked for a group or a collective.
 
     >>> issubclass(ContextClosedError, RuntimeError)
+    True
+    """
+
+
+class FileDescriptorLimitError(OSError):
+    """Creating another process group would exhaust this process's file descriptors (``ulimit -n``).
+
+    Raised by the Context before the group is created (each gloo group holds a socket per peer), on the
+    rank that has no room; the other members learn it through the store and raise
+    :class:`RankLostError` naming it. :class:`FileDescriptorWarning` comes first, past 80% of the limit.
+
+    >>> issubclass(FileDescriptorLimitError, OSError)
+    True
+    """
+
+
+class FileDescriptorWarning(UserWarning):
+    """This process's open file descriptors passed 80% of its limit while the Context created groups.
+
+    >>> issubclass(FileDescriptorWarning, UserWarning)
     True
     """
 

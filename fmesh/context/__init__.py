@@ -7,6 +7,7 @@ Modules, one concept each:
 * ``options``: what makes two groups the same (:class:`AxisOptions`, group specs);
 * ``groups``: the registry of process groups and their creation;
 * ``agreement``: the cross-rank check that members mean the same group;
+* ``connections``: the sockets of each group (cut at once by an abort) and the file-descriptor budget;
 * ``collectives``: collectives along mesh axes;
 * ``objects``: picklable objects along mesh axes, as byte tensors;
 * ``permute``: ``ppermute`` and ``shift`` along one axis, on batched point-to-point operations;

@@ -103,6 +103,15 @@ def default_store() -> dist.Store:
     return c10d._get_default_store()
 
 
+def store_client(store: dist.Store) -> dist.Store:
+    """A connection of this Context's own to ``store``: a TCPStore client runs one operation at a time, so
+    two contexts connecting groups from two threads over one client would wait for each other's waits."""
+    try:
+        return store.clone()
+    except (AttributeError, RuntimeError):  # a store that cannot be cloned is shared
+        return store
+
+
 # torch 2.13 deprecates the *_into_tensor/*_tensor names in favour of *_single.
 all_gather_single: Any = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -163,8 +172,10 @@ def create_group(
     timeout: timedelta,
     options: Any = None,
     description: str = "fmesh",
+    store: dist.Store | None = None,
 ) -> dist.ProcessGroup:
-    """A group of ``ranks`` (in this order: group rank i is ``ranks[i]``), created by its members only.
+    """A group of ``ranks`` (in this order: group rank i is ``ranks[i]``), created by its members only,
+    meeting in ``store`` (default: the default group's).
 
     ``rank`` is this process's global rank, from the Context: inside torch's ``LocalTensorMode``
     (``fmesh.simulate``) ``dist.get_rank()`` is symbolic from torch 2.14.
@@ -172,7 +183,7 @@ def create_group(
     me = rank
     if me not in ranks:
         raise ValueError(f"rank {me} is not a member of group {list(ranks)}; only members create a group")
-    store = c10d._world.pg_map[c10d._get_default_group()][1]
+    store = store if store is not None else c10d._world.pg_map[c10d._get_default_group()][1]
     group, _ = c10d._new_process_group_helper(
         len(ranks),
         list(ranks).index(me),
@@ -219,20 +230,26 @@ def split_groups(
     return group
 
 
-def _registered(group: dist.ProcessGroup | None) -> bool:
-    return group is None or group in c10d._world.pg_map
+def registered(group: dist.ProcessGroup | None) -> bool:
+    """Whether torch still knows ``group`` (``None``: the default group): not destroyed, not aborted."""
+    return group in c10d._world.pg_map if group is not None else dist.is_initialized()
 
 
 def destroy_group(group: dist.ProcessGroup) -> None:
     """Destroy ``group`` in the orderly way (its pending work finishes); one aborted already is gone."""
-    if _registered(group):
+    if registered(group):
         dist.destroy_process_group(group)
 
 
 def abort_group(group: dist.ProcessGroup | None = None) -> None:
     """Tear ``group`` (``None``: every group, the default one too) down without waiting for peers."""
-    if _registered(group):
+    if registered(group):
         c10d._abort_process_group(group)
+
+
+def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
+    """Give ``group``'s collectives ``timeout`` (it was connected under a shorter one)."""
+    c10d._set_pg_timeout(timeout, group)
 
 
 def release_groups(root: DeviceMesh) -> None:

@@ -11,12 +11,15 @@ a constant number of store operations and bytes, whatever the group size:
 2. ``compare_set(<key>/digest, "", mine)``: the first member's digest stays, and the store hands it
    back; a member whose digest differs writes a mismatch verdict to ``<key>/done``;
 3. ``add(<key>/arrived, 1)``: the member that brings the count to the group size writes ``ok``;
-4. ``wait(<key>/done)`` (the store wakes the waiters) and read the verdict; post ``status/<rank>``:
-   running.
+4. ``check(<key>/done)`` until the verdict is there, pausing 1 ms, then 2, 4, ... up to 0.1 s between
+   checks, and read it; post ``status/<rank>``: running. (A store's blocking ``wait`` is not used: each
+   one that expires makes torch log a warning, a thread blocked in it runs no signal handler, and
+   ``ctx.abort()`` could not end it.)
 
 Full descriptions are read only to write an error. Past a grace period, one waiter (elected with
-``add``) wakes now and then to read the statuses of the members (one ``multi_get``) and follow the
-members that have not arrived to what each is waiting for; the others keep blocking in the store. A cycle
+``add``) now and then reads the statuses of the members (one ``multi_get``) and follows the
+members that have not arrived to what each is waiting for. A member whose status is final (it failed,
+closed or aborted its context) will never come: the wait ends with its error. A cycle
 (rank 0 waits here for rank 1, which waits elsewhere for rank 0) can never complete: it is a
 disagreement, reported as :class:`~fmesh.MeshMismatchError` on every rank of the cycle within
 seconds. A member that failed is reported with its own error (a mismatch stays a mismatch, anything
@@ -41,16 +44,20 @@ from typing import Any
 import attrs
 import torch.distributed as dist
 
-from fmesh.errors import GroupTimeoutError, MeshMismatchError, RankLostError
+from fmesh.context.connections import Connections
+from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
 
 OK = "ok"
 MISMATCH = "mismatch"  # a verdict: the members disagree
 LOST = "lost"  # a verdict: a member failed instead of coming
 TIMEOUT = "timeout"  # a verdict: members never came within the creation timeout
 FAILED = "failed"  # a status: this rank raised
+CLOSED = "closed"  # a status: this rank closed (or aborted) its context
+FINAL_STATES = (FAILED, CLOSED)  # a member in one of these will never come: a wait for it ends at once
 GRACE_SECONDS = 1.0  # creation normally completes in milliseconds; slower is worth a look
-MAX_POLL_SECONDS = 8.0
-VERDICT_MARGIN_SECONDS = 30.0  # how long past the timeout the others wait for the elected waiter's verdict
+MAX_POLL_SECONDS = 8.0  # the longest pause between two looks at the missing members
+POLL_FIRST_SECONDS = 0.001  # the first pause between two checks of the verdict
+POLL_MAX_SECONDS = 0.1  # the longest: how late a waiter learns the verdict, or that its context was aborted
 MAX_GROUPS_FOLLOWED = 64  # bounds the work of one diagnosis
 
 
@@ -82,8 +89,9 @@ def describe_status(rank: int, status: dict[str, Any]) -> str:
         return f"rank {rank} waits to create {status.get('what', '?')} ({status.get('description', '?')})"
     if state == FAILED:
         return f"rank {rank} failed: {status.get('error', '?')}"
-    if state == "closed":
-        return f"rank {rank} closed its context"
+    if state == CLOSED:
+        failure = f" after it failed: {status['error']}" if status.get("error") else ""
+        return f"rank {rank} {'aborted' if status.get('aborted') else 'closed'} its context{failure}"
     if state == "running":
         return f"rank {rank} is not creating a group (busy elsewhere, or it took another path)"
     return f"rank {rank} never posted a status (its context did not start, or it crashed)"
@@ -102,6 +110,8 @@ class Agreement:
     rank: int
     creation_timeout: timedelta
     grace: float = GRACE_SECONDS  # how long a waiter waits before it looks at what the missing ones do
+    # The Context's groups' sockets, and whether it was aborted (then every wait ends at its next poll).
+    connections: Connections = attrs.field(factory=Connections, eq=False, repr=False)
 
     # ------------------------------------------------------------ statuses
 
@@ -123,6 +133,13 @@ class Agreement:
     def failed(self, error: BaseException) -> None:
         """Post that this rank failed with ``error`` (others waiting for it report it); never raises."""
         self.post_quietly(FAILED, error=f"{type(error).__name__}: {error}"[:2000], kind=type(error).__name__)
+
+    def close_quietly(self, aborted: bool) -> None:
+        """Post that this rank closed (or aborted) its context, keeping the error it failed with, if any."""
+        with contextlib.suppress(Exception):
+            last = self.statuses([self.rank])[self.rank]
+            failure = {k: last[k] for k in ("error", "kind") if k in last} if last.get("state") == FAILED else {}
+            self.post(CLOSED, aborted=aborted, **failure)
 
     def post_quietly(self, state: str, **fields: Any) -> None:
         """:meth:`post`, on a way out: a store that is gone (its host died) is no reason to raise."""
@@ -165,20 +182,35 @@ class Agreement:
         self.post("running")
 
     def _wait(self, base: str, key: str, members: Sequence[int], description: str, what: str) -> None:
-        # Every waiter blocks in the store, which wakes it the moment the verdict is written: no polling
-        # load, however many wait. Past the grace period one waiter (elected with `add`) wakes now and
-        # then to look at the missing members, and writes the verdict of a cycle, a failed member or the
-        # creation timeout; the others keep waiting for that verdict. (A store logs a warning for each
-        # wait that times out: only the elected waiter's do, a few times.)
+        # Every waiter polls the verdict with `check`, which never blocks: a store's `wait` that expires logs a
+        # warning (torch's "[c10d] waitForInput ... timed out"), and a thread blocked in the store runs no signal
+        # handler and cannot be woken by `abort()`. The pause between polls doubles up to POLL_MAX_SECONDS, so a
+        # group made in milliseconds costs a few checks. Past the grace period one waiter (elected with `add`)
+        # looks now and then at the missing members and writes the verdict of a cycle or of a member that will
+        # never come (failed, closed); any waiter past the creation timeout writes the timeout.
         started = time.monotonic()
         deadline = started + self.creation_timeout.total_seconds()
         done = f"{base}/done"
-        if not self._waited(done, min(self.grace, deadline - started)):
-            if self.store.add(f"{base}/diagnoser", 1) == 1:
-                self._look_until_verdict(base, key, members, what, started, deadline)
-            elif not self._waited(done, deadline - time.monotonic() + VERDICT_MARGIN_SECONDS):
-                # The elected waiter is gone (it failed): time out on our own.
+        look_at, look_every, elected, pause = started + self.grace, self.grace, None, POLL_FIRST_SECONDS
+        while not self.store.check([done]):
+            if self.connections.halted.is_set():  # aborted: the group cannot be made; tell the members now
+                with contextlib.suppress(Exception):
+                    self.store.compare_set(done, "", f"{LOST}\nrank {self.rank} aborted its context while waiting "
+                                           "to create this group (a member of it)")
+                self.check_halted(f"waiting to create {what}")
+            now = time.monotonic()
+            if now >= deadline:
                 self._write_timeout(base, key, members, what, started)
+                break
+            if now >= look_at:
+                if elected is None:
+                    elected = self.store.add(f"{base}/diagnoser", 1) == 1
+                if elected:
+                    self._diagnose(key, members)
+                look_every = min(look_every * 2, MAX_POLL_SECONDS)
+                look_at = now + look_every
+            time.sleep(min(pause, max(0.0, deadline - now)))
+            pause = min(pause * 2, POLL_MAX_SECONDS)
         verdict = self.store.get(done).decode()
         if verdict == OK:
             return
@@ -195,24 +227,34 @@ class Agreement:
         self.failed(error)
         raise error
 
-    def _waited(self, key: str, seconds: float) -> bool:
-        """Whether ``key`` exists within ``seconds`` (the store wakes us when it is written)."""
+    def connect_failed(self, members: Sequence[int], what: str, error: Exception) -> Exception:
+        """What it means that connecting an agreed group failed with ``error``: a member that failed or closed
+        meanwhile (it had arrived, then raised, exited its context or ran out of descriptors) is named with
+        what it posted; a member that never connected within the creation timeout is a timeout; anything else
+        is the backend's own ``error``."""
+        others = [m for m in members if m != self.rank]
         try:
-            self.store.wait([key], timedelta(seconds=max(0.001, seconds)))
-        except dist.DistStoreError:  # what a store's wait raises when it times out
-            return False
-        return True
+            statuses = self.statuses(others)
+        except Exception:  # the store is gone: its host is what died
+            return RankLostError(f"on rank {self.rank}: connecting {what} failed and the store is unreachable "
+                                 f"(its host is gone): {error}")
+        final = next((m for m in others if statuses[m].get("state") in FINAL_STATES), None)
+        if final is not None:
+            kind = MeshMismatchError if statuses[final].get("kind") == "MeshMismatchError" else RankLostError
+            return kind(f"on rank {self.rank}: {describe_status(final, statuses[final])}, after agreeing to create "
+                        f"{what}, a group it is a member of. See that rank's error first")
+        if isinstance(error, dist.DistStoreError) or "imeout" in str(error) or "timed out" in str(error):
+            doing = "; ".join(describe_status(m, statuses[m]) for m in others[:8])
+            return GroupTimeoutError(
+                f"on rank {self.rank}: the members of {what} agreed, but did not all connect within the creation "
+                f"timeout ({self.creation_timeout.total_seconds():g}s): a member died or hangs ({doing}). See the "
+                "logs of the ranks named here")
+        return error
 
-    def _look_until_verdict(self, base: str, key: str, members: Sequence[int], what: str, started: float,
-                            deadline: float) -> None:
-        look_every = self.grace
-        while not self.store.check([f"{base}/done"]):
-            if time.monotonic() >= deadline:
-                self._write_timeout(base, key, members, what, started)
-                return
-            self._diagnose(key, members)
-            self._waited(f"{base}/done", min(look_every, deadline - time.monotonic()))
-            look_every = min(look_every * 2, MAX_POLL_SECONDS)
+    def check_halted(self, doing: str) -> None:
+        """``ContextClosedError`` once :meth:`halt` ran (``ctx.abort()``, from any thread or a signal handler)."""
+        if self.connections.halted.is_set():
+            raise ContextClosedError(f"on rank {self.rank}: this context was aborted (ctx.abort()) while {doing}")
 
     def _write_timeout(self, base: str, key: str, members: Sequence[int], what: str, started: float) -> None:
         statuses = self.statuses(members)
@@ -235,10 +277,10 @@ class Agreement:
         statuses = self.statuses(members)
         for member in members:
             status = statuses[member]
-            if status.get("state") == FAILED and member != self.rank:
+            if status.get("state") in FINAL_STATES and member != self.rank:
                 kind = MISMATCH if status.get("kind") == "MeshMismatchError" else LOST
-                self.store.compare_set(f"{base}/done", "", f"{kind}\nrank {member}, a member of this group, failed "
-                                       f"instead of creating it: {status.get('error')}")
+                self.store.compare_set(f"{base}/done", "", f"{kind}\n{describe_status(member, status)}, instead of "
+                                       "creating this group (a member of it)")
                 return
         cycle = self._cycle(key, members, statuses)
         if cycle:
@@ -277,13 +319,24 @@ class Agreement:
 
     # -------------------------------------------------------------- roll call
 
-    def roll_call(self, label: str, members: Sequence[int], seconds: float) -> list[int]:
+    def answers(self, label: str, members: Sequence[int]) -> dict[int, str]:
+        """What each of ``members`` answered the roll call ``label`` (each has answered)."""
+        keys = [f"{self.prefix}/roll/{label}/{m}" for m in members]
+        return {m: bytes(raw).decode(errors="replace") for m, raw in zip(members, self.store.multi_get(keys),
+                                                                          strict=True)}
+
+    def roll_call(self, label: str, members: Sequence[int], seconds: float, answer: str = "here") -> list[int]:
         """The ``members`` that do not answer within ``seconds`` (the survivors of a failed collective
-        each call this with the same ``label``); O(group size) store checks, on a failure path only."""
+        each call this with the same ``label``, answering what went wrong for them: :meth:`answers`);
+        O(group size) store checks, on a failure path only."""
         base = f"{self.prefix}/roll/{label}"
-        self.store.set(f"{base}/{self.rank}", "here")
+        self.store.set(f"{base}/{self.rank}", answer[:2000])
         keys = [f"{base}/{m}" for m in members]
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not self.store.check(keys):
-            time.sleep(0.1)
+            self.check_halted(f"calling the roll of {label}")
+            silent = [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
+            if all(status.get("state") in FINAL_STATES for status in self.statuses(silent).values()):
+                break  # every member that has not answered failed or closed: none of them ever will
+            time.sleep(0.05)
         return [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]

@@ -12,7 +12,11 @@ A failure in eager is explained before it is raised (:func:`failed`): the surviv
 the store, and the ranks that do not answer are named. A peer that failed with an error of fmesh's
 own passes it on (a mesh mismatch on one rank is a mismatch on all); a backend error after the
 group's timeout is :class:`~fmesh.GroupTimeoutError`; one with members gone is
-:class:`~fmesh.RankLostError`; with every member present, the backend's own error is raised.
+:class:`~fmesh.RankLostError`; with every member present, a ``RuntimeError`` quoting what each member saw
+(a bad tensor on one rank is named there; its healthy peers are not blamed). The first survivor to fail
+cuts the group's connections (:mod:`fmesh.context.connections`), so members still blocked in it fail
+at once and answer the roll call. A group that failed is aborted: using it again is
+:class:`~fmesh.RankLostError` at once; in a context aborted meanwhile, :class:`~fmesh.ContextClosedError`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch.distributed as dist
 from fmesh.context import _torch
 from fmesh.context.agreement import FAILED, Agreement, describe_status
 from fmesh.context.groups import Target
-from fmesh.errors import GroupTimeoutError, MeshMismatchError, RankLostError
+from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
 
 REDUCE_OPS: dict[str, Any] = {
     "sum": dist.ReduceOp.SUM,
@@ -95,7 +99,17 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     fake backend (no store): then only the timeout is told apart. ``group``, broken now, is aborted
     first, so that members still blocked in it fail at once and answer the roll call too."""
     where = "the default group" if target is None else target.label()
+    if board is not None and board.connections.halted.is_set():
+        raise ContextClosedError(f"on rank {board.rank}: {what} along {where} ended: this context was aborted "
+                                 "(ctx.abort())") from None
+    if group is not None and not _torch.registered(group):  # a use after an earlier failure aborted it
+        raise RankLostError(f"on rank {'?' if board is None else board.rank}: {where} failed earlier and was "
+                            "aborted then; this context cannot use it again: abort the context and restart, or "
+                            "recover onto a mesh without the lost ranks") from None
     if group is not None and board is not None:
+        # Cut its connections first: torch's abort of a gloo group releases neither a peer blocked in it nor this
+        # rank; with them cut, every member still blocked fails now and answers the roll call.
+        board.connections.sever(group.group_name)
         _torch.abort_group(group)
     timed_out = isinstance(error, dist.DistStoreError) or (
         time.monotonic() - started >= _TIMED_OUT * timeout.total_seconds())
@@ -105,12 +119,15 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         raise error
     try:
         label = f"{what}-{target.spec.digest() if target is not None else 'world'}"
-        missing = board.roll_call(label, ranks, ROLL_CALL_SECONDS)
+        missing = board.roll_call(label, ranks, ROLL_CALL_SECONDS, f"{type(error).__name__}: {error}")
         statuses = board.statuses(missing)
-    except Exception:  # the store is gone too: its host (rank 0) is likely what died
-        missing, statuses = list(ranks), {}
-    doing = "; ".join(describe_status(m, statuses[m]) if m in statuses else f"rank {m}: the store is unreachable"
-                      for m in missing[:8])
+        answers = {} if missing else board.answers(label, ranks)
+    except ContextClosedError:
+        raise
+    except Exception:  # the store is gone too: its host is likely what died; this rank is not what is missing
+        missing, statuses, answers = [m for m in ranks if m != board.rank], {}, {}
+    doing = "; ".join(describe_status(m, statuses[m]) if m in statuses else f"rank {m}: the store is unreachable, "
+                      "its host is gone (rank 0, unless torchrun's agent hosts it)" for m in missing[:8])
     mismatch = next((m for m in missing if statuses.get(m, {}).get("kind") == "MeshMismatchError"), None)
     explained: Exception
     if mismatch is not None:
@@ -129,8 +146,12 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
             f"roll call within {ROLL_CALL_SECONDS:g}s: they are gone, or still blocked in this collective ({doing}). "
             f"Expected every member alive; see the logs of ranks {gone or missing}, then restart the job "
             f"(the backend said: {error})")
-    else:
-        raise error  # every member is there: the backend's own error says what went wrong
+    else:  # every member is there, none is lost: each one's own error, so the one that went wrong shows
+        told = "; ".join(f"rank {m}: {answer[:300]}" for m, answer in list(answers.items())[:8])
+        explained = RuntimeError(
+            f"on rank {board.rank}: {what} along {where} failed on its members, and every member answered a roll "
+            f"call, so none is lost. What each saw: {told}. The error that is not a closed connection is the cause "
+            "(check that every member passes a tensor of the same dtype and shape)")
     board.failed(explained)
     raise explained from error
 
@@ -141,7 +162,7 @@ def run(what: str, target: Target, group: dist.ProcessGroup, call: Callable[[], 
     started = time.monotonic()
     try:
         call()
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
         failed(what, target, target.ranks, target.spec.timeout, started, error, board, group)
 
 
@@ -161,7 +182,7 @@ def all_reduce(target: Target, group: dist.ProcessGroup | None, tensor: torch.Te
             result.div_(target.size)
         else:
             dist.all_reduce(result, op=REDUCE_OPS[op], group=group)
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
         failed("all_reduce", target, target.ranks, target.spec.timeout, started, error, board, group)
     return result
 
@@ -235,5 +256,5 @@ def world_barrier(world_size: int, timeout: timedelta, board: Agreement | None) 
     started = time.monotonic()
     try:
         dist.barrier()
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
         failed("barrier", None, tuple(range(world_size)), timeout, started, error, board)

@@ -94,8 +94,8 @@ class Context:
         self._settings = attrs.evolve(settings, backend=world.backend)
         self._board: Agreement | None = None
         if not world.fake:  # the fake backend's store cannot be used
-            self._board = Agreement(world.store(), f"fmesh/{world.name}/{world.epoch}", world.rank,
-                                    self._settings.creation_timeout)
+            self._board = Agreement(_torch.store_client(world.store()), f"fmesh/{world.name}/{world.epoch}",
+                                    world.rank, self._settings.creation_timeout)
             self._board.post("running")
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._groups = GroupRegistry(world, self._settings, agreement=self._board, ascending_only=simulated)
@@ -377,7 +377,7 @@ class Context:
         ...     ctx.barrier()
         """
         if mesh is None:
-            self._groups.check_open()
+            self._groups.enter("a barrier")
             collectives.world_barrier(self.world_size, self._settings.timeout, self._board)
             return
         target, group = self._groups.resolve(mesh, axes)
@@ -559,8 +559,11 @@ class Context:
         self._end(abort=False, error=None)
 
     def abort(self) -> None:
-        """Tear down every group this context made without waiting for peers (a rank died, or this one
-        failed); the context is closed afterwards. ``with ctx:`` does this when an exception leaves it.
+        """Tear down every group this context made at once, without waiting for peers or for any lock (a rank
+        died, or this one failed); the context is closed afterwards. ``with ctx:`` does this when an
+        exception leaves it. Safe from any thread and from a signal handler: a collective or a group creation
+        this rank is blocked in ends with :class:`~fmesh.ContextClosedError` (within 0.1 s), and peers blocked
+        with this rank fail at once and name it.
 
         >>> ctx = Context.fake(2)
         >>> ctx.abort(); ctx
@@ -571,11 +574,13 @@ class Context:
     def _end(self, *, abort: bool, error: BaseException | None) -> None:
         if self._groups.closed:
             return
+        if abort:  # first, before any store operation: ends this rank's waits and frees the peers blocked with it
+            self._groups.halt()
         if self._board is not None:  # tell peers waiting for this rank why it will not come
             if error is not None:
                 self._board.failed(error)
             else:
-                self._board.post_quietly("closed")
+                self._board.close_quietly(aborted=abort)
         self._exports.clear()
         if abort:
             self._groups.abort()

@@ -11,17 +11,30 @@ A :class:`GroupRegistry` answers two questions and remembers the answers:
 
 :meth:`GroupRegistry.split` creates the groups of whole partitions of the world at once (one
 ``split_group`` per layout, for a default group bound to a device); it goes through the same
-agreement and the same bookkeeping. Creation is serialised by a lock, so two threads asking for one
-group create it once. :meth:`GroupRegistry.close` destroys the groups and lets go of every
-reference to them while the interpreter is alive; :meth:`GroupRegistry.abort` tears them down
-without waiting for peers.
+agreement and the same bookkeeping. :meth:`GroupRegistry.close` destroys the groups and lets go of
+every reference to them while the interpreter is alive; :meth:`GroupRegistry.abort` tears them down
+without waiting for peers, or for anything (it takes no lock: it runs from signal handlers and
+watchdog threads while the context's thread may be creating a group).
+
+One thread uses a context: the first that creates a group or runs a collective through it. Collectives
+are matched across ranks by their order on each group, so two threads of one rank using one group mix
+their tensors, and two threads creating different groups make each rank's order of creation
+ambiguous; a second thread is refused with an error saying so (:meth:`GroupRegistry.claim`). A
+program that communicates from several threads gives each its own Context (``name=...``).
+
+Connecting a group is bounded by the creation timeout (gloo's rendezvous otherwise waits the
+collective timeout), and a member that fails meanwhile is named
+(:meth:`~fmesh.context.agreement.Agreement.connect_failed`). Before a group is created, the process's
+file descriptors are counted (:meth:`~fmesh.context.connections.Connections.check_room`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -30,9 +43,10 @@ import torch.distributed as dist
 
 from fmesh.context import _torch
 from fmesh.context.agreement import Agreement, digest
+from fmesh.context.connections import open_sockets
 from fmesh.context.options import GroupSettings, GroupSpec
 from fmesh.context.world import World
-from fmesh.errors import ContextClosedError
+from fmesh.errors import ContextClosedError, RankLostError
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
 
@@ -124,6 +138,8 @@ class GroupRegistry:
         self._hits = 0
         self._seconds = 0.0
         self._closed = False
+        self._owner: tuple[int, str] | None = None  # (ident, name) of the thread that uses this context
+        self._owning = threading.Lock()  # two threads claiming at once: one wins
 
     # ------------------------------------------------------------- targets
 
@@ -131,6 +147,27 @@ class GroupRegistry:
         """``ContextClosedError`` once :meth:`close` ran."""
         if self._closed:
             raise ContextClosedError("this fmesh Context is closed; create a new one (its groups were destroyed)")
+
+    def claim(self, doing: str = "a collective") -> None:
+        """Make the calling thread this context's thread if none is yet; ``RuntimeError`` if another is."""
+        me = threading.get_ident()
+        if self._owner is not None and self._owner[0] == me:
+            return
+        with self._owning:
+            if self._owner is None:
+                self._owner = (me, threading.current_thread().name)
+                return
+        raise RuntimeError(
+            f"this fmesh Context is used by thread {self._owner[1]!r}, and thread "
+            f"{threading.current_thread().name!r} asked for {doing}: a context's groups and collectives belong to "
+            "one thread (ranks match collectives by their order on each group, so two threads would mix each "
+            "other's tensors). Give each thread its own Context (fmesh.Context(..., name='loader')), or run every "
+            "collective from one thread")
+
+    def enter(self, doing: str) -> None:
+        """:meth:`check_open` and :meth:`claim`: what every collective checks first."""
+        self.check_open()
+        self.claim(doing)
 
     def check_mesh(self, mesh: object) -> Mesh:
         """``mesh`` if it is a Mesh of this world; ``TypeError``/``ValueError`` naming it otherwise."""
@@ -151,8 +188,10 @@ class GroupRegistry:
         if BY_IDENTITY and torch.compiler.is_compiling():
             return self.resolve(mesh, axes)[0]
         try:
-            found = self._targets[(mesh, mesh.as_axes(axes))]
-        except (KeyError, AttributeError, TypeError):  # new, not a Mesh, or unhashable: check it all
+            found = self._targets.get((mesh, mesh.as_axes(axes)))
+        except (AttributeError, TypeError):  # not a Mesh, or unhashable: checked below
+            found = None
+        if found is None:  # outside the except block: a user's mistake carries no internal cache miss
             return self._new_target(mesh, axes)
         self._hits += 1
         return found
@@ -184,11 +223,15 @@ class GroupRegistry:
         if BY_IDENTITY:
             return self._resolve_by_identity(mesh, axes)
         try:  # one axis by name is the common case: skip the call that normalises the others
-            found = self._resolved[(mesh, (axes,) if axes.__class__ is str else mesh.as_axes(axes))]
-        except (KeyError, AttributeError, TypeError):
+            found = self._resolved.get((mesh, (axes,) if axes.__class__ is str else mesh.as_axes(axes)))
+        except (AttributeError, TypeError):
+            found = None
+        if found is None:  # outside the except block: a user's mistake carries no internal cache miss
             target = self.target(mesh, axes)
             found = self._resolved[(mesh, target.axes)] = (target, self.group(target))
             return found
+        if self._owner is None or self._owner[0] != threading.get_ident():
+            self.claim()
         self._hits += 1
         return found
 
@@ -228,13 +271,18 @@ class GroupRegistry:
 
     def process_group(self, target: Target) -> dist.ProcessGroup:
         """The target's process group, even for a group of one (made only when asked for)."""
+        if self._owner is None or self._owner[0] != threading.get_ident():
+            self.claim(f"the group along axes {target.axes}")
         group = self._groups.get(target.spec)
         if group is not None:
-            return group
-        with self._creating:
-            group = self._groups.get(target.spec)  # another thread may have made it meanwhile
-            if group is not None:
+            if _torch.registered(group):
                 return group
+            self._drop(target.spec)
+            raise RankLostError(
+                f"{target.label()} failed earlier on rank {self._world.rank} and was aborted then (its members are "
+                "gone or broke it); this context cannot use it again: abort the context and restart, or recover "
+                "onto a mesh without the lost ranks")
+        with self._creating:
             self.check_open()
             if _torch.bound_device() is not None and target.size > 1:
                 raise RuntimeError(
@@ -243,18 +291,59 @@ class GroupRegistry:
                     "collectives"
                 )
             started = time.perf_counter()
+            if self._agreement is not None and target.size > 1:
+                board, held = self._agreement, len(self._groups)
+                self._failing_as_posted(lambda: board.connections.check_room(target.size, held, target.label()))
             self._agree(target.spec.digest(), target.ranks, target.describe(), target.label())
-            group = self._failing_as_posted(lambda: _torch.create_group(
+            connect_timeout = self._connect_timeout(target.spec)
+            group = self._connect(target.ranks, target.label(), lambda: _torch.create_group(
                 target.spec.ranks,
                 f"{self._world.name}:{self._world.epoch}:{target.spec.digest()}",
                 rank=self._world.rank,
                 backend=target.spec.backend,
-                timeout=target.spec.timeout,
+                timeout=connect_timeout,
                 options=target.spec.options,
                 description=f"fmesh_{'_'.join(target.axes)}",
+                store=None if self._agreement is None else self._agreement.store,
             ))
+            if connect_timeout != target.spec.timeout:
+                _torch.set_group_timeout(group, target.spec.timeout)
             self._record(target.spec, group, started)
             return group
+
+    def _connect_timeout(self, spec: GroupSpec) -> Any:
+        # gloo's rendezvous waits for every member with the group's timeout (the collectives', 10 min by
+        # default): a member that died after agreeing would be waited for that long. Connect within the
+        # creation timeout instead, then give the group its own.
+        if spec.backend == "gloo" and self._agreement is not None:
+            return min(spec.timeout, self._settings.creation_timeout)
+        return spec.timeout
+
+    def _connect(self, members: tuple[int, ...], what: str, create: Callable[[], Any]) -> Any:
+        """``create()`` a group the members agreed on, noting its sockets; a failure is explained (a member
+        that failed meanwhile is named) and posted on the board, so peers waiting for us learn it. A
+        context aborted meanwhile aborts the new group and raises ``ContextClosedError``."""
+        board = self._agreement
+        if board is None:
+            return create()
+        before = open_sockets()
+        try:
+            group = create()
+        except Exception as error:
+            explained = board.connect_failed(members, what, error)
+            board.failed(explained)
+            if explained is error:
+                raise
+            raise explained from error
+        if group is not None:
+            board.connections.note(group.group_name, open_sockets() - before)
+        if board.connections.halted.is_set():
+            if group is not None:
+                board.connections.sever(group.group_name)
+                with contextlib.suppress(Exception):
+                    _torch.abort_group(group)
+            board.check_halted(f"connecting {what}")
+        return group
 
     def split(self, mesh: Mesh, axes: tuple[str, ...], mine: tuple[int, ...] | None) -> None:
         """Create the groups along ``axes`` of ``mesh`` for the whole world at once (one
@@ -271,8 +360,9 @@ class GroupRegistry:
             self._splits.add(digest(description))
             started = time.perf_counter()
             world = tuple(range(self._world.world_size))
-            self._agree(digest(description), world, description, f"the split of axes {axes} of {mesh!r}")
-            group = self._failing_as_posted(lambda: _torch.split_groups(
+            what = f"the split of axes {axes} of {mesh!r}"
+            self._agree(digest(description), world, description, what)
+            group = self._connect(world, what, lambda: _torch.split_groups(
                 mesh.groups(axes), rank=self._world.rank, timeout=spec.timeout, options=spec.options))
             if group is not None and mine is not None and len(mine) > 1:
                 self._record(spec, group, started)
@@ -281,10 +371,10 @@ class GroupRegistry:
         if self._agreement is not None and len(members) > 1:
             self._agreement.agree(key, members, description, what)
 
-    def _failing_as_posted(self, create: Any) -> Any:
-        """``create()``; a failure is posted on the board first, so peers waiting for us learn it."""
+    def _failing_as_posted(self, step: Callable[[], Any]) -> Any:
+        """``step()``; a failure is posted on the board first, so peers waiting for us learn it."""
         try:
-            return create()
+            return step()
         except Exception as error:
             if self._agreement is not None:
                 self._agreement.failed(error)
@@ -322,25 +412,55 @@ class GroupRegistry:
         self._end(_torch.destroy_group)
 
     def abort(self) -> None:
-        """Tear every group made here down without waiting for peers (a rank died, or this one failed)."""
-        self._end(_torch.abort_group)
+        """Tear every group made here down at once, without waiting for peers or for any lock (a rank died,
+        this one failed, a signal handler or a watchdog thread stops the job).
+
+        Every wait of the context ends at its next poll; every group's connections are cut, so a collective
+        this rank is blocked in fails now and the peers blocked with it fail too; then torch aborts each."""
+        self.halt()
+        if self._closed:
+            return
+        self._closed = True
+        self._forget_all(_torch.abort_group)
+
+    def halt(self) -> None:
+        """The first, instant part of :meth:`abort`: end every wait of the context at its next poll, and cut
+        every group's connections (the collectives blocked in them fail now, here and on the peers)."""
+        if self._agreement is not None:
+            self._agreement.connections.halted.set()
+            self._agreement.connections.sever_all()
+
+    def _drop(self, spec: GroupSpec) -> None:
+        """Forget the group of ``spec`` (torch aborted it after a failure) and every target resolved to it."""
+        self._groups.pop(spec, None)
+        for key, (target, _) in list(self._resolved.items()):
+            if target.spec == spec:
+                del self._resolved[key]
 
     def _end(self, end_group: Any) -> None:
         with self._creating:
             if self._closed:
                 return
             self._closed = True
-            groups = list(self._groups.values())
-            self._groups.clear()
-            self._targets.clear()
-            self._resolved.clear()
-            self._by_identity.clear()
-            self._by_target.clear()
-            if dist.is_initialized():
-                for group in groups:
+            self._forget_all(end_group)
+
+    def _forget_all(self, end_group: Any) -> None:
+        groups = list(self._groups.values())
+        self._groups.clear()
+        self._targets.clear()
+        self._resolved.clear()
+        self._by_identity.clear()
+        self._by_target.clear()
+        if dist.is_initialized():
+            for group in groups:
+                # Aborted already (after a failed collective: ValueError), or the backend's abort failed: the
+                # groups left must still end, and the context still close.
+                with contextlib.suppress(ValueError if end_group is _torch.destroy_group else Exception):
                     end_group(group)
-            del groups
-            gc.collect()  # the C++ groups (and their worker threads) end here, not at interpreter exit
+                if self._agreement is not None:
+                    self._agreement.connections.forget(group.group_name)
+        del groups
+        gc.collect()  # the C++ groups (and their worker threads) end here, not at interpreter exit
 
     @property
     def closed(self) -> bool:

@@ -10,12 +10,15 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -26,9 +29,15 @@ import torch
 
 from fmesh.context import _torch
 from fmesh.context.context import Context
+from fmesh.context.options import DEFAULT_CREATION_TIMEOUT, normalize_timeout
 from fmesh.errors import LaunchError, RemoteTraceback
 
 START_METHODS = ("fork", "spawn", "forkserver")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# The ranks' own timeouts, as shares of the launch's: a rank waiting for a missing peer raises fmesh's error
+# (naming the peer) before the launch gives up with its generic TimeoutError.
+COLLECTIVE_SHARE = 0.8
+CREATION_SHARE = 0.5
 
 
 def free_port() -> int:
@@ -42,8 +51,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _die_with(parent: int) -> None:
+    """End this process when ``parent`` (the launching process) ends, however it ends (SIGTERM, SIGKILL):
+    the kernel sends SIGKILL on Linux; elsewhere a thread watches the parent's pid."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=watch, daemon=True, name="fmesh-parent-watch").start()
+    if os.getppid() != parent:  # it ended before the line above
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _child(fn: Callable[[Context], Any], rank: int, world_size: int, port: int, options: dict[str, Any],
-           out: Any) -> None:
+           out: Any, parent: int) -> None:
+    _die_with(parent)
     # The store is the launcher's (as torchrun's agent hosts it), so it outlives any rank: the others
     # can still read what a failed rank posted.
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -74,9 +100,10 @@ def _remote_error(rank: int, payload: tuple[bytes | None, str, str]) -> BaseExce
     return error
 
 
-def _check_launch(fn: object, world_size: object, start_method: str | None) -> str:
+def _check_launch(fn: object, world_size: object, start_method: str | None, timeout: object) -> str:
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    normalize_timeout(timeout)  # a number of seconds in the valid range
     if not callable(fn):
         raise TypeError(f"launch runs a function of one argument (the Context), got {fn!r}")
     if start_method is None:
@@ -107,7 +134,10 @@ def launch(
 
     Works with functions defined in a notebook cell (processes are forked on Linux; with
     ``start_method="spawn"``, or off Linux, ``fn`` must be importable). ``context_options`` go to
-    each rank's ``Context`` (its ``timeout`` defaults to the launch's). A rank that raises makes the
+    each rank's ``Context``; its ``timeout`` defaults to 80% of the launch's and its ``creation_timeout``
+    to half of it (at most the usual 2 min), so that a rank waiting for a missing peer raises fmesh's
+    error, naming the peer, before the launch gives up. The ranks end with the launching process,
+    however it ends (SIGTERM, SIGKILL): none is orphaned. A rank that raises makes the
     whole launch raise that exception, with ``.rank`` set and the rank's traceback as its
     ``__cause__``; with ``return_exceptions=True`` the exception takes that rank's place in the
     result instead, and the other ranks run on. A launch that outlives ``timeout`` seconds raises
@@ -120,8 +150,10 @@ def launch(
     >>> fmesh.launch(total, world_size=2)
     [3.0, 3.0]
     """
-    method = _check_launch(fn, world_size, start_method)
-    options = {"timeout": timeout, **(context_options or {})}
+    method = _check_launch(fn, world_size, start_method, timeout)
+    options = {"timeout": COLLECTIVE_SHARE * timeout,
+               "creation_timeout": min(CREATION_SHARE * timeout, DEFAULT_CREATION_TIMEOUT.total_seconds()),
+               **(context_options or {})}
     if torch.distributed.is_initialized():
         raise RuntimeError(
             "this process already has a default process group (a Context is open?); close it before "
@@ -131,7 +163,8 @@ def launch(
     out = context.Queue()
     port = free_port()
     procs = [
-        context.Process(target=_child, args=(fn, rank, world_size, port, options, out), daemon=True)
+        context.Process(target=_child, args=(fn, rank, world_size, port, options, out, os.getpid()),
+                        daemon=True)
         for rank in range(world_size)
     ]
     results: dict[int, Any] = {}
@@ -177,8 +210,11 @@ def launch(
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+            proc.close()  # its pipe now, not when an exception holding this frame is collected
         out.close()
-        del store  # the last reference: the server stops with it
+        # The last references, now rather than when an exception holding this frame is collected: the store's
+        # server stops, and the queue's pipes close.
+        del store, out
     return [results[rank] for rank in range(world_size)]
 
 

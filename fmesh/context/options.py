@@ -27,6 +27,8 @@ DEFAULT_TIMEOUT = timedelta(minutes=10)
 # How long members wait for each other to create a group: much shorter than the collectives' timeout,
 # since a member that has not come within minutes is gone or took another path.
 DEFAULT_CREATION_TIMEOUT = timedelta(minutes=2)
+MIN_TIMEOUT_SECONDS = 0.001  # backends count in whole milliseconds: less would be 0, "no time at all"
+MAX_TIMEOUT_SECONDS = 365 * 24 * 3600.0  # a year; 1e10 s overflows gloo's and the store's nanosecond clocks
 # Fields that torch fills in itself for each group it creates from an options object: not a choice.
 _PER_GROUP_FIELDS = frozenset({"global_ranks_in_group", "group_name", "_timeout"})
 _DEPTH = 4
@@ -59,8 +61,10 @@ def normalize_timeout(value: object, default: timedelta | None = DEFAULT_TIMEOUT
         seconds = float(value)
     else:
         raise TypeError(f"timeout must be seconds or a datetime.timedelta, got {value!r}")
-    if seconds <= 0:
-        raise ValueError(f"timeout must be positive, got {value!r}")
+    if not MIN_TIMEOUT_SECONDS <= seconds <= MAX_TIMEOUT_SECONDS:  # also refuses nan and inf
+        raise ValueError(
+            f"timeout must be between {MIN_TIMEOUT_SECONDS:g} s (backends count in milliseconds) and "
+            f"{MAX_TIMEOUT_SECONDS:g} s (a year; gloo and the store overflow past that), but got {value!r}")
     return timedelta(seconds=seconds)
 
 
@@ -187,8 +191,13 @@ class GroupSettings:
     ) -> GroupSettings:
         """Normalise the Context's arguments (``ValueError``/``TypeError`` naming any bad one); the
         backend is the world's, set with ``attrs.evolve`` once the default group is known."""
+        if axis_options is not None and not isinstance(axis_options, Mapping):
+            raise TypeError(f"axis_options must map axis names (str) to fmesh.AxisOptions, got {axis_options!r}")
         overrides = dict(axis_options or {})
         for axis, override in overrides.items():
+            if not isinstance(axis, str):
+                raise TypeError(f"axis_options keys are axis names (str), but got {axis!r} "
+                                f"({type(axis).__name__}); write axis_options={{'tp': fmesh.AxisOptions(...)}}")
             if not isinstance(override, AxisOptions):
                 raise TypeError(f"axis_options[{axis!r}] must be fmesh.AxisOptions, got {override!r}")
         return cls(backend, options, describe_options(options), _required(normalize_timeout(timeout)), overrides,

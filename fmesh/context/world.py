@@ -34,6 +34,68 @@ def _check_count(label: str, value: object) -> None:
         raise ValueError(f"{label} must be a non-negative int, got {value!r}")
 
 
+def check_device(device: object, dry_run: bool = False) -> torch.device | None:
+    """``device`` as a ``torch.device`` this process has (``None`` stays ``None``); ``TypeError``/``ValueError``
+    naming it and the choices otherwise, before any process group exists. An index is this rank's device
+    (``cuda:LOCAL_RANK`` differs between ranks, as it should). A ``dry_run`` (the fake backend) may name
+    a device this machine lacks: it only describes one.
+
+    >>> check_device("cpu"), check_device(None)
+    (device(type='cpu'), None)
+    """
+    if device is None:
+        return None
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or torch.device such as 'cpu' or 'cuda:0', got {device!r}")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device {device!r} is not a device torch knows; expected 'cpu', 'cuda' or 'cuda:N' "
+                         "(or another backend's type, such as 'xpu')") from None
+    if parsed.type == "meta":
+        raise ValueError("device 'meta' holds no data, so no collective can run on it; use 'cpu' or 'cuda:N'")
+    if parsed.type == "cuda" and not dry_run:
+        count = torch.cuda.device_count()
+        if parsed.index is None and count:
+            parsed = torch.device("cuda", torch.cuda.current_device())
+        if not count or (parsed.index is not None and parsed.index >= count):
+            raise ValueError(f"device {device!r}, but this process sees {count} CUDA devices; pass 'cpu', or a "
+                             f"device from cuda:0 to cuda:{max(count - 1, 0)}")
+    return parsed
+
+
+def _launcher_int(environ: Mapping[str, str], name: str, low: int) -> int:
+    raw = environ[name]
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise ValueError(f"the launcher's {name}={raw!r} is not an int >= {low}; check how this process was started "
+                         "(torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)")
+    return value
+
+
+def check_launcher_environment(environ: Mapping[str, str]) -> None:
+    """``ValueError`` at once for a launcher environment no rank can start from (``RANK=abc``,
+    ``WORLD_SIZE=-3``, ``RANK`` outside ``WORLD_SIZE``), naming the variable, before any group exists.
+
+    >>> check_launcher_environment({"RANK": "4", "WORLD_SIZE": "4", "MASTER_PORT": "29500"})
+    Traceback (most recent call last):
+    ...
+    ValueError: the launcher's RANK=4 is outside WORLD_SIZE=4: valid ranks are 0..3; check how this process was started
+    """
+    world = _launcher_int(environ, "WORLD_SIZE", 1) if "WORLD_SIZE" in environ else None
+    rank = _launcher_int(environ, "RANK", 0) if "RANK" in environ else None
+    if "MASTER_PORT" in environ and not 0 < _launcher_int(environ, "MASTER_PORT", 1) < 65536:
+        raise ValueError(f"the launcher's MASTER_PORT={environ['MASTER_PORT']!r} is not a TCP port (1..65535)")
+    if "LOCAL_RANK" in environ:
+        _launcher_int(environ, "LOCAL_RANK", 0)
+    if world is not None and rank is not None and rank >= world:
+        raise ValueError(f"the launcher's RANK={rank} is outside WORLD_SIZE={world}: valid ranks are 0..{world - 1}; "
+                         "check how this process was started")
+
+
 def local_gpu(environ: Mapping[str, str], count: int | None = None) -> torch.device:
     """``cuda:LOCAL_RANK``, once this host has a GPU for every local process; ``ValueError`` otherwise
     (every local rank raises it, before any process group exists).
@@ -108,6 +170,9 @@ class World:
             _check_count(label, value)
         if world_size is not None and rank is not None and rank >= world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}: valid ranks are 0..{world_size - 1}")
+        checked_device = check_device(device, dry_run=backend == "fake")
+        if init_method == "env://" or (init_method is None and store is None and rank is None):
+            check_launcher_environment(os.environ)
         owns = not dist.is_initialized()
         if owns:
             dist.init_process_group(
@@ -126,12 +191,14 @@ class World:
         size = int(dist.get_world_size())
         epoch = 0
         if backend != "fake":
-            epoch = (_torch.default_store().add(f"fmesh/{name}/contexts", 1) - 1) // size
+            # The n-th context of this name on each rank is the n-th on every rank (SPMD order), whenever each
+            # rank makes it: a count per rank, not one shared count that assumes the ranks move in lockstep.
+            epoch = _torch.default_store().add(f"fmesh/{name}/contexts/{dist.get_rank()}", 1) - 1
         return cls(
             rank=int(dist.get_rank()),
             world_size=size,
             backend=backend,
-            device=torch.device(device) if device is not None else _default_device(backend),
+            device=checked_device if checked_device is not None else _default_device(backend),
             local_world_size=gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", size)),
             name=name,
             epoch=epoch,
@@ -151,6 +218,7 @@ class World:
                 f"{list(LAUNCHER_VARIABLES)} for a world of one; start the program with torchrun (e.g. torchrun "
                 "--nproc-per-node 4 train.py), with plain python, or use Context(...) explicitly"
             )
+        check_launcher_environment(os.environ)
         backend = normalize_backend(backend) or ("nccl" if torch.cuda.is_available() else "gloo")
         device: torch.device | None = None
         if backend == "nccl":

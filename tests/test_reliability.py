@@ -1,0 +1,481 @@
+"""The failure model under faults: every surviving rank raises the documented error, in the time the docs say,
+and nothing is left behind (no process, thread or file descriptor in the test process).
+
+Every scenario runs real gloo processes on loopback (at most 4) with short timeouts passed explicitly, so a
+hang fails the test by the launch's own timeout. The figures quoted in docs/guides/failures.md are the bounds
+asserted here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import fmesh
+from fmesh import AxisOptions, Context
+from fmesh.context.world import check_launcher_environment
+
+Outcome = tuple[str, float, str]  # (what happened: an error's class name or "ok", seconds it took, message)
+
+
+def timed(call: Callable[[], Any]) -> Outcome:
+    """What ``call()`` raised (or ``ok``), after how many seconds, and its message."""
+    started = time.monotonic()
+    try:
+        result = call()
+    except Exception as error:
+        return type(error).__name__, time.monotonic() - started, str(error)
+    return "ok", time.monotonic() - started, repr(result)
+
+
+def launch(fn: Callable[[Context], Any], world: int, timeout: float = 40, **options: Any) -> list[Any]:
+    """Every rank's result or exception; short timeouts unless a scenario says otherwise."""
+    return fmesh.launch(fn, world, timeout=timeout, return_exceptions=True,
+                        context_options={"timeout": 20, "creation_timeout": 8, **options})
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def world_size(ctx: Context) -> int:
+    return ctx.world_size
+
+
+@pytest.fixture(scope="module")
+def launched_once() -> None:
+    """A first launch opens a pipe that multiprocessing keeps for the process's life: not a scenario's leak."""
+    assert fmesh.launch(world_size, 1, timeout=60) == [1]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(launched_once: None) -> Iterator[None]:
+    """After each scenario: no child process, no extra thread, no extra file descriptor in this process."""
+    threads, fds = threading.active_count(), open_fds()
+    yield
+    deadline = time.monotonic() + 5  # a queue's feeder thread takes a moment to finish
+    while time.monotonic() < deadline and (threading.active_count() > threads or open_fds() > fds):
+        time.sleep(0.05)
+    assert not multiprocessing.active_children(), multiprocessing.active_children()
+    assert threading.active_count() <= threads, [t.name for t in threading.enumerate()]
+    assert open_fds() <= fds, (fds, open_fds())
+
+
+def mesh2(name: str = "dp") -> fmesh.Mesh:
+    return fmesh.make_mesh((2,), (name,))
+
+
+# ------------------------------------------------------------------------------------------------- abort
+
+
+def test_abort_from_a_signal_handler_or_a_watchdog_ends_a_group_creation_at_once() -> None:
+    # Ranks 0-2 and 1-3 form the groups along "a"; rank 3 is rank 1's partner, rank 0 is rank 2's.
+    def body(ctx: Context) -> Outcome:
+        mesh = fmesh.make_mesh((2, 2), ("a", "b"), rank_map=[0, 1, 2, 3])
+        if ctx.rank == 3:
+            time.sleep(3)
+            return timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "a"))
+        if ctx.rank == 0:
+            time.sleep(3)
+            return timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "a"))
+        aborted: list[float] = []
+
+        def abort(*_: Any) -> None:
+            aborted.append(time.monotonic())
+            ctx.abort()
+            aborted.append(time.monotonic())
+
+        if ctx.rank == 1:
+            signal.signal(signal.SIGTERM, abort)
+            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        else:
+            threading.Timer(1.0, abort).start()
+        kind, _, message = timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "a"))
+        ended = time.monotonic()
+        time.sleep(0.5)  # the watchdog's abort may still be collecting
+        return kind, ended - aborted[0], f"abort took {aborted[1] - aborted[0]:.2f}s; {message}"
+
+    results = launch(body, 4)
+    for rank in (1, 2):  # aborted while waiting: the wait ends at its next poll (0.1 s), or as the handler returns
+        kind, after_abort, message = results[rank]
+        assert kind == "ContextClosedError" and "aborted" in message, results[rank]
+        assert after_abort < 5.0, results[rank]  # the abort's own time: it collects the groups it ends
+    for rank, partner in ((0, 2), (3, 1)):  # the partner aborted: told at the first look (grace 1 s)
+        kind, took, message = results[rank]
+        assert kind == "RankLostError" and f"rank {partner} aborted its context" in message, results[rank]
+        assert took < 3.0, results[rank]
+
+
+def test_abort_ends_a_blocked_collective_and_frees_the_peers_blocked_with_it() -> None:
+    def body(ctx: Context) -> Outcome:
+        mesh = mesh2()
+        ctx.all_reduce(torch.ones(1), mesh, "dp")  # the group exists on both ranks
+        if ctx.rank == 0:  # blocked alone in a collective; a watchdog thread aborts after 1 s
+            aborted: list[float] = []
+
+            def abort() -> None:
+                aborted.append(time.monotonic())
+                ctx.abort()
+
+            threading.Timer(1.0, abort).start()
+            kind, _, message = timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "dp"))
+            return kind, time.monotonic() - aborted[0], message
+        time.sleep(0.3)  # rank 1 blocks in another collective rank 0 never joins: freed by rank 0's abort
+        kind, took, message = timed(lambda: ctx.broadcast(torch.ones(1), mesh, "dp", src=1))
+        return kind, took - 0.7, message
+
+    zero, one = launch(body, 2)
+    assert zero[0] == "ContextClosedError" and zero[1] < 5.0, zero  # the abort collects its groups meanwhile
+    assert one[0] == "RankLostError" and "rank 0 aborted its context" in one[2] and one[1] < 2.0, one
+
+
+# --------------------------------------------------------------------------------- members that leave
+
+
+def test_a_member_that_fails_after_agreeing_is_named_within_the_creation_timeout() -> None:
+    def body(ctx: Context) -> Outcome:
+        if ctx.rank == 1:  # it agrees, then fails to connect (as when it runs out of file descriptors)
+            def refuse(*args: Any, **kwargs: Any) -> Any:
+                raise OSError(24, "Too many open files")
+
+            fmesh.context._torch.create_group = refuse  # type: ignore[attr-defined]
+        return timed(lambda: ctx.all_reduce(torch.ones(1), mesh2(), "dp"))
+
+    zero, one = launch(body, 2, creation_timeout=3)
+    assert one[0] == "OSError" and one[1] < 2.0, one
+    assert zero[0] == "RankLostError" and "rank 1 closed its context after it failed: OSError" in zero[2], zero
+    assert zero[1] < 3.0 + 2.0, zero  # the creation timeout bounds the connection, then the posted failure is read
+
+
+def test_a_peer_that_closed_its_context_ends_the_wait_at_once() -> None:
+    def body(ctx: Context) -> Outcome:
+        if ctx.rank == 1:
+            return "ok", 0.0, "left"  # its context closes as the launch's `with` exits
+        time.sleep(1)
+        return timed(lambda: ctx.all_reduce(torch.ones(1), mesh2(), "dp"))
+
+    zero, _ = launch(body, 2, creation_timeout=30)
+    assert zero[0] == "RankLostError" and "rank 1 closed its context" in zero[2], zero
+    assert zero[1] < 3.0, zero  # not the 30 s creation timeout
+
+
+def test_a_dead_rank_is_the_only_one_named_and_its_group_stays_failed() -> None:
+    def body(ctx: Context) -> tuple[Outcome, Outcome]:
+        mesh = fmesh.make_mesh((4,), ("dp",))
+        ctx.all_reduce(torch.ones(1), mesh, "dp")
+        if ctx.rank == 3:
+            os._exit(3)
+        first = timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "dp"))
+        again = timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "dp"))
+        return first, again
+
+    results = launch(body, 4)
+    assert isinstance(results[3], fmesh.LaunchError), results[3]
+    for rank in range(3):
+        first, again = results[rank]
+        assert first[0] == "RankLostError" and "ranks [3] of the group did not answer" in first[2], (rank, first)
+        assert first[1] < 7.0, (rank, first)  # the backend notices at once; the roll call takes at most 5 s
+        assert again[0] == "RankLostError" and "failed earlier" in again[2] and again[1] < 0.5, (rank, again)
+
+
+def test_a_bad_tensor_on_one_rank_blames_no_healthy_peer() -> None:
+    def body(ctx: Context) -> Outcome:
+        ctx.all_reduce(torch.ones(1), mesh2(), "dp")
+        tensor = torch.ones(4, dtype=torch.int16) if ctx.rank == 1 else torch.ones(4)  # gloo cannot sum int16
+        return timed(lambda: ctx.all_reduce(tensor, mesh2(), "dp"))
+
+    for rank, (kind, took, message) in enumerate(launch(body, 2)):
+        assert kind == "RuntimeError" and "none is lost" in message, (rank, kind, message)
+        assert "rank 1: RuntimeError: Invalid scalar type" in message and took < 3.0, (rank, took, message)
+
+
+def store_host_dies(rank: int, port: int, out: Any) -> None:
+    os.environ.update(OMP_NUM_THREADS="1")
+    ctx = Context(backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3, timeout=20,
+                  creation_timeout=8)
+    mesh = fmesh.make_mesh((3,), ("dp",))
+    ctx.all_reduce(torch.ones(1), mesh, "dp")
+    if rank == 0:  # it hosts the store
+        os._exit(3)
+    out.put((rank, timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "dp"))))
+    ctx.abort()
+    os._exit(0)
+
+
+def test_when_the_store_host_dies_no_survivor_names_itself() -> None:
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    port = importlib.import_module("fmesh.context.launch").free_port()
+    procs = [context.Process(target=store_host_dies, args=(rank, port, out)) for rank in range(3)]
+    for proc in procs:
+        proc.start()
+    try:
+        results = dict(out.get(timeout=40) for _ in range(2))
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        out.close()
+        out.join_thread()
+    for rank, (kind, took, message) in results.items():
+        assert kind == "RankLostError" and took < 8.0, (rank, kind, took, message)
+        named = message.split("ranks ", 1)[1].split(" of the group")[0]
+        assert str(rank) not in named and "0" in named, (rank, message)
+
+
+# --------------------------------------------------------------------------------------------- numbering
+
+
+def test_second_contexts_made_at_different_moments_meet() -> None:
+    def body(ctx: Context) -> Any:
+        if ctx.rank == 1:
+            time.sleep(2)  # rank 0 makes both of its contexts before rank 1 makes its first
+        with Context(backend="gloo", name="again", timeout=20, creation_timeout=5):
+            pass  # made and closed without a word to the other rank
+        with Context(backend="gloo", name="again", timeout=20, creation_timeout=5) as again:
+            return again.all_reduce(torch.ones(1), mesh2(), "dp").item()
+
+    assert launch(body, 2) == [2.0, 2.0]
+
+
+# ------------------------------------------------------------------------------------------------- threads
+
+
+def test_a_second_thread_is_refused_and_a_context_per_thread_is_correct() -> None:
+    def body(ctx: Context) -> Any:
+        ctx.all_reduce(torch.ones(1), mesh2("a"), "a")  # this (main) thread uses the context
+        refusals: list[str] = []
+        sums: dict[str, list[float]] = {}
+
+        def misuse(axis: str) -> None:  # different groups, then the same one, from other threads: refused
+            try:
+                ctx.all_reduce(torch.ones(1), mesh2(axis), axis)
+            except RuntimeError as error:
+                refusals.append(str(error))
+
+        def own_context(name: str, value: float) -> None:
+            with Context(backend="gloo", name=name, timeout=20, creation_timeout=8) as mine:
+                sums[name] = [mine.all_reduce(torch.full((1,), value), mesh2(), "dp").item() for _ in range(50)]
+
+        for target, args in ((misuse, ("b",)), (misuse, ("a",))):
+            thread = threading.Thread(target=target, args=args)
+            thread.start()
+            thread.join(timeout=20)
+        threads = [threading.Thread(target=own_context, args=(f"t{i}", float(i + 1))) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        return [("belong to one thread" in r) for r in refusals], sums
+
+    for refusals, sums in launch(body, 2, axis_options={"b": AxisOptions(timeout=21)}):
+        assert refusals == [True, True]
+        assert sums == {"t0": [2.0] * 50, "t1": [4.0] * 50}  # never each other's tensors
+
+
+# ---------------------------------------------------------------------------------------------- resources
+
+
+def test_running_out_of_file_descriptors_warns_then_fails_clearly_on_every_rank() -> None:
+    axes = [f"a{i}" for i in range(120)]
+
+    def body(ctx: Context) -> Any:
+        if ctx.rank == 1:
+            used = len(os.listdir("/proc/self/fd"))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (used + 120, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            made = 0
+
+            def make_all() -> None:
+                nonlocal made
+                for axis in axes:
+                    ctx.all_reduce(torch.ones(1), mesh2(axis), axis)
+                    made += 1
+
+            outcome = timed(make_all)
+        return outcome, made, [str(w.message) for w in seen if issubclass(w.category, fmesh.FileDescriptorWarning)]
+
+    options = {axis: AxisOptions(timeout=30 + i) for i, axis in enumerate(axes)}
+    (zero, made0, _), (one, made1, warned) = launch(body, 2, axis_options=options)
+    assert one[0] == "FileDescriptorLimitError" and "ulimit -n" in one[2], one
+    assert len(warned) == 1 and "file descriptors in use" in warned[0], warned
+    assert zero[0] == "RankLostError" and "FileDescriptorLimitError" in zero[2] and made0 == made1, (zero, made0)
+    assert zero[1] < 30 and one[1] < 30, (zero, one)
+
+
+@pytest.mark.slow
+def test_two_hundred_contexts_leave_threads_fds_and_memory_as_they_were() -> None:
+    def body(ctx: Context) -> tuple[list[int], list[int]]:
+        def figures() -> list[int]:
+            return [threading.active_count(), open_fds(), resident_bytes()]
+
+        def cycle(count: int) -> None:
+            for _ in range(count):
+                with Context(backend="gloo", name="cycle", timeout=20, creation_timeout=8) as inner:
+                    inner.all_reduce(torch.ones(4), mesh2(), "dp")
+
+        cycle(10)  # warm-up: allocator pools and lazily imported modules
+        start = figures()
+        cycle(200)
+        return start, figures()
+
+    for start, end in launch(body, 2, timeout=240):
+        message = f"threads, fds, RSS at the start {start}, after 200 contexts {end}"
+        assert end[0] <= start[0] * 1.05 and end[1] <= start[1] * 1.05, message
+        assert end[2] <= start[2] * 1.05, message
+
+
+# ----------------------------------------------------------------------------------------------- quiet
+
+
+QUIET_RUN = """
+import time, torch, fmesh
+
+def body(ctx):
+    if ctx.rank == 1:
+        time.sleep(5)
+    return ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("dp",)), "dp").item()
+
+if __name__ == "__main__":
+    print(fmesh.launch(body, 2, timeout=60))
+"""
+
+
+def test_a_run_with_a_rank_5s_late_prints_no_torch_warning(tmp_path: Any) -> None:
+    script = tmp_path / "late.py"
+    script.write_text(QUIET_RUN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0 and done.stdout.strip().endswith("[2.0, 2.0]"), done
+    assert "waitForInput" not in done.stderr and "[c10d]" not in done.stderr, done.stderr
+
+
+# ---------------------------------------------------------------------------------------------- launch
+
+
+ORPHAN_RUN = """
+import os, sys, time, fmesh
+
+def body(ctx):
+    with open(os.path.join(sys.argv[1], str(os.getpid())), "w"):
+        pass
+    time.sleep(120)
+
+if __name__ == "__main__":
+    fmesh.launch(body, 2, timeout=300)
+"""
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_launch_leaves_no_rank_behind_when_its_process_is_killed(tmp_path: Any, stop: int) -> None:
+    script = tmp_path / "orphans.py"
+    script.write_text(ORPHAN_RUN)
+    launcher = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len([p for p in tmp_path.iterdir() if p.name.isdigit()]) < 2:
+        time.sleep(0.1)
+    ranks = [int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()]
+    assert len(ranks) == 2
+    launcher.send_signal(stop)
+    launcher.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(map(running, ranks)):
+        time.sleep(0.1)
+    alive = [pid for pid in ranks if running(pid)]
+    assert not alive, f"ranks {alive} outlived their launcher"
+
+
+def test_launch_reports_fmeshs_error_before_its_own_timeout() -> None:
+    def body(ctx: Context) -> None:
+        if ctx.rank == 1:
+            time.sleep(30)  # busy elsewhere: never creates the group
+        ctx.all_reduce(torch.ones(1), mesh2(), "dp")
+
+    started = time.monotonic()
+    with pytest.raises(fmesh.GroupTimeoutError, match="ranks \\[1\\] never came"):
+        fmesh.launch(body, 2, timeout=8)  # creation timeout: half of it
+    assert time.monotonic() - started < 8
+
+
+# ------------------------------------------------------------------------------------- refused at the door
+
+
+@pytest.mark.parametrize("timeout", [1e-7, 1e10, float("inf"), float("nan"), 0, -1])
+def test_a_timeout_outside_the_valid_range_is_refused_at_the_door(timeout: float) -> None:
+    for build in (lambda: Context.fake(2, timeout=timeout), lambda: Context.fake(2, creation_timeout=timeout),
+                  lambda: AxisOptions(timeout=timeout)):
+        with pytest.raises(ValueError, match=r"timeout must be between 0\.001 s .* and 3\.1536e\+07 s"):
+            build()
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize(("device", "expected"), [("banana", "not a device torch knows"),
+                                                  ("cuda:0", "sees 0 CUDA devices"), ("meta", "holds no data")])
+def test_a_device_this_process_cannot_use_is_refused_at_the_door(device: str, expected: str) -> None:
+    if torch.cuda.is_available() and device == "cuda:0":
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match=expected):
+        Context(backend="gloo", rank=0, world_size=1, store=torch.distributed.HashStore(), device=device)
+    assert not torch.distributed.is_initialized()
+
+
+def test_axis_options_keyed_by_anything_but_axis_names_are_refused() -> None:
+    with pytest.raises(TypeError, match="axis_options keys are axis names \\(str\\), but got 42 \\(int\\)"):
+        Context.fake(2, axis_options={42: AxisOptions(timeout=5)})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not an int >= 0"),
+    ({"RANK": "0", "WORLD_SIZE": "-3"}, "WORLD_SIZE='-3' is not an int >= 1"),
+    ({"RANK": "4", "WORLD_SIZE": "4"}, "RANK=4 is outside WORLD_SIZE=4: valid ranks are 0..3"),
+])
+def test_a_bad_launcher_environment_fails_at_once(environ: dict[str, str], expected: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match=expected):
+        check_launcher_environment(environ)
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", **environ}.items():
+        monkeypatch.setenv(name, value)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=expected):
+        Context.from_env(backend="gloo")
+    assert time.monotonic() - started < 1 and not torch.distributed.is_initialized()
+
+
+def test_a_users_mistake_carries_no_internal_exception() -> None:
+    with Context.fake(4) as ctx:
+        big = fmesh.make_mesh((16,), ("tp",))
+        for ask in (lambda: ctx.all_reduce(torch.ones(1), big, "tp"), lambda: ctx.index(big, "tp"),
+                    lambda: ctx.group(big, "tp")):
+            with pytest.raises(ValueError, match="built for 16 ranks") as caught:
+                ask()
+            assert caught.value.__context__ is None and caught.value.__cause__ is None
+
