@@ -54,6 +54,10 @@ from fmesh.mesh.mesh import AxesArg
 # finds its groups by the mesh object's identity there, in entries that eager calls record (at most this many).
 BY_IDENTITY = _torch.TORCH < (2, 13)
 IDENTITY_ENTRIES = 256
+_NOT_BEFORE_COMPILING = (
+    "fmesh has no group yet along {axes!r} of {mesh!r} inside torch.compile: groups are made in eager (they need "
+    "the store and every member); build meshes outside the compiled region and call ctx.materialize(mesh) (or the "
+    "collective once) before compiling")
 
 
 @attrs.frozen
@@ -227,10 +231,13 @@ class GroupRegistry:
         except (AttributeError, TypeError):
             found = None
         if found is None:  # outside the except block: a user's mistake carries no internal cache miss
+            if torch.compiler.is_compiling():
+                raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=axes, mesh=mesh))
             target = self.target(mesh, axes)
             found = self._resolved[(mesh, target.axes)] = (target, self.group(target))
             return found
-        if self._owner is None or self._owner[0] != threading.get_ident():
+        # The thread check is eager's: a compiled region runs on the thread that traced it.
+        if not torch.compiler.is_compiling() and (self._owner is None or self._owner[0] != threading.get_ident()):
             self.claim()
         self._hits += 1
         return found
@@ -241,12 +248,11 @@ class GroupRegistry:
         key = (id(mesh), mesh.as_axes(axes) if isinstance(mesh, Mesh) else axes)
         known = self._by_identity.get(key)
         if known is not None and known[0] is mesh:
+            if not torch.compiler.is_compiling() and (self._owner is None or self._owner[0] != threading.get_ident()):
+                self.claim()
             return known[1], known[2]
         if torch.compiler.is_compiling():
-            raise RuntimeError(
-                f"fmesh cannot find the group along {axes!r} of {mesh!r} inside torch.compile on torch "
-                f"{torch.__version__} (whose Dynamo cannot hash a Mesh): build meshes outside the compiled region "
-                "and call ctx.materialize(mesh) (or the collective once) before compiling")
+            raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=axes, mesh=mesh))
         try:
             target = self._targets[(mesh, mesh.as_axes(axes))]
         except (KeyError, AttributeError, TypeError):
@@ -265,8 +271,11 @@ class GroupRegistry:
         """The target's process group, created on first need; ``None`` for a group of one."""
         if target.size == 1:
             return None
-        if BY_IDENTITY and torch.compiler.is_compiling():
-            return self._by_target[id(target)][1]
+        if torch.compiler.is_compiling():  # traced: the group was made in eager; its eager checks stay out
+            known = self._by_target.get(id(target)) if BY_IDENTITY else (target, self._groups.get(target.spec))
+            if known is None or known[1] is None:
+                raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=target.axes, mesh=target.mesh))
+            return known[1]
         return self.process_group(target)
 
     def process_group(self, target: Target) -> dist.ProcessGroup:
@@ -436,6 +445,10 @@ class GroupRegistry:
         for key, (target, _) in list(self._resolved.items()):
             if target.spec == spec:
                 del self._resolved[key]
+        for identity, (_, target, _) in list(self._by_identity.items()):
+            if target.spec == spec:
+                del self._by_identity[identity]
+                self._by_target.pop(id(target), None)
 
     def _end(self, end_group: Any) -> None:
         with self._creating:
