@@ -312,6 +312,8 @@ def load_manifest(path: str | pathlib.Path) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise _fail(source, f"not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
+    except RecursionError:  # the decoder recurses once per level: a hostile file must not become a traceback
+        raise _fail(source, "not JSON: nested too deeply") from None
     result: dict[str, Any] = check_manifest(data, source)
     return result
 
