@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import pytest
 import torch
+from support import launch, succeeded
 
 import fmesh
 from fmesh import Context, Mesh
@@ -19,21 +18,6 @@ MESHES = {
     8: [((2, 4), ("dp", "tp"), None), ((2, 2, 2), ("pp", "dp", "tp"), None),
         ((2, 2, 2), ("pp", "dp", "tp"), [5, 2, 7, 0, 3, 6, 1, 4])],
 }
-
-
-def launch(fn: Callable[[Context], Any], world: int, timeout: float, context_timeout: float = 60,
-           **options: Any) -> list[Any]:
-    """Every rank's result (or, for a failing rank, its exception) of ``fn`` on gloo processes."""
-    return fmesh.launch(fn, world, timeout=timeout, context_options={"timeout": context_timeout, **options},
-                        return_exceptions=True, start_method="spawn")
-
-
-def succeeded(results: list[Any]) -> list[Any]:
-    """``results``, once no rank failed (a failure is raised with its rank's traceback)."""
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
 
 
 def axis_sets(mesh: Mesh) -> list[tuple[str, ...]]:

@@ -9,6 +9,7 @@ import random
 from typing import Any
 
 import torch
+from support import patience
 
 import fmesh
 from fmesh import Context, Mesh
@@ -86,9 +87,10 @@ def run_program(ctx: Context, seed: int, odd_rank: int | None) -> dict[str, Any]
 
 
 def stress(seed: int, odd_rank: int | None = None) -> list[Any]:
-    return fmesh.launch(functools.partial(run_program, seed=seed, odd_rank=odd_rank), WORLD, timeout=240,
-                        context_options={"timeout": 120, "creation_timeout": 90}, return_exceptions=True,
-                        start_method="spawn")
+    return fmesh.launch(functools.partial(run_program, seed=seed, odd_rank=odd_rank), WORLD,
+                        timeout=patience(240, WORLD),
+                        context_options={"timeout": patience(120, WORLD), "creation_timeout": patience(90, WORLD)},
+                        return_exceptions=True)
 
 
 def test_many_meshes_in_random_order_make_exactly_the_groups_used() -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from fake_torch import fake_world
+from support import launch, succeeded
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -106,7 +107,7 @@ def created_in_our_order(ctx: fmesh.Context) -> dict[str, Any]:
 
 
 def test_create_group_order_is_the_collectives_order_on_gloo() -> None:
-    for rank, result in enumerate(fmesh.launch(created_in_our_order, 2, timeout=90, start_method="spawn")):
+    for rank, result in enumerate(succeeded(launch(created_in_our_order, 2, timeout=90))):
         assert result["ranks"] == [1, 0]
         assert result["group_rank"] == 1 - rank
         assert result["list"] == [1.0, 0.0] and result["tensor"] == [1.0, 0.0]  # gathered in group-rank order
