@@ -201,10 +201,8 @@ class Simulation:
 
     def values(self, tensor: torch.Tensor) -> dict[int, torch.Tensor]:
         """Each simulated rank's value of ``tensor`` (from :meth:`per_rank` or a collective)."""
-        local = getattr(tensor, "_local_tensors", None)
-        if local is None:
-            return dict.fromkeys(range(self.world_size), tensor)
-        return dict(local)
+        local = _torch.local_values(tensor)
+        return dict.fromkeys(range(self.world_size), tensor) if local is None else local
 
 
 @contextlib.contextmanager
