@@ -111,6 +111,7 @@ def check_new_calls(ctx: Context) -> dict[str, Any]:
     return {"problems": problems, "counts": counts}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [4, 8])
 def test_new_calls_along_every_axis_and_pair_against_brute_force(world: int) -> None:
     for result in succeeded(launch(check_new_calls, world, timeout=300)):
@@ -136,6 +137,7 @@ def host_local(ctx: Context) -> dict[str, Any]:
     return {"problems": problems}
 
 
+@pytest.mark.slow
 def test_topology_mesh_gives_host_local_collectives() -> None:
     assert [r["problems"] for r in succeeded(launch(host_local, 4, timeout=120))] == [[]] * 4
 
@@ -174,6 +176,7 @@ def bad_inputs(ctx: Context) -> dict[str, Any]:
     return seen
 
 
+@pytest.mark.slow
 def test_bad_inputs_give_typed_errors_on_every_rank_and_no_hang() -> None:
     # The launch's own timeout is the bound: a hang would be a TimeoutError here.
     results = succeeded(launch(bad_inputs, 4, timeout=60, context_timeout=30))
@@ -239,6 +242,7 @@ with fmesh.Context.from_env() as ctx:
 """
 
 
+@pytest.mark.slow
 def test_from_env_without_a_launcher_is_a_world_of_one() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                                                               "LOCAL_RANK", "LOCAL_WORLD_SIZE")}

@@ -66,6 +66,7 @@ def check_collectives(ctx: Context) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [4, 8])
 def test_collectives_along_every_axis_and_pair(world: int) -> None:
     results = succeeded(launch(check_collectives, world, timeout=240))
@@ -112,6 +113,7 @@ def count_groups(ctx: Context) -> dict[str, object]:
     }
 
 
+@pytest.mark.slow
 def test_groups_are_shared_and_created_once() -> None:
     for result in succeeded(launch(count_groups, 8, timeout=240)):
         # tp, dp*tp, tp*dp from the 3-D mesh; the unflattened c and (b, c) are the tp and dp*tp groups again.
@@ -127,6 +129,7 @@ def mismatched(ctx: Context) -> str:
     return "no error"
 
 
+@pytest.mark.slow
 def test_inconsistent_meshes_raise_on_every_rank_quickly() -> None:
     # The launch's own timeout (30 s) is the bound: a hang would raise TimeoutError instead.
     errors = launch(mismatched, 2, timeout=30, context_timeout=20)
@@ -146,6 +149,7 @@ def missing_rank(ctx: Context) -> str:
     return "no error"
 
 
+@pytest.mark.slow
 def test_missing_rank_times_out_naming_axes_and_ranks() -> None:
     # Group creation has its own, shorter timeout; the collectives' stays long.
     first, second = launch(missing_rank, 2, timeout=60, context_timeout=600, creation_timeout=3)
@@ -219,6 +223,7 @@ def axis_overrides(ctx: Context) -> dict[str, object]:
     return {"created": ctx.stats()["groups_created"], "timeouts": timeouts}
 
 
+@pytest.mark.slow
 def test_axis_options_are_part_of_the_group_key() -> None:
     for result in succeeded(launch(axis_overrides, 2, timeout=120, axis_options=AXIS_OVERRIDES)):
         assert result["created"] == 2

@@ -10,11 +10,14 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import torch
 from support import launch
 
 import fmesh
 from fmesh import Context
+
+pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
 # ------------------------------------------------------------------------------------------- disagreement
 

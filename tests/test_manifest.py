@@ -126,6 +126,7 @@ def context_groups(ctx: fmesh.Context) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_the_manifest_says_what_the_context_then_creates() -> None:
     manifest = build_manifest(JOB["world"], JOB["per_host"], backend="gloo", **JOB["degrees"])  # type: ignore[arg-type]
     results = succeeded(launch(context_groups, JOB["world"], timeout=240,  # type: ignore[arg-type]

@@ -8,11 +8,14 @@ import functools
 import random
 from typing import Any
 
+import pytest
 import torch
 from support import patience
 
 import fmesh
 from fmesh import Context, Mesh
+
+pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
 WORLD = 8
 STEPS = 36

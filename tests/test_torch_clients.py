@@ -20,6 +20,8 @@ from support import launch, succeeded
 import fmesh
 from fmesh import Context, Mesh
 
+pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
+
 WORLD = 4
 # A permuted rank map on purpose: group rank order must follow mesh coordinates, not sorted ranks.
 RANK_MAPS: list[list[int] | None] = [None, [3, 0, 2, 1]]

@@ -106,6 +106,7 @@ def created_in_our_order(ctx: fmesh.Context) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_create_group_order_is_the_collectives_order_on_gloo() -> None:
     for rank, result in enumerate(succeeded(launch(created_in_our_order, 2, timeout=90))):
         assert result["ranks"] == [1, 0]
