@@ -112,8 +112,13 @@ class Context:
         ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): a world of one in this process, said in one
         line on stderr, so the same script runs under ``python`` and under ``torchrun``.
 
-        >>> Context.from_env.__name__
-        'from_env'
+        >>> import os
+        >>> launcher = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        ...             if k in os.environ}  # a plain ``python`` run: no launcher's variables
+        >>> with Context.from_env(backend="gloo") as ctx:
+        ...     ctx.rank, ctx.world_size
+        (0, 1)
+        >>> os.environ.update(launcher)
         """
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         world = World.from_env(backend=backend, timeout=settings.timeout, gpus_per_node=gpus_per_node, name=name)
