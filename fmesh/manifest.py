@@ -51,7 +51,7 @@ from typing import Any
 import attrs
 
 from fmesh.errors import ManifestError
-from fmesh.layout.int_tuple import product
+from fmesh.layout.int_tuple import is_int, product
 from fmesh.layout.layout import Layout, complement_modes, sorted_by_stride
 from fmesh.mesh import Mesh
 from fmesh.planning import format_table, job, job_degrees, job_meshes
@@ -189,7 +189,7 @@ def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], sou
     if key not in data:
         raise _fail(source, f"{where} has no field {key!r}")
     value = data[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+    if not isinstance(value, kind) or (kind is int and not is_int(value)):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise _fail(source, f"expected {where}.{key} as {names}, but got {value!r}")
     return value
@@ -197,7 +197,7 @@ def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], sou
 
 def _count(data: Mapping[str, Any], key: str, source: str, where: str, least: int = 1) -> int:
     value = _field(data, key, int, source, where)
-    if isinstance(value, bool) or value < least:
+    if value < least:  # _field took ints only (is_int: no bools)
         raise _fail(source, f"expected {where}.{key} as an int >= {least}, but got {value!r}")
     return int(value)
 
@@ -218,7 +218,7 @@ def _check_communicator(entry: Any, index: int, world: int, backend: str, source
     layout = _field(entry, "layout", dict, source, where)
     shape = _field(layout, "shape", list, source, f"{where}.layout")
     stride = _field(layout, "stride", list, source, f"{where}.layout")
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (*shape, *stride))
+    ints = all(is_int(v) for v in (*shape, *stride))
     if not ints or len(shape) != len(stride) or any(s < 1 for s in shape) or any(d < 0 for d in stride):
         raise _fail(source, f"expected {where}.layout as equally long lists of positive sizes and strides, "
                             f"but got shape {shape!r}, stride {stride!r}")

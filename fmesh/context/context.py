@@ -40,6 +40,7 @@ from fmesh.context.group_plan import GroupPlan, PlanItem, plan_groups
 from fmesh.context.groups import GroupRegistry, Target
 from fmesh.context.options import AxisOptions, GroupSettings
 from fmesh.context.world import World
+from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
 
@@ -134,9 +135,9 @@ class Context:
         ...     ctx.rank, ctx.world_size
         (1, 4)
         """
-        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        if not is_int(world_size) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
+        if not is_int(rank) or not 0 <= rank < world_size:
             raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank!r}")
         return cls(backend="fake", rank=rank, world_size=world_size, **kwargs)
 
@@ -356,7 +357,7 @@ class Context:
         ...     ctx.shift(torch.ones(2), fmesh.make_mesh((4,), ("pp",)), "pp", offset=-1, wrap=True).shape
         torch.Size([2])
         """
-        if not isinstance(offset, int) or isinstance(offset, bool):
+        if not is_int(offset):
             raise TypeError(f"shift: expected an int offset (steps along the axis), but got {offset!r}")
         target = self._groups.target(mesh, permute.check_axis("shift", axis))
         send_to, receive_from = permute.shift_peers(target.index, target.size, offset, bool(wrap))

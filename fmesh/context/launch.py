@@ -27,6 +27,7 @@ import torch
 from fmesh.context import _torch
 from fmesh.context.context import Context
 from fmesh.errors import LaunchError, RemoteTraceback
+from fmesh.layout.int_tuple import is_int
 
 START_METHODS = ("fork", "spawn", "forkserver")
 
@@ -77,7 +78,7 @@ def _remote_error(rank: int, payload: tuple[bytes | None, str, str]) -> BaseExce
 
 
 def _check_launch(fn: object, world_size: object, start_method: str | None) -> str:
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+    if not is_int(world_size) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if not callable(fn):
         raise TypeError(f"launch runs a function of one argument (the Context), got {fn!r}")
