@@ -1,7 +1,8 @@
 """Reads the ``fmesh`` source tree with ``ast`` and lists what breaks the package's architecture rules.
 
 * **Layers**: a module imports only from its own layer or below (errors <- layout <- mesh <- the recipes, in
-  their order: topology <- parallel <- rendering <- costs <- planning <- manifest <- context <- cli <- bench);
+  their order: communicators <- topology <- parallel <- rendering <- costs <- planning <- manifest, then
+  context <- cli <- bench);
   ``fmesh/__init__.py`` is the facade.
 * **No cycles**: no two modules import each other, even through imports inside functions.
 * **Only the context needs torch**: no other fmesh module imports torch, except the one method whose
@@ -30,6 +31,7 @@ _ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("errors", ("fmesh.errors",)),
     ("layout", ("fmesh.layout",)),
     ("mesh", ("fmesh.mesh",)),
+    ("recipes: communicators", ("fmesh.communicators",)),
     ("recipes: topology", ("fmesh.topology",)),
     ("recipes: parallel", ("fmesh.parallel",)),
     ("recipes: rendering", ("fmesh.rendering",)),
