@@ -1,5 +1,6 @@
-"""Helpers shared by the tests (and by ``bench/group_creation.py``): one launch wrapper for the multi-process
-tests, timeouts that stretch with the machine's load, and a store that counts what each caller moves."""
+"""Helpers shared by the tests (and by ``bench/group_creation.py`` and ``bench/gpu_check.py``): one launch wrapper
+for the multi-process tests, timeouts that stretch with the machine's load, a store that counts what each caller
+moves, and the answers collectives must give along a group (an oracle computed from the group's ranks alone)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 import fmesh
@@ -124,3 +126,31 @@ class CountingStore(dist.Store):
 
     def set_timeout(self, timeout: timedelta) -> None:
         self.inner.set_timeout(timeout)
+
+
+def collective_inputs(rank: int, n: int, device: Any = "cpu") -> dict[str, torch.Tensor]:
+    """What rank ``rank`` sends into each collective checked by :func:`collective_answers` (``n``: group size)."""
+    return {
+        "all_reduce": torch.tensor([float(rank), 1.0], device=device),
+        "all_gather": torch.tensor([rank], device=device),
+        "reduce_scatter": torch.arange(n * 2, dtype=torch.float, device=device).reshape(n, 2) + 100 * rank,
+        "broadcast": torch.tensor([rank], device=device),
+        "all_to_all": torch.tensor([1000 * rank + i for i in range(n)], device=device),
+    }
+
+
+def collective_answers(rank: int, group: Sequence[int]) -> dict[str, list[Any]]:
+    """What ``rank`` must receive from each collective along ``group`` (its ranks in group order) given the
+    :func:`collective_inputs`, computed from the group alone; ``broadcast`` is from the last member.
+
+    >>> collective_answers(1, (3, 1))["all_to_all"]
+    [3001, 1001]
+    """
+    n, me = len(group), list(group).index(rank)
+    return {
+        "all_reduce": [float(sum(group)), float(n)],
+        "all_gather": list(group),
+        "reduce_scatter": [[float(sum(2 * me + k + 100 * r for r in group)) for k in range(2)]],
+        "broadcast": [group[-1]],
+        "all_to_all": [1000 * r + me for r in group],
+    }
