@@ -52,12 +52,12 @@ def fmesh_agreement(tcp: dist.Store, members: int, tag: str) -> tuple[float, flo
     for rank in range(members):  # what a Context posts when it starts, not part of creating a group
         Agreement(tcp, f"bench/{tag}", rank, timedelta(seconds=600)).post("running")
     counted = [Counting(tcp) for _ in range(members)]
-    boards = [Agreement(counted[rank], f"bench/{tag}", rank, timedelta(seconds=600)) for rank in range(members)]
+    agreements = [Agreement(counted[rank], f"bench/{tag}", rank, timedelta(seconds=600)) for rank in range(members)]
     started = time.perf_counter()
-    for board in boards:
-        board.arrive("group", range(members), DESCRIPTION, "the group")
-    for board in boards:
-        board.settle("group", range(members), DESCRIPTION, "the group")
+    for agreement in agreements:
+        agreement.arrive("group", range(members), DESCRIPTION, "the group")
+    for agreement in agreements:
+        agreement.settle("group", range(members), DESCRIPTION, "the group")
     return _per_member(counted, time.perf_counter() - started)
 
 

@@ -21,10 +21,10 @@ def members_agree(store: Any, members: Sequence[int], key: Callable[[int], str],
     outcome: dict[int, Any] = {}
 
     def member(rank: int) -> None:
-        board = Agreement(store, "test", rank, timedelta(seconds=creation), grace=grace)
-        board.post("running")
+        agreement = Agreement(store, "test", rank, timedelta(seconds=creation), grace=grace)
+        agreement.post("running")
         try:
-            board.agree(key(rank), members, description(rank), f"group {key(rank)}")
+            agreement.agree(key(rank), members, description(rank), f"group {key(rank)}")
             outcome[rank] = None
         except Exception as error:
             outcome[rank] = error
@@ -108,6 +108,6 @@ def test_the_roll_call_names_who_does_not_answer() -> None:
 
 def test_statuses_of_ranks_that_never_posted_one() -> None:
     store = dist.HashStore()
-    board = Agreement(store, "test", 0, timedelta(seconds=60))
-    board.post("running")
-    assert board.statuses([0, 1]) == {0: {"state": "running"}, 1: {"state": "missing"}}
+    agreement = Agreement(store, "test", 0, timedelta(seconds=60))
+    agreement.post("running")
+    assert agreement.statuses([0, 1]) == {0: {"state": "running"}, 1: {"state": "missing"}}
