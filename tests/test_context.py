@@ -224,7 +224,7 @@ def axis_overrides(ctx: Context) -> dict[str, object]:
 
 @pytest.mark.slow
 def test_axis_options_are_part_of_the_group_key() -> None:
-    for result in succeeded(launch(axis_overrides, 2, timeout=120, axis_options=AXIS_OVERRIDES)):
+    for result in succeeded(launch(axis_overrides, 2, timeout=120, context_timeout=60, axis_options=AXIS_OVERRIDES)):
         assert result["created"] == 2
         assert result["timeouts"] == {"dp": 17.0, "x": 60.0, "other": 17.0}
     with pytest.raises(ValueError, match="unknown backend 'ncl'"):
