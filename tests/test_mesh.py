@@ -14,7 +14,7 @@ from reference import RefMesh
 from reference import concat as ref_concat
 
 import fmesh
-from fmesh import Mesh
+from fmesh import Layout, Mesh
 
 NAMES = "abcde"
 
@@ -225,6 +225,17 @@ def test_unflatten_after_flatten_gives_back_the_mesh(pair: tuple[Mesh, RefMesh],
                                                                      range(mesh.world_size)]
     if not mesh.frame:  # a frame is not canonical yet: see test_a_frame_is_not_yet_one_value_per_set_of_groups
         assert back == same and hash(back) == hash(same)
+
+
+def test_disjoint_slices_of_a_framed_mesh_concat_back() -> None:
+    # Found by the frame runs: a slice dropped its frame although the instances (the complement of its axes)
+    # needed it, so the slice tiled the universe with other groups and concat saw the axes overlap.
+    universe = fmesh.make_mesh((12,), ("w",)).universe
+    mesh = Mesh(universe, ("n2", "b"), [Layout(2, 1), Layout(2, 6)], frame=(Layout((2, 2, 3), (3, 6, 1)),))
+    assert mesh.frame
+    assert set(mesh["n2"].groups("n2")) == set(mesh.groups("n2"))  # a slice keeps the groups
+    joined = fmesh.concat(mesh["n2"], mesh["b"])
+    assert set(joined.groups(("n2", "b"))) == set(mesh.groups(("n2", "b")))
 
 
 @pytest.mark.xfail(strict=True, reason="frames are not canonical: the same groups reached through two histories "
