@@ -253,7 +253,7 @@ def creation(worlds: list[int], reps: int) -> list[tuple[Any, ...]]:
     import torch.distributed as dist
 
     import fmesh
-    from fmesh.context import _torch
+    from fmesh.context.device_mesh import process_group_count
 
     rows: list[tuple[Any, ...]] = []
     for world in worlds:
@@ -263,37 +263,37 @@ def creation(worlds: list[int], reps: int) -> list[tuple[Any, ...]]:
         for _ in range(reps):
             # torch
             dist.init_process_group("fake", rank=0, world_size=world)
-            before = _torch.group_count()
+            before = process_group_count()
             seconds, torch_groups, root = _torch_build(world)
-            counts["torch"] = _torch.group_count() - before
+            counts["torch"] = process_group_count() - before
             torch_times.append(seconds)
             # Another part of the program (say the MoE layers) asks the same root for the same views.
             _, (efsdp, ep) = _titan_sizes(world)
-            before = _torch.group_count()
+            before = process_group_count()
             start = time.perf_counter()
             root["dp_replicate", "dp_shard"]._flatten("dp")
             root["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
             root["dp_shard", "cp"]._flatten("dp_shard_cp")._unflatten(0, (efsdp, ep), ("efsdp", "ep"))
             again_torch.append(time.perf_counter() - start)
-            counts["torch again"] = _torch.group_count() - before
+            counts["torch again"] = process_group_count() - before
             dist.destroy_process_group()
             # fmesh: building the mesh values is part of its time
             with fmesh.Context.fake(world, rank=0) as ctx:
-                before = _torch.group_count()
+                before = process_group_count()
                 start = time.perf_counter()
                 items = _fmesh_meshes(world)
                 ctx.materialize(*items)
                 fmesh_times.append(time.perf_counter() - start)
-                counts["fmesh"] = _torch.group_count() - before
+                counts["fmesh"] = process_group_count() - before
                 mine = {name: tuple(dist.get_process_group_ranks(ctx.group(items[0], name))) for name in TITAN_AXES}
                 for mesh, axis in items[1:]:
                     mine[axis] = tuple(dist.get_process_group_ranks(ctx.group(mesh, axis)))
                 same = same and mine == torch_groups
-                before = _torch.group_count()
+                before = process_group_count()
                 start = time.perf_counter()
                 ctx.materialize(*_fmesh_meshes(world))  # new values, equal to the first: groups are shared
                 again_fmesh.append(time.perf_counter() - start)
-                counts["fmesh again"] = _torch.group_count() - before
+                counts["fmesh again"] = process_group_count() - before
         rows.append((world, "build mesh + views + ep", counts["torch"], counts["fmesh"],
                      statistics.median(torch_times), statistics.median(fmesh_times), same))
         rows.append((world, "same views asked again", counts["torch again"], counts["fmesh again"],

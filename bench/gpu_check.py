@@ -34,6 +34,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' collective oracle (tests/support.py)
 
 
 # ----------------------------------------------------------------------------------------- on each rank
@@ -51,30 +52,24 @@ def meshes(world: int) -> list[Any]:
 
 
 def check_collectives(ctx: Any) -> list[str]:
-    """Every collective along every axis of every mesh, against the answer mesh.group implies."""
-    import torch
+    """Every collective along every axis of every mesh, against the answer mesh.group implies (the tests' oracle)."""
+    from support import collective_answers, collective_inputs
 
     problems: list[str] = []
     for mesh in meshes(ctx.world_size):
         for axis in mesh.axis_names:
             group = mesh.group(ctx.rank, axis)
-            n, me = len(group), group.index(ctx.rank)
-            x = torch.tensor([float(ctx.rank), 1.0], device=ctx.device)
-            got = ctx.all_reduce(x, mesh, axis)
-            if got.tolist() != [float(sum(group)), float(n)]:
-                problems.append(f"all_reduce {axis} of {mesh!r}: {got.tolist()}")
-            gathered = ctx.all_gather(torch.tensor([ctx.rank], device=ctx.device), mesh, axis)
-            if gathered.tolist() != list(group):
-                problems.append(f"all_gather {axis} of {mesh!r}: {gathered.tolist()} != {list(group)}")
-            rows = torch.arange(n * 2, dtype=torch.float, device=ctx.device).reshape(n, 2) + 100 * ctx.rank
-            want = sum(torch.arange(n * 2, dtype=torch.float).reshape(n, 2)[me:me + 1] + 100 * r for r in group)
-            if ctx.reduce_scatter(rows, mesh, axis).cpu().tolist() != want.tolist():  # type: ignore[union-attr]
-                problems.append(f"reduce_scatter {axis} of {mesh!r}")
-            if ctx.broadcast(torch.tensor([ctx.rank], device=ctx.device), mesh, axis, src=n - 1).item() != group[-1]:
-                problems.append(f"broadcast {axis} of {mesh!r}")
-            sent = torch.tensor([1000 * ctx.rank + i for i in range(n)], device=ctx.device)
-            if ctx.all_to_all(sent, mesh, axis).tolist() != [1000 * r + me for r in group]:
-                problems.append(f"all_to_all {axis} of {mesh!r}")
+            sent, want = collective_inputs(ctx.rank, len(group), ctx.device), collective_answers(ctx.rank, group)
+            got = {
+                "all_reduce": ctx.all_reduce(sent["all_reduce"], mesh, axis),
+                "all_gather": ctx.all_gather(sent["all_gather"], mesh, axis),
+                "reduce_scatter": ctx.reduce_scatter(sent["reduce_scatter"], mesh, axis),
+                "broadcast": ctx.broadcast(sent["broadcast"], mesh, axis, src=len(group) - 1),
+                "all_to_all": ctx.all_to_all(sent["all_to_all"], mesh, axis),
+            }
+            for name, tensor in got.items():
+                if tensor.cpu().tolist() != want[name]:
+                    problems.append(f"{name} {axis} of {mesh!r}: {tensor.cpu().tolist()} != {want[name]}")
     return problems
 
 

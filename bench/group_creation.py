@@ -27,8 +27,10 @@ from datetime import timedelta
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 import torch.distributed as dist
+from support import CountingStore as Counting  # the tests' counting store: one definition
 
 from fmesh.context.agreement import Agreement
 from fmesh.context.launch import free_port
@@ -38,78 +40,11 @@ DESCRIPTION = ("Mesh(pp=8, dp_replicate=16, dp_shard=256, cp=2, tp=16; world=104
                "backend nccl; options none; timeout 600s")
 
 
-class Counting(dist.Store):
-    """A store that forwards to another and counts the keys, operations and bytes of each caller."""
-
-    def __init__(self, inner: dist.Store) -> None:
-        super().__init__()
-        self.inner = inner
-        self.reset()
-
-    def reset(self) -> None:
-        self.keys: set[str] = set()
-        self.ops = 0
-        self.nbytes = 0
-
-    def _count(self, keys: list[str], moved: int = 0) -> None:
-        self.ops += 1
-        self.keys.update(keys)
-        self.nbytes += moved + sum(len(k) for k in keys)
-
-    def set(self, key: str, value: Any) -> None:
-        self._count([key], len(value))
-        self.inner.set(key, value)
-
-    def get(self, key: str) -> bytes:
-        value = self.inner.get(key)
-        self._count([key], len(value))
-        return value
-
-    def add(self, key: str, amount: int) -> int:
-        self._count([key], 8)
-        return int(self.inner.add(key, amount))
-
-    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        value = self.inner.compare_set(key, expected, desired)
-        self._count([key], len(expected) + len(desired) + len(value))
-        return value
-
-    def check(self, keys: list[str]) -> bool:
-        self._count(keys)
-        return bool(self.inner.check(keys))
-
-    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        self._count(keys)
-        if timeout is None:
-            self.inner.wait(keys)
-        else:
-            self.inner.wait(keys, timeout)
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        values = self.inner.multi_get(keys)
-        self._count(keys, sum(map(len, values)))
-        return values
-
-    def multi_set(self, keys: list[str], values: list[Any]) -> None:
-        self._count(keys, sum(map(len, values)))
-        self.inner.multi_set(keys, values)
-
-    def delete_key(self, key: str) -> bool:
-        self._count([key])
-        return bool(self.inner.delete_key(key))
-
-    def num_keys(self) -> int:
-        return int(self.inner.num_keys())
-
-    def set_timeout(self, timeout: timedelta) -> None:
-        self.inner.set_timeout(timeout)
-
-
 def _per_member(counted: list[Counting], seconds: float) -> tuple[float, float, float]:
     """Mean distinct keys and bytes of a member, and µs of store work per member."""
     members = len(counted)
-    keys = statistics.mean(len(c.keys) for c in counted)
-    return keys, statistics.mean(c.nbytes for c in counted), seconds / members * 1e6
+    keys = statistics.mean(len(c.all_keys) for c in counted)
+    return keys, statistics.mean(c.all_bytes for c in counted), seconds / members * 1e6
 
 
 def fmesh_agreement(tcp: dist.Store, members: int, tag: str) -> tuple[float, float, float]:
@@ -117,12 +52,12 @@ def fmesh_agreement(tcp: dist.Store, members: int, tag: str) -> tuple[float, flo
     for rank in range(members):  # what a Context posts when it starts, not part of creating a group
         Agreement(tcp, f"bench/{tag}", rank, timedelta(seconds=600)).post("running")
     counted = [Counting(tcp) for _ in range(members)]
-    boards = [Agreement(counted[rank], f"bench/{tag}", rank, timedelta(seconds=600)) for rank in range(members)]
+    agreements = [Agreement(counted[rank], f"bench/{tag}", rank, timedelta(seconds=600)) for rank in range(members)]
     started = time.perf_counter()
-    for board in boards:
-        board.arrive("group", range(members), DESCRIPTION, "the group")
-    for board in boards:
-        board.settle("group", range(members), DESCRIPTION, "the group")
+    for agreement in agreements:
+        agreement.arrive("group", range(members), DESCRIPTION, "the group")
+    for agreement in agreements:
+        agreement.settle("group", range(members), DESCRIPTION, "the group")
     return _per_member(counted, time.perf_counter() - started)
 
 
@@ -158,7 +93,7 @@ def _torch_member(ctx: Any) -> dict[str, float]:
     store = Counting(dist.distributed_c10d._get_default_store())
     c10d._new_process_group_helper(ctx.world_size, ctx.rank, list(range(ctx.world_size)), "gloo", store,
                                    "bench-torch-gloo", timeout=timedelta(seconds=60))
-    return {"ops": store.ops, "keys": len(store.keys), "bytes": store.nbytes}
+    return {"ops": store.ops, "keys": len(store.all_keys), "bytes": store.all_bytes}
 
 
 def torch_gloo(worlds: list[int]) -> list[dict[str, float]]:
@@ -166,7 +101,7 @@ def torch_gloo(worlds: list[int]) -> list[dict[str, float]]:
 
     rows = []
     for world in worlds:
-        results = fmesh.launch(_torch_member, world, timeout=300, start_method="spawn")
+        results = fmesh.launch(_torch_member, world, timeout=300)
         rows.append({"members": world, **{k: statistics.mean(r[k] for r in results) for k in results[0]}})
     return rows
 

@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 
+from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
 from fmesh.topology import AxisSpan, Topology
@@ -56,13 +57,17 @@ COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "a
 """The collectives the model knows."""
 
 
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return is_int(value) or isinstance(value, float)
+
+
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+    if not _is_number(value) or not value > 0 or math.isinf(value):
         raise ValueError(f"expected {attribute.name} as a positive number, but got {value!r}")
 
 
 def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+    if not _is_number(value) or not value >= 0 or math.isinf(value):
         raise ValueError(f"expected {attribute.name} as a non-negative number of seconds, but got {value!r}")
 
 
@@ -140,7 +145,7 @@ def _check_collective(collective: object) -> str:
 
 
 def _check_bytes(nbytes: object) -> int:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+    if not is_int(nbytes) or nbytes < 0:
         raise ValueError(f"expected nbytes as a non-negative int, but got {nbytes!r}")
     return nbytes
 

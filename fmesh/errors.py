@@ -4,9 +4,12 @@ Importing this module needs nothing (no torch), so a program can catch fmesh's e
 it runs. Bad arguments are plain ``TypeError``/``ValueError``/``KeyError`` naming the value and the
 valid choices; the classes here are for what arguments alone cannot show.
 
->>> import fmesh
->>> issubclass(fmesh.MeshMismatchError, ValueError), issubclass(fmesh.GroupTimeoutError, TimeoutError)
-(True, True)
+>>> import fmesh.manifest
+>>> try:  # a ManifestError is a ValueError: code that catches bad input catches it
+...     fmesh.manifest.check_manifest([], "job.json")
+... except ValueError as error:
+...     print(type(error).__name__, error)
+ManifestError job.json: expected a JSON object with schema 'fmesh.manifest/1', but got list
 """
 
 from __future__ import annotations
@@ -47,8 +50,13 @@ class GroupTimeoutError(TimeoutError):
     Raised by the Context when a member of a group never comes (it crashed, or its program took
     another path); the message names the axes, the mesh and the ranks waited for.
 
-    >>> issubclass(GroupTimeoutError, TimeoutError)
-    True
+    >>> from datetime import timedelta
+    >>> import torch.distributed as dist
+    >>> from fmesh.context.agreement import Agreement
+    >>> Agreement(dist.HashStore(), "doc", 0, timedelta(seconds=0.2)).agree("g", [0, 1], "Mesh(dp=2)", "the dp group")
+    Traceback (most recent call last):
+    ...
+    fmesh.errors.GroupTimeoutError: on rank 0: the members of the dp group waited 0s, but ranks [1] never came: ...
     """
 
 
@@ -59,16 +67,28 @@ class RankLostError(RuntimeError):
     on gloo), naming the mesh, the axes and the members that did not answer a roll call through the
     store; the backend's own error is its ``__cause__``.
 
-    >>> issubclass(RankLostError, RuntimeError)
-    True
+    >>> from datetime import timedelta
+    >>> import torch.distributed as dist
+    >>> from fmesh.context.agreement import Agreement
+    >>> store = dist.HashStore()
+    >>> Agreement(store, "doc", 1, timedelta(seconds=5)).failed(ValueError("bad batch"))
+    >>> Agreement(store, "doc", 0, timedelta(seconds=5)).agree("g", [0, 1], "Mesh(dp=2)", "the dp group")
+    Traceback (most recent call last):
+    ...
+    fmesh.errors.RankLostError: on rank 0: rank 1, a member of this group, failed instead of creating it: ...
     """
 
 
 class ContextClosedError(RuntimeError):
     """A closed :class:`~fmesh.Context` was asked for a group or a collective.
 
-    >>> issubclass(ContextClosedError, RuntimeError)
-    True
+    >>> import fmesh
+    >>> ctx = fmesh.Context.fake(2)
+    >>> ctx.close()
+    >>> ctx.barrier(fmesh.make_mesh((2,), ("dp",)), "dp")
+    Traceback (most recent call last):
+    ...
+    fmesh.errors.ContextClosedError: this fmesh Context is closed; create a new one (its groups were destroyed)
     """
 
 
@@ -117,8 +137,12 @@ class UnpicklableObjectError(TypeError):
     of it through the same collective that would have carried the objects, so none is left waiting.
     The message names the members (index in the group and global rank) whose objects failed, and why.
 
-    >>> issubclass(UnpicklableObjectError, TypeError)
-    True
+    >>> import fmesh
+    >>> with fmesh.Context.fake(2) as ctx:
+    ...     ctx.all_gather_object(lambda: 0, fmesh.make_mesh((2,), ("dp",)), "dp")
+    Traceback (most recent call last):
+    ...
+    fmesh.errors.UnpicklableObjectError: all_gather_object along the group [0, 1] ...: expected a picklable ...
     """
 
 
@@ -129,8 +153,11 @@ class UnsupportedTorchError(ImportError):
     installed version and the supported range; the mesh values, recipes and plans work with any
     torch, or none.
 
-    >>> issubclass(UnsupportedTorchError, ImportError)
-    True
+    >>> from fmesh.context import _torch
+    >>> _torch.check_supported("2.9.0")
+    Traceback (most recent call last):
+    ...
+    fmesh.errors.UnsupportedTorchError: fmesh's Context supports torch 2.10 to 2.15, but torch 2.9.0 is installed; ...
     """
 
 
@@ -149,8 +176,11 @@ class ManifestError(ValueError):
     naming the file and the first field that is wrong (an unknown schema version, a missing field, a layout
     that does not tile its world, counts that do not add up); ``python -m fmesh diff`` prints it and exits 2.
 
-    >>> issubclass(ManifestError, ValueError)
-    True
+    >>> from fmesh.manifest import check_manifest
+    >>> check_manifest({"schema": "fmesh.manifest/1"}, "job.json")
+    Traceback (most recent call last):
+    ...
+    fmesh.errors.ManifestError: job.json: manifest has no field 'universe'
     """
 
 
@@ -159,8 +189,14 @@ class PlacementWarning(UserWarning):
 
     Emitted by :func:`fmesh.topology.warn_placement`.
 
-    >>> issubclass(PlacementWarning, UserWarning)
-    True
+    >>> import warnings, fmesh
+    >>> from fmesh.topology import Topology, warn_placement
+    >>> mesh = fmesh.make_mesh((4, 4), ("tp", "dp"))  # tp outermost: across hosts, dp inside one
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     _ = warn_placement(Topology(2, 8).spans({"tp": mesh["tp"], "dp": mesh["dp"]}))
+    >>> [w.category.__name__ for w in caught]
+    ['PlacementWarning']
     """
 
 

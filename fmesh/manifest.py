@@ -50,12 +50,13 @@ from typing import Any
 
 import attrs
 
+from fmesh.communicators import Communicator, Request, plan_communicators
 from fmesh.errors import ManifestError
-from fmesh.layout.int_tuple import product
+from fmesh.layout.int_tuple import is_int, product
 from fmesh.layout.layout import Layout, complement_modes, sorted_by_stride
 from fmesh.mesh import Mesh
 from fmesh.planning import format_table, job, job_degrees, job_meshes
-from fmesh.topology import ORDERS
+from fmesh.topology import ORDERS, Topology
 
 __all__ = ["SCHEMA", "NcclMemory", "build_manifest", "check_manifest", "diff_manifests", "dump_manifest",
            "format_diff", "format_manifest", "load_manifest"]
@@ -105,6 +106,22 @@ def _names(name: str, mesh: Mesh, axis: str) -> str:
     return name if mesh.ndim == 1 else f"{name}.{axis}"
 
 
+def _entry(order: int, communicator: Communicator, topology: Topology, memory: NcclMemory | None) -> dict[str, Any]:
+    """A communicator as the manifest writes it (``memory`` None: gloo, no GPU memory)."""
+    first, modes = communicator.first, communicator.layout.modes
+    span = topology.span(first.mesh, first.axes)
+    return {
+        "order": order,
+        "names": [r.label for r in communicator.requests],
+        "layout": {"shape": [s for s, _ in modes], "stride": [d for _, d in modes]},
+        "size": communicator.size,
+        "num_groups": span.num_groups,
+        "hosts_per_group": span.hosts_max,
+        "hosts_per_group_min": span.hosts_min,
+        "gpu_memory_bytes": 0 if memory is None else memory.communicator_bytes(communicator.size),
+    }
+
+
 def build_manifest(
     world_size: int,
     gpus_per_node: int,
@@ -124,34 +141,18 @@ def build_manifest(
         raise ValueError(f"expected a backend among {BACKENDS}, but got {backend!r}")
     model = NcclMemory() if memory is None else memory
     dims, topology = job(world_size, gpus_per_node, rank_order=rank_order, **degrees)
-    found: dict[tuple[tuple[int, int], ...], dict[str, Any]] = {}
-    trivial: list[str] = []
     universe = dims.world_mesh.universe
+    requests = []
     for name, mesh in job_meshes(dims):
         for axis in mesh.axis_names:  # the Context plans a mesh axis by axis, in order
             label = _names(name, mesh, axis)
             if mesh.frame:
                 raise ValueError(f"{label} re-indexes its universe (an uneven unflatten): a manifest cannot list it")
-            layout = mesh.axis_layout(axis).coalesce()
-            if layout.size == 1:
-                trivial.append(label)
-                continue
-            key = tuple(layout.modes)
-            if key in found:
-                found[key]["names"].append(label)
-                continue
-            span = topology.span(mesh, axis)
-            found[key] = {
-                "order": len(found),
-                "names": [label],
-                "layout": {"shape": [s for s, _ in key], "stride": [d for _, d in key]},
-                "size": layout.size,
-                "num_groups": span.num_groups,
-                "hosts_per_group": span.hosts_max,
-                "hosts_per_group_min": span.hosts_min,
-                "gpu_memory_bytes": model.communicator_bytes(layout.size) if backend == "nccl" else 0,
-            }
-    communicators = list(found.values())
+            requests.append(Request(mesh, (axis,), label))
+    plan = plan_communicators(requests)
+    trivial = [r.label for c in plan.communicators if c.size == 1 for r in c.requests]
+    communicators = [_entry(order, c, topology, model if backend == "nccl" else None)
+                     for order, c in enumerate(c for c in plan.communicators if c.size > 1)]
     return {
         "schema": SCHEMA,
         "universe": {"world_size": world_size, "device_type": universe.device_type, "rank_map": "identity",
@@ -189,7 +190,7 @@ def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], sou
     if key not in data:
         raise _fail(source, f"{where} has no field {key!r}")
     value = data[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+    if not isinstance(value, kind) or (kind is int and not is_int(value)):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise _fail(source, f"expected {where}.{key} as {names}, but got {value!r}")
     return value
@@ -197,7 +198,7 @@ def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], sou
 
 def _count(data: Mapping[str, Any], key: str, source: str, where: str, least: int = 1) -> int:
     value = _field(data, key, int, source, where)
-    if isinstance(value, bool) or value < least:
+    if value < least:  # _field took ints only (is_int: no bools)
         raise _fail(source, f"expected {where}.{key} as an int >= {least}, but got {value!r}")
     return int(value)
 
@@ -218,7 +219,7 @@ def _check_communicator(entry: Any, index: int, world: int, backend: str, source
     layout = _field(entry, "layout", dict, source, where)
     shape = _field(layout, "shape", list, source, f"{where}.layout")
     stride = _field(layout, "stride", list, source, f"{where}.layout")
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (*shape, *stride))
+    ints = all(is_int(v) for v in (*shape, *stride))
     if not ints or len(shape) != len(stride) or any(s < 1 for s in shape) or any(d < 0 for d in stride):
         raise _fail(source, f"expected {where}.layout as equally long lists of positive sizes and strides, "
                             f"but got shape {shape!r}, stride {stride!r}")
@@ -312,6 +313,8 @@ def load_manifest(path: str | pathlib.Path) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise _fail(source, f"not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
+    except RecursionError:  # the decoder recurses once per level: a hostile file must not become a traceback
+        raise _fail(source, "not JSON: nested too deeply") from None
     result: dict[str, Any] = check_manifest(data, source)
     return result
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 
+from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Lineage, Mesh, flatten, make_mesh, rename, unflatten
 
 __all__ = ["DEGREE_NAMES", "MESH_ALIASES", "MESH_NAMES", "WORLD_AXES", "ParallelDims"]
@@ -61,7 +62,7 @@ _DERIVED: Mapping[str, tuple[str, ...]] = MappingProxyType(
 
 
 def _check_degree(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not is_int(value):
         raise TypeError(f"{attribute.name} must be an int, got {value!r} ({type(value).__name__})")
     if value < 1 and value != -1:
         raise ValueError(
@@ -71,7 +72,7 @@ def _check_degree(instance: object, attribute: attrs.Attribute[Any], value: obje
 
 
 def _check_world_size(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not is_int(value):
         raise TypeError(f"world_size must be an int, got {value!r} ({type(value).__name__})")
     if value < 1:
         raise ValueError(f"world_size must be a positive int, got {value}")

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from fmesh.costs import Links, as_links, estimate_span, format_bytes, format_seconds
+from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.parallel import DEGREE_NAMES, WORLD_AXES, ParallelDims
 from fmesh.topology import HUNGRY_AXES, AxisSpan, Topology, check_placement
@@ -79,7 +80,7 @@ def job(world_size: int, gpus_per_node: int, *, rank_order: str = "block", **deg
     for key in degrees:
         if key not in DEGREE_NAMES:
             raise TypeError(f"unknown degree {key!r}: valid degrees are {DEGREE_NAMES}")
-    if not isinstance(gpus_per_node, int) or isinstance(gpus_per_node, bool) or gpus_per_node < 1:
+    if not is_int(gpus_per_node) or gpus_per_node < 1:
         raise ValueError(f"gpus per node must be a positive int, got {gpus_per_node!r}")
     dims = ParallelDims(
         world_size,
@@ -181,7 +182,7 @@ def build_plan(
     >>> plan["meshes"][4]["cost"]["collective"], plan["meshes"][4]["cost"]["bytes"]
     ('all_reduce', 268435456)
     """
-    if isinstance(cost_bytes, bool) or not isinstance(cost_bytes, int) or cost_bytes < 0:
+    if not is_int(cost_bytes) or cost_bytes < 0:
         raise ValueError(f"expected cost bytes as a non-negative int, but got {cost_bytes!r}")
     link = as_links(links)
     dims, topo = job(world_size, gpus_per_node, rank_order=rank_order, **degrees)

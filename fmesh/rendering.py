@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fmesh.layout.int_tuple import product
+from fmesh.layout.int_tuple import row_major_coordinate as _unravel  # one row-major helper: int_tuple's
 from fmesh.layout.layout import Modes, complement_modes, decompose_modes
 from fmesh.mesh.mesh import Mesh
 from fmesh.topology import Topology
@@ -101,14 +102,6 @@ def _axis_offset(modes: Modes, coordinate: int) -> int:
         coordinate, digit = divmod(coordinate, size)
         offset += digit * stride
     return offset
-
-
-def _unravel(index: int, sizes: Sequence[int]) -> tuple[int, ...]:
-    digits = []
-    for size in reversed(sizes):
-        index, digit = divmod(index, size)
-        digits.append(digit)
-    return tuple(reversed(digits))
 
 
 def _ravel(coordinate: Sequence[int], sizes: Sequence[int]) -> int:

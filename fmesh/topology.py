@@ -26,6 +26,7 @@ import attrs
 
 from fmesh.errors import PlacementWarning
 from fmesh.layout import Layout
+from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh, Universe, make_mesh
 
 __all__ = [
@@ -48,7 +49,7 @@ ORDERS: tuple[str, ...] = ("block", "cyclic")
 
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not is_int(value):
         raise TypeError(f"{attribute.name} must be an int, got {value!r} ({type(value).__name__})")
     if value < 1:
         raise ValueError(f"{attribute.name} must be a positive int, got {value}")
@@ -161,7 +162,7 @@ class Topology:
             )
         host = [-1] * world
         for position, rank in enumerate(order):
-            if not isinstance(rank, int) or isinstance(rank, bool):
+            if not is_int(rank):
                 raise TypeError(f"rank_order entries must be ints, got {rank!r}")
             if not 0 <= rank < world:
                 raise ValueError(f"rank_order entry {rank} is outside range(0, {world})")
@@ -233,7 +234,7 @@ class Topology:
         >>> Topology(2, 4).host_of(5)
         1
         """
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.world_size:
+        if not is_int(rank) or not 0 <= rank < self.world_size:
             raise ValueError(f"rank must be an int in range(0, {self.world_size}), got {rank!r}")
         if self._host is not None:
             return self._host[rank]
@@ -247,7 +248,7 @@ class Topology:
         >>> Topology(2, 4).ranks_on(1)
         (4, 5, 6, 7)
         """
-        if not isinstance(host, int) or isinstance(host, bool) or not 0 <= host < self.hosts:
+        if not is_int(host) or not 0 <= host < self.hosts:
             raise ValueError(f"host must be an int in range(0, {self.hosts}), got {host!r}")
         g = self.ranks_per_host
         if isinstance(self.rank_order, tuple):

@@ -1,45 +1,55 @@
 """Reads the ``fmesh`` source tree with ``ast`` and lists what breaks the package's architecture rules.
 
-* **Layers**: a module imports only from its own layer or below
-  (errors <- layout <- mesh <- recipes <- context <- cli); ``fmesh/__init__.py`` is the facade.
-* **Only the context needs torch**: no other module imports torch, except the one method whose
-  public contract (``../shared/API.md``) is a ``torch.Tensor``.
+* **Layers**: a module imports only from its own layer or below (errors <- layout <- mesh <- the recipes, in
+  their order: communicators <- topology <- parallel <- rendering <- costs <- planning <- manifest, then
+  context <- cli <- bench);
+  ``fmesh/__init__.py`` is the facade.
+* **No cycles**: no two modules import each other, even through imports inside functions.
+* **Only the context needs torch**: no other fmesh module imports torch, except the one method whose
+  public contract (``../shared/API.md``) is a ``torch.Tensor``; ``bench/`` compares with torch and may.
 * **Torch internals in one module**: a private torch module or name appears only in
-  ``fmesh/context/_torch.py``.
-* **Private means private**: a ``_name`` defined in one fmesh module is not used by another.
+  ``fmesh/context/_torch.py``, whether written as an attribute or as a string (``getattr(x, "_y")``).
+  ``bench/`` times what torch's users write (``DeviceMesh._flatten``) and may use torch's private names.
+* **Private means private**: a ``_name`` defined in one fmesh module is not used by another (nor by ``bench/``).
 * **Errors in one module**: every exception and warning class is defined in ``fmesh/errors.py``.
 
-``tests/test_architecture.py`` runs these checks on the real tree and on copies with planted violations.
+The tree is parsed once (:func:`parse_tree`); every rule reads the parsed :class:`Module` list, so
+``tests/test_architecture.py`` plants a violation by replacing one module's parse, not by copying files.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import attrs
 
-LAYERS: dict[str, int] = {
-    "fmesh.errors": 0,
-    "fmesh.layout": 1,
-    "fmesh.mesh": 2,
-    "fmesh.parallel": 3,
-    "fmesh.elastic": 3,
-    "fmesh.topology": 3,
-    "fmesh.rendering": 3,
-    "fmesh.planning": 3,
-    "fmesh.costs": 3,
-    "fmesh.manifest": 3,
-    "fmesh.context": 4,
-    "fmesh.cli": 5,
-    "fmesh.__main__": 5,
-}
-LAYER_NAMES = ("errors", "layout", "mesh", "recipes", "context", "cli")
+# Bottom to top; a module may import its own layer or one below. The recipes are one layer each, in order.
+_ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("errors", ("fmesh.errors",)),
+    ("layout", ("fmesh.layout",)),
+    ("mesh", ("fmesh.mesh",)),
+    ("recipes: communicators", ("fmesh.communicators",)),
+    ("recipes: topology", ("fmesh.topology",)),
+    ("recipes: parallel", ("fmesh.parallel",)),
+    ("recipes: elastic", ("fmesh.elastic",)),
+    ("recipes: rendering", ("fmesh.rendering",)),
+    ("recipes: costs", ("fmesh.costs",)),
+    ("recipes: planning", ("fmesh.planning",)),
+    ("recipes: manifest", ("fmesh.manifest",)),
+    ("context", ("fmesh.context",)),
+    ("cli", ("fmesh.cli", "fmesh.__main__")),
+    ("bench", ("bench",)),
+)
+LAYERS: dict[str, int] = {module: layer for layer, (_, names) in enumerate(_ORDER) for module in names}
+LAYER_NAMES = tuple(name for name, _ in _ORDER)
 FACADE = "fmesh"
 TYPE_ONLY = "<TYPE_CHECKING>"  # the owner of nodes under ``if TYPE_CHECKING:`` at module level
 TORCH_INTERNALS = "fmesh.context._torch"
-TORCH_LAYER = LAYERS["fmesh.context"]
+TORCH_LAYERS = {LAYERS["fmesh.context"], LAYERS["bench"]}
+BENCH = "bench"
 ERRORS = "fmesh.errors"
 _EXCEPTION_BASES = {"BaseException", "Exception", "ArithmeticError", "LookupError"}
 # API.md section 1: ``mesh.ranks(rank)`` is a ``torch.Tensor``; the pure answer is ``Mesh.rank_grid``.
@@ -65,7 +75,7 @@ class Module:
 
 
 def modules(package: pathlib.Path) -> list[Module]:
-    """Every ``.py`` file under ``package`` (the ``fmesh`` folder), parsed."""
+    """Every ``.py`` file under ``package`` (the ``fmesh`` or ``bench`` folder), parsed."""
     found = []
     for path in sorted(package.rglob("*.py")):
         parts = list(path.relative_to(package.parent).with_suffix("").parts)
@@ -73,6 +83,20 @@ def modules(package: pathlib.Path) -> list[Module]:
             parts.pop()
         found.append(Module(".".join(parts), path, ast.parse(path.read_text(), str(path))))
     return found
+
+
+def parse_tree(*packages: pathlib.Path) -> tuple[Module, ...]:
+    """Every module of ``packages`` (``fmesh/`` and ``bench/``), parsed once for all the rules."""
+    return tuple(module for package in packages for module in modules(package))
+
+
+def planted(tree: Sequence[Module], name: str, code: str) -> tuple[Module, ...]:
+    """``tree`` with ``code`` appended to module ``name`` (re-parsed): a violation planted without copying files."""
+    found = [m for m in tree if m.name == name]
+    assert found, f"no module {name}"
+    source = found[0].path.read_text() + "\n" + code
+    changed = Module(name, found[0].path, ast.parse(source, str(found[0].path)))
+    return tuple(changed if m.name == name else m for m in tree)
 
 
 def layer_of(module: str) -> int | None:
@@ -84,8 +108,13 @@ def layer_of(module: str) -> int | None:
     return None if best is None else best[1]
 
 
-def _imports(module: Module) -> Iterator[tuple[ast.AST, str, tuple[str, ...]]]:
+@functools.cache  # each module is read once however many rules and planted trees ask
+def _imports(module: Module) -> tuple[tuple[ast.AST, str, tuple[str, ...]], ...]:
     """``(node, imported module, names taken from it)`` for every import, at any depth."""
+    return tuple(_find_imports(module))
+
+
+def _find_imports(module: Module) -> Iterator[tuple[ast.AST, str, tuple[str, ...]]]:
     for node in ast.walk(module.tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -102,6 +131,7 @@ def _imports(module: Module) -> Iterator[tuple[ast.AST, str, tuple[str, ...]]]:
             yield node, target, tuple(alias.name for alias in node.names)
 
 
+@functools.cache
 def _enclosing(tree: ast.Module) -> dict[ast.AST, str]:
     """Each node -> the qualified name of the function or class around it (``""`` at module level)."""
     owner: dict[ast.AST, str] = {}
@@ -128,10 +158,10 @@ def _is_private_path(dotted: str) -> bool:
     return any(_private(part) for part in dotted.split("."))
 
 
-def layering(package: pathlib.Path) -> list[Violation]:
+def layering(tree: Sequence[Module]) -> list[Violation]:
     """Imports that go up a layer, torch in a pure layer, and unclassified modules."""
     found = []
-    for module in modules(package):
+    for module in tree:
         if module.name == FACADE:
             continue
         mine = layer_of(module.name)
@@ -141,12 +171,12 @@ def layering(package: pathlib.Path) -> list[Violation]:
         owner = _enclosing(module.tree)
         for node, target, _ in _imports(module):
             line = getattr(node, "lineno", 1)
-            allowed = mine == TORCH_LAYER or (module.name, owner.get(node, "")) in TORCH_ALLOWED_IN
+            allowed = mine in TORCH_LAYERS or (module.name, owner.get(node, "")) in TORCH_ALLOWED_IN
             if target.split(".")[0] == "torch" and not allowed:
                 found.append(Violation(module.name, line, "torch-free", f"the {LAYER_NAMES[mine]} layer imports "
                                        f"{target}; only the context may"))
             if target == FACADE or not target.startswith(FACADE + "."):
-                if target == FACADE:
+                if target == FACADE and not _in_bench(module.name):  # bench/ is a client: it uses the facade
                     found.append(Violation(module.name, line, "layers", "imports the facade 'fmesh'; import the "
                                            "module that defines the name"))
                 continue
@@ -157,6 +187,7 @@ def layering(package: pathlib.Path) -> list[Violation]:
     return found
 
 
+@functools.cache
 def _defined_private_names(module: Module) -> set[str]:
     names = set()
     for node in ast.walk(module.tree):
@@ -177,40 +208,107 @@ def _defined_private_names(module: Module) -> set[str]:
     return names
 
 
-def privacy(package: pathlib.Path) -> list[Violation]:
+@functools.cache
+def _attribute_uses(module: Module) -> tuple[tuple[int, str], ...]:
+    """``(line, name)`` of every attribute read: ``x.name``, and ``getattr``/``hasattr``/``setattr``/``delattr``
+    (or ``operator.attrgetter``) given the name as a string constant."""
+    return tuple(_find_attribute_uses(module))
+
+
+def _find_attribute_uses(module: Module) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Attribute):
+            if isinstance(node.value, ast.Name) and node.value.id == "_torch":
+                continue  # the module itself, by name
+            yield node.lineno, node.attr
+        elif isinstance(node, ast.Call) and _base_name(node.func) in _BY_STRING:
+            position = _BY_STRING[_base_name(node.func)]
+            for arg in node.args[position:position + 1]:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    yield node.lineno, arg.value
+
+
+_BY_STRING = {"getattr": 1, "hasattr": 1, "setattr": 1, "delattr": 1, "attrgetter": 0}
+
+
+def privacy(tree: Sequence[Module]) -> list[Violation]:
     """Private names used outside their module, and torch internals outside ``_torch``."""
-    parsed = modules(package)
-    defined = {module.name: _defined_private_names(module) for module in parsed}
-    ours = set().union(*defined.values())
+    fmesh = [module for module in tree if not _in_bench(module.name)]
+    defined = {module.name: _defined_private_names(module) for module in tree}
+    ours = set().union(*(defined[module.name] for module in fmesh))
     found = []
-    for module in parsed:
+    for module in tree:
         own = defined[module.name]
+        bench = _in_bench(module.name)
         for node, target, names in _imports(module):
             line = getattr(node, "lineno", 1)
-            if target.split(".")[0] == "torch" and _is_private_path(target) and module.name != TORCH_INTERNALS:
+            if (target.split(".")[0] == "torch" and _is_private_path(target) and module.name != TORCH_INTERNALS
+                    and not bench):
                 found.append(Violation(module.name, line, "torch-internals", f"imports private torch module {target}"))
             for name in names:
                 if not _private(name):
                     continue
-                if target.split(".")[0] == "torch" and module.name != TORCH_INTERNALS:
+                if target.split(".")[0] == "torch" and module.name != TORCH_INTERNALS and not bench:
                     found.append(Violation(module.name, line, "torch-internals", f"imports {name} from {target}"))
                 elif target.startswith(FACADE) and f"{target}.{name}" != TORCH_INTERNALS:
                     found.append(Violation(module.name, line, "privacy", f"imports private {name} from {target}"))
-                elif f"{target}.{name}" == TORCH_INTERNALS and not module.name.startswith("fmesh.context"):
+                elif f"{target}.{name}" == TORCH_INTERNALS and (bench or not module.name.startswith("fmesh.context")):
                     found.append(Violation(module.name, line, "privacy", "only fmesh.context may use _torch"))
-        for node in ast.walk(module.tree):
-            if not isinstance(node, ast.Attribute) or not _private(node.attr) or node.attr in own:
+        for line, attr in _attribute_uses(module):
+            if not _private(attr) or attr in own:
                 continue
-            if isinstance(node.value, ast.Name) and node.value.id == "_torch":
-                continue  # the module itself, by name
             if module.name == TORCH_INTERNALS:
                 continue  # its job: torch's private fields (some share a name with ours, e.g. _rank_map)
-            if node.attr in ours:
-                found.append(Violation(module.name, node.lineno, "privacy",
-                                       f"uses {node.attr}, private to another fmesh module"))
-            elif module.name != TORCH_INTERNALS:
-                found.append(Violation(module.name, node.lineno, "torch-internals",
-                                       f"uses {node.attr}, a private name fmesh does not define (torch's?)"))
+            if attr in ours and not (bench and attr in _TORCH_NAMES_WE_SHARE):
+                found.append(Violation(module.name, line, "privacy", f"uses {attr}, private to another fmesh module"))
+            elif not bench and attr not in ours:
+                found.append(Violation(module.name, line, "torch-internals",
+                                       f"uses {attr}, a private name fmesh does not define (torch's?)"))
+    return found
+
+
+# Names that are both a private field of torch's DeviceMesh (which bench/ may read) and one of ours.
+_TORCH_NAMES_WE_SHARE = frozenset({"_flatten", "_unflatten", "_rank_map", "_layout", "_concatenate"})
+
+
+def _in_bench(module: str) -> bool:
+    return module == BENCH or module.startswith(BENCH + ".")
+
+
+def _edges(tree: Sequence[Module]) -> dict[str, set[str]]:
+    """Module -> the tree's modules it imports, at any depth (``if TYPE_CHECKING:`` imports do not run)."""
+    names = {module.name for module in tree}
+    edges: dict[str, set[str]] = {module.name: set() for module in tree}
+    for module in tree:
+        owner = _enclosing(module.tree)
+        for node, target, taken in _imports(module):
+            if owner.get(node) == TYPE_ONLY:
+                continue
+            for name in taken or ("",):
+                submodule = f"{target}.{name}"
+                found = submodule if submodule in names else target if target in names else None
+                if found is not None and found != module.name:
+                    edges[module.name].add(found)
+    return edges
+
+
+def cycles(tree: Sequence[Module]) -> list[Violation]:
+    """Modules that import each other, directly or through others, even by imports inside functions."""
+    edges = _edges(tree)
+    found = []
+    for start in sorted(edges):
+        seen: dict[str, list[str]] = {start: [start]}
+        todo = [start]
+        while todo:
+            here = todo.pop()
+            for there in sorted(edges[here]):
+                if there == start and (len(seen[here]) > 1 or here == start):
+                    path = seen[here] + [start]
+                    if start == min(path[:-1]):  # report each cycle once, from its smallest module
+                        found.append(Violation(start, 1, "cycles", "import cycle " + " -> ".join(path)))
+                elif there not in seen:
+                    seen[there] = seen[here] + [there]
+                    todo.append(there)
     return found
 
 
@@ -222,10 +320,10 @@ def _base_name(node: ast.expr) -> str:
     return ""
 
 
-def exception_homes(package: pathlib.Path) -> list[Violation]:
+def exception_homes(tree: Sequence[Module]) -> list[Violation]:
     """Exception and warning classes defined outside ``fmesh/errors.py``."""
     found = []
-    for module in modules(package):
+    for module in tree:
         if module.name == ERRORS:
             continue
         for node in ast.walk(module.tree):
@@ -238,6 +336,6 @@ def exception_homes(package: pathlib.Path) -> list[Violation]:
     return found
 
 
-def all_violations(package: pathlib.Path) -> list[Violation]:
+def all_violations(tree: Sequence[Module]) -> list[Violation]:
     """Every rule at once."""
-    return [*layering(package), *privacy(package), *exception_homes(package)]
+    return [*layering(tree), *cycles(tree), *privacy(tree), *exception_homes(tree)]

@@ -4,60 +4,15 @@ it reports when members disagree, wait in a cycle, fail or never come."""
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+from support import CountingStore
 
 import fmesh
 from fmesh.context.agreement import Agreement
-
-
-class CountingStore:
-    """A store that counts, per thread (= member), the distinct keys it touches and the bytes it moves."""
-
-    def __init__(self) -> None:
-        self.inner = dist.HashStore()
-        self.keys: dict[int, set[str]] = defaultdict(set)
-        self.bytes: dict[int, int] = defaultdict(int)
-
-    def _touch(self, keys: Sequence[str], moved: int = 0) -> None:
-        me = threading.get_ident()
-        self.keys[me].update(keys)
-        self.bytes[me] += moved + sum(len(k) for k in keys)
-
-    def set(self, key: str, value: str | bytes) -> None:
-        self._touch([key], len(value))
-        self.inner.set(key, value)
-
-    def get(self, key: str) -> bytes:
-        value = self.inner.get(key)
-        self._touch([key], len(value))
-        return bytes(value)
-
-    def add(self, key: str, amount: int) -> int:
-        self._touch([key], 8)
-        return int(self.inner.add(key, amount))
-
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        value = self.inner.compare_set(key, expected, desired)
-        self._touch([key], len(expected) + len(desired) + len(value))
-        return bytes(value)
-
-    def wait(self, keys: list[str], timeout: timedelta) -> None:
-        self._touch(keys)
-        self.inner.wait(keys, timeout)
-
-    def check(self, keys: list[str]) -> bool:
-        self._touch(keys)
-        return bool(self.inner.check(keys))
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        values = [bytes(v) for v in self.inner.multi_get(keys)]
-        self._touch(keys, sum(map(len, values)))
-        return values
 
 
 def members_agree(store: Any, members: Sequence[int], key: Callable[[int], str], description: Callable[[int], str],
@@ -66,10 +21,10 @@ def members_agree(store: Any, members: Sequence[int], key: Callable[[int], str],
     outcome: dict[int, Any] = {}
 
     def member(rank: int) -> None:
-        board = Agreement(store, "test", rank, timedelta(seconds=creation), grace=grace)
-        board.post("running")
+        agreement = Agreement(store, "test", rank, timedelta(seconds=creation), grace=grace)
+        agreement.post("running")
         try:
-            board.agree(key(rank), members, description(rank), f"group {key(rank)}")
+            agreement.agree(key(rank), members, description(rank), f"group {key(rank)}")
             outcome[rank] = None
         except Exception as error:
             outcome[rank] = error
@@ -153,6 +108,6 @@ def test_the_roll_call_names_who_does_not_answer() -> None:
 
 def test_statuses_of_ranks_that_never_posted_one() -> None:
     store = dist.HashStore()
-    board = Agreement(store, "test", 0, timedelta(seconds=60))
-    board.post("running")
-    assert board.statuses([0, 1]) == {0: {"state": "running"}, 1: {"state": "missing"}}
+    agreement = Agreement(store, "test", 0, timedelta(seconds=60))
+    agreement.post("running")
+    assert agreement.statuses([0, 1]) == {0: {"state": "running"}, 1: {"state": "missing"}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -220,3 +221,26 @@ def test_diff_errors_are_one_line_and_status_2(tmp_path: Path, sides: list[str],
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("fmesh diff: error: ")
     assert message.format(tmp=tmp_path) in err
+
+
+def test_a_closed_pipe_ends_the_command_quietly() -> None:
+    """``python -m fmesh plan ... | head``: the reader is gone before the table is written."""
+    read, write = os.pipe()
+    os.close(read)  # every write now fails with EPIPE, as after ``head`` exits
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "fmesh", "plan", "--world-size", "4096", "--gpus-per-node", "8", "--tp", "8"],
+            cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, check=False, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert result.stderr == "" and result.returncode == 1
+
+
+@pytest.mark.parametrize("nested", ["[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000])
+def test_a_deeply_nested_manifest_is_one_line_and_status_2(tmp_path: Path, nested: str) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text(nested)
+    code, out, err = run("diff", str(deep), str(deep))
+    assert code == 2 and out == ""
+    assert err == f"fmesh diff: error: {deep}: not JSON: nested too deeply\n"

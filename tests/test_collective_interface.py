@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -16,9 +17,10 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_context import MESHES, axis_sets, launch, succeeded
+from support import launch, succeeded
+from test_context import MESHES, axis_sets
 
 import fmesh
 from fmesh import Context, Mesh
@@ -109,6 +111,7 @@ def check_new_calls(ctx: Context) -> dict[str, Any]:
     return {"problems": problems, "counts": counts}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [4, 8])
 def test_new_calls_along_every_axis_and_pair_against_brute_force(world: int) -> None:
     for result in succeeded(launch(check_new_calls, world, timeout=300)):
@@ -134,6 +137,7 @@ def host_local(ctx: Context) -> dict[str, Any]:
     return {"problems": problems}
 
 
+@pytest.mark.slow
 def test_topology_mesh_gives_host_local_collectives() -> None:
     assert [r["problems"] for r in succeeded(launch(host_local, 4, timeout=120))] == [[]] * 4
 
@@ -172,6 +176,7 @@ def bad_inputs(ctx: Context) -> dict[str, Any]:
     return seen
 
 
+@pytest.mark.slow
 def test_bad_inputs_give_typed_errors_on_every_rank_and_no_hang() -> None:
     # The launch's own timeout is the bound: a hang would be a TimeoutError here.
     results = succeeded(launch(bad_inputs, 4, timeout=60, context_timeout=30))
@@ -237,6 +242,7 @@ with fmesh.Context.from_env() as ctx:
 """
 
 
+@pytest.mark.slow
 def test_from_env_without_a_launcher_is_a_world_of_one() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                                                               "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
@@ -253,22 +259,81 @@ def test_from_env_without_a_launcher_is_a_world_of_one() -> None:
     assert "needs the launcher's environment variables ['WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT']" in partial.stderr
 
 
-COORDINATE = st.one_of(st.integers(-1, 5), st.booleans(), st.just(1.0), st.just("1"))
-PAIR = st.one_of(st.tuples(COORDINATE, COORDINATE), st.lists(st.integers(0, 4), min_size=0, max_size=3), st.just("01"))
+@st.composite
+def partial_perms(draw: st.DrawFn, least: int = 0) -> tuple[int, list[Any]]:
+    """An axis size and a partial permutation of it, valid by construction: ``k`` distinct sources zipped with
+    ``k`` distinct destinations, each pair a tuple or a list."""
+    size = draw(st.integers(max(1, least), 6))
+    sources = draw(st.permutations(range(size)))
+    destinations = draw(st.permutations(range(size)))
+    k = draw(st.integers(least, size))
+    kinds = draw(st.lists(st.sampled_from([tuple, list]), min_size=k, max_size=k))
+    return size, [kind(pair) for kind, pair in zip(kinds, zip(sources[:k], destinations[:k], strict=True),
+                                                   strict=True)]
 
 
-@given(perm=st.one_of(st.lists(PAIR, max_size=6), st.tuples(PAIR, PAIR), st.just("0110"), st.just(None)),
-       size=st.integers(1, 5))
-def test_check_perm_accepts_exactly_the_partial_permutations(perm: Any, size: int) -> None:
-    """Law: ``check_perm`` returns the pairs unchanged iff they are pairs of ints inside the axis with no source
-    and no destination twice; otherwise it raises a TypeError or ValueError that names the pair or the perm."""
-    pairs = [tuple(pair) for pair in perm] if isinstance(perm, (list, tuple)) else None
-    valid = pairs is not None and all(
-        not isinstance(pair, str) and len(pair) == 2
-        and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < size for c in pair) for pair in pairs
-    ) and len({p[0] for p in pairs}) == len(pairs) == len({p[1] for p in pairs})
-    if valid:
-        assert check_perm(perm, size, "pp") == tuple(pairs)
+# Each way to break a valid perm: (the error it must raise, a word its message must contain).
+BREAKS = {
+    "repeated source": (ValueError, "repeats source"),
+    "repeated destination": (ValueError, "repeats destination"),
+    "source outside": (ValueError, "outside axis"),
+    "destination outside": (ValueError, "outside axis"),
+    "coordinate not an int": (TypeError, "pairs of ints"),
+    "not a pair": (TypeError, "pairs of ints"),
+    "not a sequence": (TypeError, "sequence of (source, destination) pairs"),
+}
+
+
+def broken(perm: list[Any], size: int, kind: str, data: st.DataObject) -> tuple[object, str]:
+    """``perm`` made invalid in the way ``kind`` names (one new pair, at any position, or another type), and a
+    word the error must say."""
+    words = BREAKS[kind][1]
+    free = [c for c in range(size) if c not in {d for _, d in perm}]
+    unused = [c for c in range(size) if c not in {s for s, _ in perm}]
+    if kind == "repeated source":
+        source = data.draw(st.sampled_from([s for s, _ in perm]))
+        pair: object = (source, data.draw(st.sampled_from(free))) if free else None
+    elif kind == "repeated destination":
+        destination = data.draw(st.sampled_from([d for _, d in perm]))
+        pair = (data.draw(st.sampled_from(unused)), destination) if unused else None
+    elif kind == "source outside":
+        pair = (data.draw(st.sampled_from([-1, size, size + 3])), data.draw(st.integers(0, size - 1)))
+    elif kind == "destination outside":
+        pair = (data.draw(st.integers(0, size - 1)), data.draw(st.sampled_from([-1, size, size + 3])))
+    elif kind == "coordinate not an int":
+        odd = data.draw(st.sampled_from([True, 1.0, "1", None]))
+        pair = data.draw(st.sampled_from([(odd, 0), (0, odd)]))
+    elif kind == "not a pair":
+        pair = data.draw(st.sampled_from([(0,), (0, 0, 0), [], "01", 0]))
     else:
-        with pytest.raises((TypeError, ValueError), match="perm"):
-            check_perm(perm, size, "pp")
+        return data.draw(st.sampled_from([None, 0, "0110", {(0, 0)}])), words
+    if pair is None:  # every coordinate is taken: repeat a whole pair, which repeats its source and destination
+        pair, words = tuple(data.draw(st.sampled_from(perm))), "repeats"
+    at = data.draw(st.integers(0, len(perm)))
+    return [*perm[:at], pair, *perm[at:]], words
+
+
+def test_check_perm_accepts_the_partial_permutations_and_names_each_way_to_break_one() -> None:
+    """Law: every partial permutation comes back as tuples, unchanged; each kind of broken one raises its own
+    error, whose message names what is wrong. Both branches counted: valid non-empty perms >= 30% of draws,
+    each kind of break >= 10 times."""
+    seen = dict.fromkeys(["draws", "valid", "valid non-empty", *BREAKS], 0)
+
+    @given(st.sampled_from([*[None] * (2 * len(BREAKS)), *BREAKS]), st.data())  # two thirds valid
+    def check(kind: str | None, data: st.DataObject) -> None:
+        size, perm = data.draw(partial_perms(least=1 if kind and kind.startswith("repeated") else 0))
+        seen["draws"] += 1
+        if kind is None:
+            assert check_perm(perm, size, "pp") == tuple((s, d) for s, d in perm)
+            seen["valid"] += 1
+            seen["valid non-empty"] += bool(perm)
+            return
+        bad, words = broken(perm, size, kind, data)
+        with pytest.raises(BREAKS[kind][0], match=re.escape(words)):
+            check_perm(bad, size, "pp")
+        seen[kind] += 1
+
+    settings(max_examples=600)(check)()
+    print(f"\ncheck_perm draws: {seen}")
+    assert seen["valid non-empty"] >= 0.3 * seen["draws"], seen
+    assert all(seen[kind] >= 10 for kind in BREAKS), seen

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import pytest
 import torch
+from support import collective_answers, collective_inputs, launch, succeeded
 
 import fmesh
 from fmesh import Context, Mesh
@@ -19,21 +18,6 @@ MESHES = {
     8: [((2, 4), ("dp", "tp"), None), ((2, 2, 2), ("pp", "dp", "tp"), None),
         ((2, 2, 2), ("pp", "dp", "tp"), [5, 2, 7, 0, 3, 6, 1, 4])],
 }
-
-
-def launch(fn: Callable[[Context], Any], world: int, timeout: float, context_timeout: float = 60,
-           **options: Any) -> list[Any]:
-    """Every rank's result (or, for a failing rank, its exception) of ``fn`` on gloo processes."""
-    return fmesh.launch(fn, world, timeout=timeout, context_options={"timeout": context_timeout, **options},
-                        return_exceptions=True, start_method="spawn")
-
-
-def succeeded(results: list[Any]) -> list[Any]:
-    """``results``, once no rank failed (a failure is raised with its rank's traceback)."""
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
 
 
 def axis_sets(mesh: Mesh) -> list[tuple[str, ...]]:
@@ -49,7 +33,7 @@ def check_collectives(ctx: Context) -> list[str]:
         mesh = fmesh.make_mesh(sizes, names, rank_map=rank_map)
         for axes in axis_sets(mesh):
             group = mesh.group(rank, axes)
-            n, me = len(group), group.index(rank)
+            n = len(group)
 
             where = f"{axes} {sizes} {rank_map}"
 
@@ -57,23 +41,22 @@ def check_collectives(ctx: Context) -> list[str]:
                 if not torch.equal(got, want):
                     problems.append(f"{label} {where}: got {got.tolist()} want {want.tolist()}")
 
-            x = torch.tensor([float(rank), 1.0])
-            expect("all_reduce", ctx.all_reduce(x, mesh, axes), torch.tensor([float(sum(group)), float(n)]))
+            sent, want = collective_inputs(rank, n), collective_answers(rank, group)  # the shared oracle
+            x = sent["all_reduce"]
+            expect("all_reduce", ctx.all_reduce(x, mesh, axes), torch.tensor(want["all_reduce"]))
             expect("all_reduce max", ctx.all_reduce(x, mesh, axes, op="max"),
                    torch.tensor([float(max(group)), 1.0]))
             expect("all_reduce avg", ctx.all_reduce(x, mesh, axes, op="avg"),
                    torch.tensor([sum(group) / n, 1.0]))
-            expect("all_gather", ctx.all_gather(torch.tensor([rank]), mesh, axes), torch.tensor(group))
+            expect("all_gather", ctx.all_gather(sent["all_gather"], mesh, axes), torch.tensor(want["all_gather"]))
             gathered = ctx.all_gather(torch.full((2, 1), rank), mesh, axes, dim=1)
             expect("all_gather dim1", gathered, torch.tensor([group, group]))
-            rows = torch.arange(n * 2, dtype=torch.float).reshape(n, 2) + 100 * rank
-            expect("reduce_scatter", ctx.reduce_scatter(rows, mesh, axes),
-                   sum(torch.arange(n * 2, dtype=torch.float).reshape(n, 2)[me:me + 1] + 100 * r for r in group))
+            expect("reduce_scatter", ctx.reduce_scatter(sent["reduce_scatter"], mesh, axes),
+                   torch.tensor(want["reduce_scatter"]))
             for src in range(n):
                 expect("broadcast", ctx.broadcast(torch.tensor([rank]), mesh, axes, src=src),
                        torch.tensor([group[src]]))
-            sent = torch.tensor([1000 * rank + i for i in range(n)])
-            expect("all_to_all", ctx.all_to_all(sent, mesh, axes), torch.tensor([1000 * r + me for r in group]))
+            expect("all_to_all", ctx.all_to_all(sent["all_to_all"], mesh, axes), torch.tensor(want["all_to_all"]))
             ctx.barrier(mesh, axes)
             checked += 1
     ctx.barrier()
@@ -82,6 +65,7 @@ def check_collectives(ctx: Context) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [4, 8])
 def test_collectives_along_every_axis_and_pair(world: int) -> None:
     results = succeeded(launch(check_collectives, world, timeout=240))
@@ -128,6 +112,7 @@ def count_groups(ctx: Context) -> dict[str, object]:
     }
 
 
+@pytest.mark.slow
 def test_groups_are_shared_and_created_once() -> None:
     for result in succeeded(launch(count_groups, 8, timeout=240)):
         # tp, dp*tp, tp*dp from the 3-D mesh; the unflattened c and (b, c) are the tp and dp*tp groups again.
@@ -143,6 +128,7 @@ def mismatched(ctx: Context) -> str:
     return "no error"
 
 
+@pytest.mark.slow
 def test_inconsistent_meshes_raise_on_every_rank_quickly() -> None:
     # The launch's own timeout (30 s) is the bound: a hang would raise TimeoutError instead.
     errors = launch(mismatched, 2, timeout=30, context_timeout=20)
@@ -162,6 +148,7 @@ def missing_rank(ctx: Context) -> str:
     return "no error"
 
 
+@pytest.mark.slow
 def test_missing_rank_times_out_naming_axes_and_ranks() -> None:
     # Group creation has its own, shorter timeout; the collectives' stays long.
     first, second = launch(missing_rank, 2, timeout=60, context_timeout=600, creation_timeout=3)
@@ -235,8 +222,9 @@ def axis_overrides(ctx: Context) -> dict[str, object]:
     return {"created": ctx.stats()["groups_created"], "timeouts": timeouts}
 
 
+@pytest.mark.slow
 def test_axis_options_are_part_of_the_group_key() -> None:
-    for result in succeeded(launch(axis_overrides, 2, timeout=120, axis_options=AXIS_OVERRIDES)):
+    for result in succeeded(launch(axis_overrides, 2, timeout=120, context_timeout=60, axis_options=AXIS_OVERRIDES)):
         assert result["created"] == 2
         assert result["timeouts"] == {"dp": 17.0, "x": 60.0, "other": 17.0}
     with pytest.raises(ValueError, match="unknown backend 'ncl'"):

@@ -8,20 +8,16 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
+from support import launch
 
 import fmesh
 from fmesh import Context
 
-
-def launch(fn: Callable[[Context], Any], world: int, timeout: float = 60, **options: Any) -> list[Any]:
-    """Every rank's result, or its exception, of ``fn`` on gloo processes."""
-    return fmesh.launch(fn, world, timeout=timeout, context_options={"timeout": 60, **options},
-                        return_exceptions=True, start_method="spawn")
-
+pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
 # ------------------------------------------------------------------------------------------- disagreement
 

@@ -7,8 +7,11 @@ import time
 
 import pytest
 import torch
+from support import patience
 
 import fmesh
+
+pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
 
 def test_launch_returns_every_ranks_result_for_a_locally_defined_function() -> None:
@@ -62,10 +65,11 @@ def test_a_hang_ends_at_the_timeout_and_leaves_no_process() -> None:
         if ctx.rank == 1:
             time.sleep(60)
 
+    timeout = patience(6, 2)  # long enough for rank 0 to start and finish on a busy machine
     started = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"ranks \[1\] did not finish within 4s"):
-        fmesh.launch(body, world_size=2, timeout=4)
-    assert time.monotonic() - started < 20
+    with pytest.raises(TimeoutError, match=rf"ranks \[1\] did not finish within {timeout}s"):
+        fmesh.launch(body, world_size=2, timeout=timeout)
+    assert time.monotonic() - started < timeout + 15
     assert not multiprocessing.active_children()
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import launch, succeeded
 
 import fmesh
 from fmesh.manifest import (
@@ -125,10 +126,11 @@ def context_groups(ctx: fmesh.Context) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_the_manifest_says_what_the_context_then_creates() -> None:
     manifest = build_manifest(JOB["world"], JOB["per_host"], backend="gloo", **JOB["degrees"])  # type: ignore[arg-type]
-    results = fmesh.launch(context_groups, JOB["world"], timeout=240, start_method="spawn",  # type: ignore[arg-type]
-                           context_options={"gpus_per_node": JOB["per_host"], "timeout": 60})  # launch: gloo
+    results = succeeded(launch(context_groups, JOB["world"], timeout=240,  # type: ignore[arg-type]
+                                gpus_per_node=JOB["per_host"]))  # launch: gloo
     communicators = manifest["communicators"]
     assert len(communicators) >= 4
     for result in results:

@@ -14,14 +14,16 @@ from reference import RefMesh
 from reference import concat as ref_concat
 
 import fmesh
-from fmesh import Mesh
+from fmesh import Layout, Mesh
 
 NAMES = "abcde"
 
 
 @st.composite
-def roots(draw: st.DrawFn, max_world: int = 256) -> tuple[Mesh, RefMesh]:
-    sizes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=5).filter(lambda s: math.prod(s) <= max_world))
+def roots(draw: st.DrawFn, max_world: int = 256, min_size: int = 1, max_size: int = 5,
+          least: int = 1) -> tuple[Mesh, RefMesh]:
+    sizes = draw(st.lists(st.integers(least, 6), min_size=min_size, max_size=max_size)
+                 .filter(lambda s: math.prod(s) <= max_world))
     names = NAMES[: len(sizes)]
     world = math.prod(sizes)
     rank_map = draw(st.one_of(st.none(), st.permutations(range(world))))
@@ -34,10 +36,39 @@ def factorizations(n: int) -> list[tuple[int, ...]]:
     return result
 
 
+def uneven_splits(mesh: Mesh) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
+    """``(axes, sizes)``: flattening ``axes`` (strided: not in the mesh's order, or not adjacent) and splitting
+    the result into ``sizes`` re-indexes the universe (a frame). Empty when this mesh has no such split."""
+    found = []
+    for axes in itertools.permutations(mesh.axis_names, 2):
+        if any(mesh.shape[a] == 1 for a in axes):
+            continue
+        flat = fmesh.flatten(mesh, axes, "uneven")
+        for sizes in factorizations(flat.shape["uneven"]):
+            if len(sizes) == 2 and 1 not in sizes and fmesh.unflatten(flat, "uneven", {"u0": sizes[0],
+                                                                                       "u1": sizes[1]}).frame:
+                found.append((axes, sizes))
+    return found
+
+
 @st.composite
-def steps(draw: st.DrawFn) -> tuple[Mesh, RefMesh]:
-    mesh, ref = draw(roots())
+def runs(draw: st.DrawFn) -> tuple[Mesh, RefMesh, bool]:
+    """A root, in half the draws an uneven split first (the frames random ops alone almost never reach), then
+    1-4 random operations; and whether any step of it had a frame."""
     fresh = iter(f"n{i}" for i in range(100))
+    framed = False
+    splits: list[tuple[tuple[str, ...], tuple[int, ...]]] = []
+    if draw(st.booleans()):  # a root that has an uneven split: two axes of 2-6 whose product factors otherwise
+        mesh, ref = draw(roots(min_size=2, max_size=3, least=2))
+        splits = uneven_splits(mesh)
+    else:
+        mesh, ref = draw(roots())
+    if splits:
+        axes, sizes = draw(st.sampled_from(splits))
+        merged, new = next(fresh), {next(fresh): sizes[0], next(fresh): sizes[1]}
+        mesh = fmesh.unflatten(fmesh.flatten(mesh, axes, merged), merged, new)
+        ref = ref.flatten(axes, merged).unflatten(merged, new)
+        framed = True
     for _ in range(draw(st.integers(1, 4))):
         op = draw(st.sampled_from(["slice", "flatten", "unflatten", "select", "rename", "concat"]))
         names = list(mesh.axis_names)
@@ -67,7 +98,13 @@ def steps(draw: st.DrawFn) -> tuple[Mesh, RefMesh]:
             left, right = order[:cut], order[cut:]
             mesh = fmesh.concat(fmesh.slice(mesh, *left), fmesh.slice(mesh, *right))
             ref = ref_concat(ref.slice(*left), ref.slice(*right))
-    return mesh, ref
+        framed = framed or bool(mesh.frame)
+    return mesh, ref, framed
+
+
+def steps() -> st.SearchStrategy[tuple[Mesh, RefMesh]]:
+    """A mesh after a random sequence of operations (:func:`runs`), and its reference."""
+    return runs().map(lambda run: (run[0], run[1]))
 
 
 def assert_agrees(mesh: Mesh, ref: RefMesh) -> None:
@@ -95,9 +132,22 @@ def assert_agrees(mesh: Mesh, ref: RefMesh) -> None:
         assert mesh.rank_at(mesh.index_of(rank)) == rank
 
 
-@given(steps())
-def test_random_op_sequences_match_reference(pair: tuple[Mesh, RefMesh]) -> None:
-    assert_agrees(*pair)
+def test_random_op_sequences_match_reference() -> None:
+    seen = {"sequences": 0, "framed": 0, "framed at the end": 0}
+
+    @given(runs())
+    def check(run: tuple[Mesh, RefMesh, bool]) -> None:
+        mesh, ref, framed = run
+        assert_agrees(mesh, ref)
+        seen["sequences"] += 1
+        seen["framed"] += framed
+        seen["framed at the end"] += bool(mesh.frame)
+
+    check()
+    print(f"\nmesh sequences: {seen}")
+    assert seen["sequences"] >= 100, seen
+    assert seen["framed"] >= 0.2 * seen["sequences"], seen  # frames x every later operation
+    assert seen["framed at the end"] >= 0.1 * seen["sequences"], seen
 
 
 @given(roots(), st.data())
@@ -168,8 +218,35 @@ def test_unflatten_after_flatten_gives_back_the_mesh(pair: tuple[Mesh, RefMesh],
     expected_order = [*[n for n in mesh.axis_names[:position] if n not in merged], *merged,
                       *[n for n in mesh.axis_names[position:] if n not in merged]]
     assert back.axis_names == tuple(expected_order)
-    assert back == fmesh.slice(mesh, *expected_order)
-    assert hash(back) == hash(fmesh.slice(mesh, *expected_order))
+    same = fmesh.slice(mesh, *expected_order)
+    for axes in [(n,) for n in expected_order] + list(itertools.permutations(expected_order, 2)):
+        assert set(back.groups(axes)) == set(same.groups(axes)), axes
+    assert [back.coordinate(r) for r in range(mesh.world_size)] == [same.coordinate(r) for r in
+                                                                     range(mesh.world_size)]
+    if not mesh.frame:  # a frame is not canonical yet: see test_a_frame_is_not_yet_one_value_per_set_of_groups
+        assert back == same and hash(back) == hash(same)
+
+
+def test_disjoint_slices_of_a_framed_mesh_concat_back() -> None:
+    # Found by the frame runs: a slice dropped its frame although the instances (the complement of its axes)
+    # needed it, so the slice tiled the universe with other groups and concat saw the axes overlap.
+    universe = fmesh.make_mesh((12,), ("w",)).universe
+    mesh = Mesh(universe, ("n2", "b"), [Layout(2, 1), Layout(2, 6)], frame=(Layout((2, 2, 3), (3, 6, 1)),))
+    assert mesh.frame
+    assert set(mesh["n2"].groups("n2")) == set(mesh.groups("n2"))  # a slice keeps the groups
+    joined = fmesh.concat(mesh["n2"], mesh["b"])
+    assert set(joined.groups(("n2", "b"))) == set(mesh.groups(("n2", "b")))
+
+
+@pytest.mark.xfail(strict=True, reason="frames are not canonical: the same groups reached through two histories "
+                                       "carry two frames, so the meshes compare unequal (found by the frame runs)")
+def test_a_frame_is_not_yet_one_value_per_set_of_groups() -> None:
+    mesh = fmesh.slice(fmesh.flatten(fmesh.make_mesh((3, 2, 2), ("a", "b", "c")), ("a", "c"), "ac"), "ac", "b")
+    split = fmesh.unflatten(mesh, "ac", {"p": 2, "q": 3})
+    assert split.frame
+    back = fmesh.unflatten(fmesh.flatten(split, split.axis_names, "all"), "all", dict(split.shape))
+    assert set(back.groups("q")) == set(split.groups("q"))
+    assert back == split
 
 
 @given(steps())

@@ -8,6 +8,8 @@ import pathlib
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
+
 FOLDER = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(FOLDER.glob("*.ipynb"))
 _spec = importlib.util.spec_from_file_location("notebook_build", FOLDER / "build.py")

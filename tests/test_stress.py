@@ -8,10 +8,14 @@ import functools
 import random
 from typing import Any
 
+import pytest
 import torch
+from support import patience
 
 import fmesh
 from fmesh import Context, Mesh
+
+pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
 WORLD = 8
 STEPS = 36
@@ -86,9 +90,10 @@ def run_program(ctx: Context, seed: int, odd_rank: int | None) -> dict[str, Any]
 
 
 def stress(seed: int, odd_rank: int | None = None) -> list[Any]:
-    return fmesh.launch(functools.partial(run_program, seed=seed, odd_rank=odd_rank), WORLD, timeout=240,
-                        context_options={"timeout": 120, "creation_timeout": 90}, return_exceptions=True,
-                        start_method="spawn")
+    return fmesh.launch(functools.partial(run_program, seed=seed, odd_rank=odd_rank), WORLD,
+                        timeout=patience(240, WORLD),
+                        context_options={"timeout": patience(120, WORLD), "creation_timeout": patience(90, WORLD)},
+                        return_exceptions=True)
 
 
 def test_many_meshes_in_random_order_make_exactly_the_groups_used() -> None:

@@ -15,9 +15,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from fake_torch import fake_world, torch_groups
+from support import launch, succeeded
 
 import fmesh
 from fmesh import Context, Mesh
+
+pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
 WORLD = 4
 # A permuted rank map on purpose: group rank order must follow mesh coordinates, not sorted ranks.
@@ -26,7 +29,7 @@ RANK_MAPS: list[list[int] | None] = [None, [3, 0, 2, 1]]
 
 def _launch(fn: Callable[[Context], Any], timeout: float) -> list[Any]:
     """Every rank's result of ``fn``, on WORLD gloo processes (explicit: a GPU machine runs them too)."""
-    return fmesh.launch(fn, WORLD, timeout=timeout, context_options={"timeout": 60}, start_method="spawn")
+    return succeeded(launch(fn, WORLD, timeout=timeout))
 
 
 def _section(results: dict[str, list[str]], name: str, check: Callable[[list[str]], None]) -> None:

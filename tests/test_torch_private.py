@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from fake_torch import fake_world
+from support import launch, succeeded
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -105,8 +106,9 @@ def created_in_our_order(ctx: fmesh.Context) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_create_group_order_is_the_collectives_order_on_gloo() -> None:
-    for rank, result in enumerate(fmesh.launch(created_in_our_order, 2, timeout=90, start_method="spawn")):
+    for rank, result in enumerate(succeeded(launch(created_in_our_order, 2, timeout=90))):
         assert result["ranks"] == [1, 0]
         assert result["group_rank"] == 1 - rank
         assert result["list"] == [1.0, 0.0] and result["tensor"] == [1.0, 0.0]  # gathered in group-rank order
@@ -134,11 +136,11 @@ def test_our_layouts_are_the_ones_torch_builds_in_this_release() -> None:
     flat = root._flatten("dp_tp")
     assert _torch._mesh_layout([Layout((4,), (1,))], flattened=True) == flat._layout  # what _flatten makes
     # from_device_mesh reads every form back (a size-1 dim is (1,):(1,), which torch can slice).
-    assert [lay.coalesce() for lay in _torch._dim_layouts(root)] == [Layout(2, 2).coalesce(), Layout(2, 1).coalesce()]
-    assert [lay.coalesce() for lay in _torch._dim_layouts(flat)] == [Layout(4, 1).coalesce()]
+    assert [lay.coalesce() for lay in _torch.dim_layouts(root)] == [Layout(2, 2).coalesce(), Layout(2, 1).coalesce()]
+    assert [lay.coalesce() for lay in _torch.dim_layouts(flat)] == [Layout(4, 1).coalesce()]
     odd = DeviceMesh("cpu", _layout=_torch._mesh_layout([Layout(1), Layout(4)]), _rank_map=torch.arange(4),
                      _init_backend=False)
-    assert [lay.coalesce() for lay in _torch._dim_layouts(odd)] == [Layout(()).coalesce(), Layout(4, 1).coalesce()]
+    assert [lay.coalesce() for lay in _torch.dim_layouts(odd)] == [Layout(()).coalesce(), Layout(4, 1).coalesce()]
     rows = _torch._mesh_layout([Layout((2,), (2,))]).remap_to_tensor(torch.tensor([3, 0, 2, 1], dtype=torch.int))
     assert rows.tolist() == [[3, 2], [0, 1]]  # a dim's groups over a rank map
 

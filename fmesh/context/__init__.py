@@ -12,13 +12,14 @@ Modules, one concept each:
 * ``objects``: picklable objects along mesh axes, as byte tensors;
 * ``permute``: ``ppermute`` and ``shift`` along one axis, on batched point-to-point operations;
 * ``export``: torch ``DeviceMesh`` objects on the context's groups;
+* ``device_mesh``: fmesh meshes from torch ``DeviceMesh`` objects (:func:`from_device_mesh`);
 * ``group_plan``: which groups a program will need (:class:`GroupPlan`);
 * ``launch``: :func:`launch` and :func:`simulate`, ranks for notebooks and tests;
 * ``_torch``: every private torch name fmesh uses, and nothing else.
 """
 
-from fmesh.context._torch import device_mesh_groups, from_device_mesh
 from fmesh.context.context import Context
+from fmesh.context.device_mesh import device_mesh_groups, from_device_mesh
 from fmesh.context.group_plan import GroupPlan, PlannedGroup
 from fmesh.context.launch import Simulation, launch, simulate
 from fmesh.context.options import AxisOptions

@@ -6,10 +6,12 @@
   process already holds (``use_local_synchronization``), which differs between
   ranks that create groups lazily; a name derived from the group's content
   makes lazy creation by members alone safe.
-* ``export_device_mesh`` / ``from_device_mesh``: ``DeviceMesh`` fields
+* ``export_device_mesh`` / ``dim_layouts`` / ``rank_map_of`` / ``group_grid`` (the last three for
+  :mod:`fmesh.context.device_mesh`): ``DeviceMesh`` fields
   ``_layout``, ``_rank_map``, ``_dim_group_names``, ``_root_mesh``,
   ``_flatten_mapping`` and ``_pg_registry``.
-* ``local_tensor_mode``: torch's ``LocalTensorMode``, every rank in one process (``fmesh.simulate``).
+* ``local_tensor_mode`` / ``local_values``: torch's ``LocalTensorMode``, every rank in one process
+  (``fmesh.simulate``).
 * ``split_groups``: ``dist.split_group`` keeps each split's order from torch 2.14; before, it sorts
   the ranks, so an unsorted partition is made group by group instead (every rank taking part).
 * The per-version layer, where releases differ (each pinned by ``tests/test_torch_private.py``):
@@ -296,26 +298,30 @@ def _mesh_layout(layouts: Sequence[Layout], *, flattened: bool = False) -> Any:
     return mesh_layout._MeshLayout(tuple(shape for shape, _ in one), tuple(stride for _, stride in one))
 
 
-def _dim_layouts(device_mesh: DeviceMesh) -> list[Layout]:
+def dim_layouts(device_mesh: DeviceMesh) -> list[Layout]:
     """Each dim's layout of a DeviceMesh, as fmesh layouts (the inverse of :func:`_mesh_layout`)."""
     layout = device_mesh._layout
     dims = list(layout) if FLAT_LAYOUTS else [layout[i] for i in range(len(layout))]
     return [Layout(dim.shape, dim.stride) for dim in dims]
 
 
-def device_mesh_groups(device_mesh: DeviceMesh, dims: Sequence[int]) -> set[tuple[int, ...]]:
-    """Every group torch would make along ``dims`` of a DeviceMesh (all instances, every rank).
+def rank_map_of(device_mesh: DeviceMesh) -> list[int]:
+    """A DeviceMesh's rank map, flat: slot ``i`` holds rank ``rank_map_of(dm)[i]``."""
+    ranks: list[int] = device_mesh._rank_map.reshape(-1).tolist()
+    return ranks
 
-    >>> import torch.distributed as dist
-    >>> from torch.distributed.device_mesh import init_device_mesh
-    >>> dist.init_process_group("fake", rank=0, world_size=4)
-    >>> sorted(device_mesh_groups(init_device_mesh("cpu", (2, 2)), [0]))
-    [(0, 2), (1, 3)]
-    >>> dist.destroy_process_group()
-    """
-    layout = _mesh_layout([_dim_layouts(device_mesh)[d] for d in dims])
-    grid = layout.remap_to_tensor(device_mesh._rank_map)
-    return {tuple(row) for row in grid.reshape(grid.shape[0], -1).tolist()}
+
+def group_grid(device_mesh: DeviceMesh, layouts: Sequence[Layout]) -> list[list[int]]:
+    """The ranks of every group whose layout is ``layouts`` over a DeviceMesh's rank map, one row each."""
+    grid = _mesh_layout(layouts).remap_to_tensor(device_mesh._rank_map)
+    rows: list[list[int]] = grid.reshape(grid.shape[0], -1).tolist()
+    return rows
+
+
+def local_values(tensor: torch.Tensor) -> dict[int, torch.Tensor] | None:
+    """Each simulated rank's value of a ``LocalTensor`` (``None`` for a plain tensor)."""
+    local = getattr(tensor, "_local_tensors", None)
+    return None if local is None else dict(local)
 
 
 def rank_map_tensor(universe: Universe) -> torch.Tensor:
@@ -368,28 +374,3 @@ def register_flattened(root: DeviceMesh, name: str, one_axis: DeviceMesh) -> Non
 def unregister_flattened(root: DeviceMesh, name: str) -> None:
     """Withdraw ``name`` from the root's ``_flatten_mapping`` (see ``Context._register_names``)."""
     root._flatten_mapping.pop(name, None)
-
-
-def from_device_mesh(device_mesh: DeviceMesh) -> Mesh:
-    """The fmesh value of an existing ``DeviceMesh`` (its whole rank map is the universe).
-
-    >>> import torch.distributed as dist
-    >>> from torch.distributed.device_mesh import init_device_mesh
-    >>> dist.init_process_group("fake", rank=0, world_size=8)
-    >>> from_device_mesh(init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))["tp"])
-    Mesh(tp=4; world=8)
-    >>> dist.destroy_process_group()
-    """
-    if not isinstance(device_mesh, DeviceMesh):
-        raise TypeError(f"from_device_mesh takes a torch DeviceMesh, got {type(device_mesh).__name__}")
-    rank_map = device_mesh._rank_map.reshape(-1).tolist()
-    world = len(rank_map)
-    if sorted(rank_map) != list(range(world)):
-        raise ValueError(
-            f"this DeviceMesh's rank map {rank_map[:16]}{'...' if world > 16 else ''} is not a permutation of "
-            f"range(0, {world}); fmesh needs a mesh over the whole world (build the root with all ranks)"
-        )
-    layouts = _dim_layouts(device_mesh)
-    names = device_mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(len(layouts)))
-    universe = Universe(world, rank_map=rank_map, device_type=device_mesh.device_type)
-    return Mesh(universe, names, layouts)

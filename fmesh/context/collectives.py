@@ -33,6 +33,7 @@ from fmesh.context import _torch
 from fmesh.context.agreement import FAILED, Agreement, describe_status
 from fmesh.context.groups import Target
 from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
+from fmesh.layout.int_tuple import is_int
 
 REDUCE_OPS: dict[str, Any] = {
     "sum": dist.ReduceOp.SUM,
@@ -65,7 +66,7 @@ def check_index(what: str, name: str, value: object, size: int) -> int:
     >>> check_index("broadcast", "src", 1, 2)
     1
     """
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < size:
+    if not is_int(value) or not 0 <= value < size:
         raise ValueError(f"{what} {name}={value!r} is an index within the group: valid 0..{size - 1}")
     return value
 

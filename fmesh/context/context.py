@@ -41,6 +41,7 @@ from fmesh.context.groups import GroupRegistry, Target
 from fmesh.context.options import AxisOptions, GroupSettings
 from fmesh.context.tensors import agree_on_tensor, check_tensor
 from fmesh.context.world import World
+from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
 
@@ -121,8 +122,13 @@ class Context:
         ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): a world of one in this process, said in one
         line on stderr, so the same script runs under ``python`` and under ``torchrun``.
 
-        >>> Context.from_env.__name__
-        'from_env'
+        >>> import os
+        >>> launcher = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        ...             if k in os.environ}  # a plain ``python`` run: no launcher's variables
+        >>> with Context.from_env(backend="gloo") as ctx:
+        ...     ctx.rank, ctx.world_size
+        (0, 1)
+        >>> os.environ.update(launcher)
         """
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         checking = _check_flag(check_tensors)
@@ -139,9 +145,9 @@ class Context:
         ...     ctx.rank, ctx.world_size
         (1, 4)
         """
-        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        if not is_int(world_size) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
+        if not is_int(rank) or not 0 <= rank < world_size:
             raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank!r}")
         return cls(backend="fake", rank=rank, world_size=world_size, **kwargs)
 
@@ -448,7 +454,7 @@ class Context:
         ...     ctx.shift(torch.ones(2), fmesh.make_mesh((4,), ("pp",)), "pp", offset=-1, wrap=True).shape
         torch.Size([2])
         """
-        if not isinstance(offset, int) or isinstance(offset, bool):
+        if not is_int(offset):
             raise TypeError(f"shift: expected an int offset (steps along the axis), but got {offset!r}")
         target = self._groups.target(mesh, permute.check_axis("shift", axis))
         send_to, receive_from = permute.shift_peers(target.index, target.size, offset, bool(wrap))

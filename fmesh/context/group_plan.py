@@ -1,9 +1,9 @@
 """Which groups a program will need, before any is created: :func:`plan_groups`.
 
-A plan lists each distinct group layout once (the same layout asked for through several meshes is
-one entry), with its size, how many groups it has, how many hosts one group touches, the backend,
-this rank's group, and whether that group exists yet. :meth:`fmesh.Context.materialize` creates
-what a plan lists through the registry, like any other group.
+A plan lists each distinct communicator once, in the order of :func:`fmesh.communicators.plan_communicators`
+(the pure planner the manifest also writes down), with its size, how many groups it has, how many hosts one
+group touches, the backend, this rank's group, and whether that group exists yet.
+:meth:`fmesh.Context.materialize` creates what a plan lists through the registry, like any other group.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ from typing import Any
 
 import attrs
 
+from fmesh.communicators import PlanItem as PlanItem  # what Context.plan takes: the planner's
+from fmesh.communicators import Request, plan_communicators, requests_of
 from fmesh.context.groups import GroupRegistry
 from fmesh.context.world import World
 from fmesh.mesh import Mesh
-from fmesh.mesh.mesh import AxesArg
 from fmesh.topology import Topology
-
-PlanItem = Mesh | tuple[Mesh, AxesArg]
 
 
 @attrs.frozen
@@ -82,17 +81,14 @@ def plan_items(items: Iterable[object], registry: GroupRegistry) -> list[tuple[M
 (Mesh(dp=2, tp=2; world=4), ('tp', 'dp'))]
     >>> world.close()
     """
-    pairs: list[tuple[Mesh, tuple[str, ...]]] = []
-    for item in items:
-        if isinstance(item, Mesh):
-            pairs.extend((item, (name,)) for name in item.axis_names)
-        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], Mesh):
-            pairs.append((item[0], item[0].resolve_axes(item[1])))
-        else:
-            raise TypeError(f"plan/materialize take meshes or (mesh, axes) pairs, but got {item!r}")
-    for mesh, _ in pairs:
-        registry.check_mesh(mesh)
-    return pairs
+    return [(request.mesh, request.axes) for request in _requests(items, registry)]
+
+
+def _requests(items: Iterable[object], registry: GroupRegistry) -> list[Request]:
+    requests = requests_of(items, "plan/materialize")
+    for request in requests:
+        registry.check_mesh(request.mesh)
+    return requests
 
 
 def _topology(world: World) -> Topology | None:
@@ -101,24 +97,31 @@ def _topology(world: World) -> Topology | None:
 
 
 def plan_groups(items: Iterable[object], registry: GroupRegistry, world: World) -> GroupPlan:
-    """The plan of ``items`` (see :func:`plan_items`) on this rank; creates nothing."""
+    """The plan of ``items`` (see :func:`plan_items`) on this rank; creates nothing.
+
+    The distinct communicators and their order are :func:`fmesh.communicators.plan_communicators`'s; a
+    communicator asked for with two backends or options is two groups.
+    """
     registry.check_open()
     topology = _topology(world)
+    requests = _requests(items, registry)
+    communicators = plan_communicators(requests)
     planned: dict[tuple[Any, ...], PlannedGroup] = {}
-    for mesh, names in plan_items(items, registry):
-        layout = mesh.axes_layout(names)
+    for request, order in zip(requests, communicators.of_request, strict=True):
+        mesh, names = request.mesh, request.axes
         covered = mesh.coordinate(world.rank) is not None
         target = registry.target(mesh, names) if covered else None
         spec = target.spec if target is not None else registry.spec(names, ())
-        key = (mesh.universe.id, layout.coalesce(), mesh.frame, spec.backend, spec.options_key)
+        key = (order, spec.backend, spec.options_key)
         if key in planned:
             continue
+        size = communicators.communicators[order].size
         span = topology.span(mesh, names) if topology is not None else None
         planned[key] = PlannedGroup(
             mesh=mesh,
             axes=names,
-            size=layout.size,
-            num_groups=mesh.num_covered // layout.size,
+            size=size,
+            num_groups=mesh.num_covered // size,
             backend=spec.backend,
             ranks=target.ranks if target is not None else None,
             hosts_per_group=span.hosts_max if span is not None else 0,

@@ -31,6 +31,7 @@ from fmesh.context import _torch
 from fmesh.context.context import Context
 from fmesh.context.options import DEFAULT_CREATION_TIMEOUT, normalize_timeout
 from fmesh.errors import LaunchError, RemoteTraceback
+from fmesh.layout.int_tuple import is_int
 
 START_METHODS = ("fork", "spawn", "forkserver")
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -43,8 +44,10 @@ CREATION_SHARE = 0.5
 def free_port() -> int:
     """A TCP port on loopback that nobody listens on right now (for a rendezvous).
 
-    >>> 0 < free_port() < 65536
-    True
+    >>> import socket
+    >>> port = free_port()
+    >>> with socket.socket() as s:  # nobody holds it: we can listen on it
+    ...     s.bind(("127.0.0.1", port))
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -101,7 +104,7 @@ def _remote_error(rank: int, payload: tuple[bytes | None, str, str]) -> BaseExce
 
 
 def _check_launch(fn: object, world_size: object, start_method: str | None, timeout: object) -> str:
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+    if not is_int(world_size) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     normalize_timeout(timeout)  # a number of seconds in the valid range
     if not callable(fn):
@@ -237,10 +240,8 @@ class Simulation:
 
     def values(self, tensor: torch.Tensor) -> dict[int, torch.Tensor]:
         """Each simulated rank's value of ``tensor`` (from :meth:`per_rank` or a collective)."""
-        local = getattr(tensor, "_local_tensors", None)
-        if local is None:
-            return dict.fromkeys(range(self.world_size), tensor)
-        return dict(local)
+        local = _torch.local_values(tensor)
+        return dict.fromkeys(range(self.world_size), tensor) if local is None else local
 
 
 @contextlib.contextmanager

@@ -22,12 +22,9 @@ from fmesh.context import _torch
 from fmesh.context.agreement import Agreement
 from fmesh.context.collectives import compiling, run
 from fmesh.context.groups import Target
+from fmesh.layout.int_tuple import is_int
 
 Perm = tuple[tuple[int, int], ...]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_axis(what: str, axis: object) -> str:
@@ -73,7 +70,7 @@ def _explain_perm(perm: object, size: int, axis: str) -> Perm:
     by_destination: dict[int, tuple[int, int]] = {}
     for pair in perm:
         if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2 or not all(
-                _is_int(c) for c in pair):
+                is_int(c) for c in pair):
             raise TypeError(f"ppermute perm: expected (source, destination) pairs of ints, but got {pair!r}")
         source, destination = pair
         for role, coordinate in (("source", source), ("destination", destination)):

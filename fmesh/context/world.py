@@ -25,12 +25,13 @@ import torch.distributed as dist
 
 from fmesh.context import _torch
 from fmesh.context.options import DEFAULT_TIMEOUT, normalize_backend
+from fmesh.layout.int_tuple import is_int
 
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _check_count(label: str, value: object) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+    if value is not None and (not is_int(value) or value < 0):
         raise ValueError(f"{label} must be a non-negative int, got {value!r}")
 
 

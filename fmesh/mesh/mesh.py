@@ -130,12 +130,18 @@ class Mesh:
     def _drop_frame_if_redundant(self) -> None:
         # If every layout survives composition back to slots, the frame adds nothing:
         # dropping it keeps one canonical value per set of groups (equal meshes compare equal).
+        # The instances count too: the complement of the axes in the frame's index space must also compose
+        # to a layout, or dropping the frame would tile the universe with other instances (other groups).
+        world = self.universe.world_size
         try:
+            rest = complement_modes(frames.axes_modes((*self.layouts, self.pinned)), world)
+            instances = Layout(tuple(n for n, _ in rest), tuple(d for _, d in rest))
             layouts, pinned, offset = frames.leave(
-                self.frame, (list(self.layouts), self.pinned, self.offset), self.universe.world_size
+                self.frame, ([*self.layouts, instances], self.pinned, self.offset), world
             )
         except ValueError:
             return
+        layouts = layouts[:-1]
         object.__setattr__(self, "layouts", _canonical_layouts(layouts))
         object.__setattr__(self, "pinned", _canonical_pinned(pinned))
         object.__setattr__(self, "offset", offset)

@@ -16,6 +16,7 @@ from fmesh.layout.int_tuple import IntTuple, is_int, product
 from fmesh.layout.layout import Layout
 from fmesh.layout.layout import concat as concat_layouts
 from fmesh.mesh import frame as frames
+from fmesh.mesh.universe import Universe
 
 if TYPE_CHECKING:
     from fmesh.mesh.mesh import Mesh
@@ -123,12 +124,12 @@ def concat(*meshes: Mesh) -> Mesh:
     >>> fmesh.concat(mesh["tp"], mesh["dp"])
     Mesh(tp=4, dp=2; world=16)
     """
-    from fmesh.mesh.mesh import Mesh
-
     if not meshes:
         raise ValueError("concat needs at least one mesh")
     for index, mesh in enumerate(meshes):
-        if not isinstance(mesh, Mesh):
+        # Told by its universe, not isinstance(mesh, Mesh): mesh.py imports this module, so importing it back,
+        # even inside this function, would be an import cycle.
+        if not isinstance(getattr(mesh, "universe", None), Universe) or not hasattr(mesh, "layouts"):
             raise TypeError(f"concat takes Mesh values, got {mesh!r} at position {index}")
     first = next((m for m in meshes if m.frame), meshes[0])  # a re-indexed mesh sets the index space
     parts = []

@@ -1,0 +1,156 @@
+"""Helpers shared by the tests (and by ``bench/group_creation.py`` and ``bench/gpu_check.py``): one launch wrapper
+for the multi-process tests, timeouts that stretch with the machine's load, a store that counts what each caller
+moves, and the answers collectives must give along a group (an oracle computed from the group's ranks alone)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import fmesh
+from fmesh import Context
+
+
+def patience(seconds: float, processes: int = 1) -> float:
+    """``seconds`` on a quiet machine, stretched by how much busier this one is now.
+
+    A guard against hangs, not a speed target: with ``processes`` new processes on top of the 1-minute load
+    average, each gets ``cpus / (load + processes)`` of a core instead of ``cpus / processes``.
+
+    >>> patience(10, processes=1) >= 10
+    True
+    """
+    cpus = os.cpu_count() or 1
+    busy = os.getloadavg()[0] + processes
+    return seconds * max(1.0, busy / max(processes, cpus))
+
+
+def launch(fn: Callable[[Context], Any], world: int, timeout: float = 60, context_timeout: float | None = None,
+           **options: Any) -> list[Any]:
+    """Every rank's result (or, for a failing rank, its exception) of ``fn`` on ``world`` forked gloo processes.
+
+    ``timeout`` bounds the whole launch and stretches with the load (:func:`patience`); so does the Context's
+    collective timeout unless the test sets it (a test that times something sets what it times).
+    """
+    bound = patience(timeout, world)
+    context = {"timeout": patience(60, world) if context_timeout is None else context_timeout, **options}
+    return fmesh.launch(fn, world, timeout=bound, context_options=context, return_exceptions=True)
+
+
+def succeeded(results: list[Any]) -> list[Any]:
+    """``results``, once no rank failed (a failure is raised with its rank's traceback)."""
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+class CountingStore(dist.Store):
+    """A store that forwards to ``inner`` (an in-process one by default) and counts, per calling thread, the
+    distinct keys it touches, the bytes it moves and its operations."""
+
+    def __init__(self, inner: dist.Store | None = None) -> None:
+        super().__init__()
+        self.inner = dist.HashStore() if inner is None else inner
+        self.keys: dict[int, set[str]] = defaultdict(set)
+        self.bytes: dict[int, int] = defaultdict(int)
+        self.ops = 0
+
+    @property
+    def all_keys(self) -> set[str]:
+        """Every key touched, by any thread."""
+        return set().union(*self.keys.values())
+
+    @property
+    def all_bytes(self) -> int:
+        """Every byte moved, by any thread."""
+        return sum(self.bytes.values())
+
+    def _touch(self, keys: Sequence[str], moved: int = 0) -> None:
+        me = threading.get_ident()
+        self.ops += 1
+        self.keys[me].update(keys)
+        self.bytes[me] += moved + sum(len(k) for k in keys)
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._touch([key], len(value))
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        value = self.inner.get(key)
+        self._touch([key], len(value))
+        return bytes(value)
+
+    def add(self, key: str, amount: int) -> int:
+        self._touch([key], 8)
+        return int(self.inner.add(key, amount))
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        value = self.inner.compare_set(key, expected, desired)
+        self._touch([key], len(expected) + len(desired) + len(value))
+        return bytes(value)
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._touch(keys)
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+    def check(self, keys: list[str]) -> bool:
+        self._touch(keys)
+        return bool(self.inner.check(keys))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        values = [bytes(v) for v in self.inner.multi_get(keys)]
+        self._touch(keys, sum(map(len, values)))
+        return values
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        self._touch(keys, sum(map(len, values)))
+        self.inner.multi_set(keys, values)
+
+    def delete_key(self, key: str) -> bool:
+        self._touch([key])
+        return bool(self.inner.delete_key(key))
+
+    def num_keys(self) -> int:
+        return int(self.inner.num_keys())
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.inner.set_timeout(timeout)
+
+
+def collective_inputs(rank: int, n: int, device: Any = "cpu") -> dict[str, torch.Tensor]:
+    """What rank ``rank`` sends into each collective checked by :func:`collective_answers` (``n``: group size)."""
+    return {
+        "all_reduce": torch.tensor([float(rank), 1.0], device=device),
+        "all_gather": torch.tensor([rank], device=device),
+        "reduce_scatter": torch.arange(n * 2, dtype=torch.float, device=device).reshape(n, 2) + 100 * rank,
+        "broadcast": torch.tensor([rank], device=device),
+        "all_to_all": torch.tensor([1000 * rank + i for i in range(n)], device=device),
+    }
+
+
+def collective_answers(rank: int, group: Sequence[int]) -> dict[str, list[Any]]:
+    """What ``rank`` must receive from each collective along ``group`` (its ranks in group order) given the
+    :func:`collective_inputs`, computed from the group alone; ``broadcast`` is from the last member.
+
+    >>> collective_answers(1, (3, 1))["all_to_all"]
+    [3001, 1001]
+    """
+    n, me = len(group), list(group).index(rank)
+    return {
+        "all_reduce": [float(sum(group)), float(n)],
+        "all_gather": list(group),
+        "reduce_scatter": [[float(sum(2 * me + k + 100 * r for r in group)) for k in range(2)]],
+        "broadcast": [group[-1]],
+        "all_to_all": [1000 * r + me for r in group],
+    }
