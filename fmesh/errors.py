@@ -56,7 +56,7 @@ class GroupTimeoutError(TimeoutError):
     >>> Agreement(dist.HashStore(), "doc", 0, timedelta(seconds=0.2)).agree("g", [0, 1], "Mesh(dp=2)", "the dp group")
     Traceback (most recent call last):
     ...
-    fmesh.errors.GroupTimeoutError: on rank 0: the members of the dp group waited 0s, but ranks [1] never came: ...
+    fmesh.GroupTimeoutError: on rank 0: the members of the dp group waited 0s, but ranks [1] never came: ...
     """
 
 
@@ -75,7 +75,7 @@ class RankLostError(RuntimeError):
     >>> Agreement(store, "doc", 0, timedelta(seconds=5)).agree("g", [0, 1], "Mesh(dp=2)", "the dp group")
     Traceback (most recent call last):
     ...
-    fmesh.errors.RankLostError: on rank 0: rank 1, a member of this group, failed instead of creating it: ...
+    fmesh.RankLostError: on rank 0: rank 1 failed: ValueError: bad batch, instead of creating this group ...
     """
 
 
@@ -88,7 +88,7 @@ class ContextClosedError(RuntimeError):
     >>> ctx.barrier(fmesh.make_mesh((2,), ("dp",)), "dp")
     Traceback (most recent call last):
     ...
-    fmesh.errors.ContextClosedError: this fmesh Context is closed; create a new one (its groups were destroyed)
+    fmesh.ContextClosedError: this fmesh Context is closed; create a new one (its groups were destroyed)
     """
 
 
@@ -142,7 +142,7 @@ class UnpicklableObjectError(TypeError):
     ...     ctx.all_gather_object(lambda: 0, fmesh.make_mesh((2,), ("dp",)), "dp")
     Traceback (most recent call last):
     ...
-    fmesh.errors.UnpicklableObjectError: all_gather_object along the group [0, 1] ...: expected a picklable ...
+    fmesh.UnpicklableObjectError: all_gather_object along the group [0, 1] ...: expected a picklable ...
     """
 
 
@@ -157,7 +157,7 @@ class UnsupportedTorchError(ImportError):
     >>> _torch.check_supported("2.9.0")
     Traceback (most recent call last):
     ...
-    fmesh.errors.UnsupportedTorchError: fmesh's Context supports torch 2.10 to 2.15, but torch 2.9.0 is installed; ...
+    fmesh.UnsupportedTorchError: fmesh's Context supports torch 2.10 to 2.15, but torch 2.9.0 is installed; ...
     """
 
 
@@ -180,7 +180,7 @@ class ManifestError(ValueError):
     >>> check_manifest({"schema": "fmesh.manifest/1"}, "job.json")
     Traceback (most recent call last):
     ...
-    fmesh.errors.ManifestError: job.json: manifest has no field 'universe'
+    fmesh.ManifestError: job.json: manifest has no field 'universe'
     """
 
 

@@ -238,7 +238,7 @@ def _rank_line(rank: int | None, html: bool) -> str | None:
 
 
 @dataclass(frozen=True)
-class _Frame:
+class _View:
     """Which coordinates are drawn: blocks (leading axes), rows, columns."""
 
     block_sizes: tuple[int, ...]
@@ -248,7 +248,7 @@ class _Frame:
     summarised: bool
 
     @staticmethod
-    def build(sizes: tuple[int, ...], limits: dict[str, int], keep: dict[str, int], summarise: bool) -> _Frame:
+    def build(sizes: tuple[int, ...], limits: dict[str, int], keep: dict[str, int], summarise: bool) -> _View:
         ndim = len(sizes)
         block_sizes = sizes[:-2] if ndim >= 3 else ()
         row_size = sizes[-2] if ndim >= 2 else 1
@@ -257,7 +257,7 @@ class _Frame:
         blocks = _pick(product(block_sizes), limits["block"] if summarise else big, keep["block"])
         rows = _pick(row_size, limits["row"] if summarise else big, keep["row"])
         cols = _pick(col_size, limits["col"] if summarise else big, keep["col"])
-        return _Frame(block_sizes, blocks, rows, cols, summarise)
+        return _View(block_sizes, blocks, rows, cols, summarise)
 
     def coordinate(self, block: int, row: int, col: int, ndim: int) -> tuple[int, ...]:
         inner = (row, col) if ndim >= 2 else (col,) if ndim == 1 else ()
@@ -365,7 +365,7 @@ def render(
     ndim = mesh.ndim
     summarise = mesh.size > TEXT_MAX_CELLS or (ndim >= 1 and sizes[-1] > TEXT_MAX_COLUMNS)
     limits = {"block": 2 * _TEXT_KEEP["block"], "row": 2 * _TEXT_KEEP["row"], "col": 2 * _TEXT_KEEP["col"]}
-    frame = _Frame.build(sizes, limits, _TEXT_KEEP, summarise)
+    view = _View.build(sizes, limits, _TEXT_KEEP, summarise)
 
     header = [repr(mesh)]
     notes = (_instance_line(mesh, inst, rank), _layout_line(mesh), _highlight_line(inst), _rank_line(rank, False),
@@ -373,31 +373,31 @@ def render(
     for note in notes:
         if note is not None:
             header.append(note)
-    if frame.summarised:
+    if view.summarised:
         header.append(
             f"summary: {mesh.size} ranks per instance (more than {TEXT_MAX_CELLS} cells or {TEXT_MAX_COLUMNS} "
-            f"columns); showing {', '.join(frame.elided(sizes))}; {ELLIPSIS} marks the rest"
+            f"columns); showing {', '.join(view.elided(sizes))}; {ELLIPSIS} marks the rest"
         )
 
-    col_labels = [ELLIPSIS if c is None else f"{mesh.axis_names[-1]}={c}" for c in frame.cols] if ndim else [""]
+    col_labels = [ELLIPSIS if c is None else f"{mesh.axis_names[-1]}={c}" for c in view.cols] if ndim else [""]
     # Cells of each drawn block: rows of strings; remember the groups drawn for the legend.
     shown_groups: list[int] = []
     blocks: list[tuple[str, list[tuple[str, list[str]]]]] = []
     cell_hosts: dict[tuple[int, int, int], int] = {}  # (block, row, col) -> host, when hosts are drawn
-    for block in frame.blocks:
+    for block in view.blocks:
         if block is None:
             blocks.append((ELLIPSIS, []))
             continue
-        label = ", ".join(f"{n}={d}" for n, d in zip(mesh.axis_names, _unravel(block, frame.block_sizes), strict=False))
+        label = ", ".join(f"{n}={d}" for n, d in zip(mesh.axis_names, _unravel(block, view.block_sizes), strict=False))
         rows: list[tuple[str, list[str]]] = []
-        for row in frame.rows:
+        for row in view.rows:
             row_label = "" if ndim < 2 else ELLIPSIS if row is None else f"{mesh.axis_names[-2]}={row}"
             cells: list[str] = []
-            for col in frame.cols:
+            for col in view.cols:
                 if row is None or col is None:
                     cells.append(ELLIPSIS)
                     continue
-                coordinate = frame.coordinate(block, row, col, ndim)
+                coordinate = view.coordinate(block, row, col, ndim)
                 cell_rank = inst.rank(coordinate)
                 text = str(cell_rank) + (RANK_MARK if cell_rank == rank else "")
                 if hosts is not None:
@@ -418,29 +418,29 @@ def render(
         prefix = label.ljust(label_width) + "  " if label_width else ""
         line = cells[0].ljust(width) if cells else ""
         for index in range(1, len(cells)):
-            crossing = _host_changes(cell_hosts, block, row, frame.cols[index - 1], row, frame.cols[index])
+            crossing = _host_changes(cell_hosts, block, row, view.cols[index - 1], row, view.cols[index])
             line += (" |" if crossing else "  ") + cells[index].ljust(width)
         return (prefix + line).rstrip()
 
     def rule(block: int | None, above: int | None, row: int | None) -> str | None:
         """A line of ``-`` between two rows where some column changes host, else ``None``."""
-        if not any(_host_changes(cell_hosts, block, above, col, row, col) for col in frame.cols):
+        if not any(_host_changes(cell_hosts, block, above, col, row, col) for col in view.cols):
             return None
-        return "-" * ((label_width + 2 if label_width else 0) + len(frame.cols) * (width + 2) - 2)
+        return "-" * ((label_width + 2 if label_width else 0) + len(view.cols) * (width + 2) - 2)
 
     body: list[str] = []
-    for (label, rows), block in zip(blocks, frame.blocks, strict=True):
+    for (label, rows), block in zip(blocks, view.blocks, strict=True):
         body.append("")
         if ndim >= 3:
             if not rows:
-                hidden = product(frame.block_sizes) - sum(1 for b in frame.blocks if b is not None)
+                hidden = product(view.block_sizes) - sum(1 for b in view.blocks if b is not None)
                 body.append(f"{ELLIPSIS} ({hidden} blocks not drawn)")
                 continue
-            body.append(f"{label}{_block_hosts(inst, frame, block, hosts) if block is not None else ''}:")
+            body.append(f"{label}{_block_hosts(inst, view, block, hosts) if block is not None else ''}:")
         if ndim:
             body.append((lead + "  ".join(c.ljust(width) for c in col_labels)).rstrip())
-        for index, ((row_label, cells), row) in enumerate(zip(rows, frame.rows, strict=True)):
-            line = rule(block, frame.rows[index - 1], row) if index else None
+        for index, ((row_label, cells), row) in enumerate(zip(rows, view.rows, strict=True)):
+            line = rule(block, view.rows[index - 1], row) if index else None
             if line is not None:
                 body.append(line)
             body.append(text_row(row_label, cells, block, row))
@@ -456,7 +456,7 @@ def render(
                 legend.append(f"  {ELLIPSIS} {left_out} more drawn groups not listed")
             ranks = _ranks_text(inst.group_ranks(group, LEGEND_MAX_RANKS))
             legend.append(f"  {_tag(group).ljust(tag_width)}  {inst.group_label(group)}: {ranks}")
-        if frame.summarised and inst.num_groups > len(set(shown_groups)):
+        if view.summarised and inst.num_groups > len(set(shown_groups)):
             legend.append(f"  ({inst.num_groups} groups in all; only those drawn are listed)")
     return "\n".join(header + body + legend)
 
@@ -474,15 +474,15 @@ def _host_changes(
     return a is not None and b is not None and a != b
 
 
-def _block_hosts(inst: _Instance, frame: _Frame, block: int, hosts: Topology | None) -> str:
+def _block_hosts(inst: _Instance, view: _View, block: int, hosts: Topology | None) -> str:
     """`` (host 0)`` or `` (hosts 0, 1)``: the hosts of a block's drawn cells (blocks are drawn apart, so the host
     changes between blocks are said in their labels); empty when no hosts are drawn."""
     if hosts is None:
         return ""
     ndim = inst.mesh.ndim
     found = sorted({
-        hosts.host_of(inst.rank(frame.coordinate(block, row, col, ndim)))
-        for row in frame.rows if row is not None for col in frame.cols if col is not None
+        hosts.host_of(inst.rank(view.coordinate(block, row, col, ndim)))
+        for row in view.rows if row is not None for col in view.cols if col is not None
     })
     shown = ", ".join(map(str, found)) if len(found) <= 4 else f"{found[0]}, {found[1]}, {ELLIPSIS}, {found[-1]}"
     return f" (host {shown})" if len(found) == 1 else f" (hosts {shown})"
@@ -492,18 +492,18 @@ def _esc(text: object) -> str:
     return _html.escape(str(text), quote=True)
 
 
-def _colours(inst: _Instance, frame: _Frame) -> dict[int, str]:
+def _colours(inst: _Instance, view: _View) -> dict[int, str]:
     """One distinct colour per drawn group, in group order (:func:`group_colour`)."""
     if not inst.highlight:
         return {}
     ndim = inst.mesh.ndim
     drawn = {
-        inst.group_of(frame.coordinate(block, row, col, ndim))
-        for block in frame.blocks
+        inst.group_of(view.coordinate(block, row, col, ndim))
+        for block in view.blocks
         if block is not None
-        for row in frame.rows
+        for row in view.rows
         if row is not None
-        for col in frame.cols
+        for col in view.cols
         if col is not None
     }
     return {group: group_colour(i) for i, group in enumerate(sorted(drawn))}
@@ -552,7 +552,7 @@ def html(
     row_limit = max(4, HTML_MAX_ROWS // shown_blocks)
     limits = {"block": HTML_MAX_BLOCKS, "row": row_limit, "col": HTML_MAX_COLUMNS}
     keep = {"block": HTML_MAX_BLOCKS // 2, "row": row_limit // 2, "col": HTML_MAX_COLUMNS // 2}
-    frame = _Frame.build(sizes, limits, keep, summarise=True)
+    view = _View.build(sizes, limits, keep, summarise=True)
     names = mesh.axis_names
     hl_axes = ", ".join(names[i] for i in inst.highlight)
 
@@ -570,36 +570,36 @@ def html(
 
     corner = f"{names[-2]} \\ {names[-1]}" if ndim >= 2 else names[-1] if ndim == 1 else ""
     out.append(f'<thead><tr><th>{_esc(corner)}</th>')
-    for col in frame.cols:
+    for col in view.cols:
         label = ELLIPSIS if col is None else f"{names[-1]}={col}" if ndim else ""
         out.append(f'<th>{_esc(label)}</th>')
     out.append("</tr></thead><tbody>")
 
-    span = len(frame.cols) + 1
+    span = len(view.cols) + 1
     shown_groups: list[int] = []
     cell_hosts: dict[tuple[int, int, int], int] = {}
-    colours = _colours(inst, frame)
-    for block in frame.blocks:
+    colours = _colours(inst, view)
+    for block in view.blocks:
         if ndim >= 3:
             label = (
                 f"{ELLIPSIS} blocks elided"
                 if block is None
-                else ", ".join(f"{n}={d}" for n, d in zip(names, _unravel(block, frame.block_sizes), strict=False))
+                else ", ".join(f"{n}={d}" for n, d in zip(names, _unravel(block, view.block_sizes), strict=False))
             )
             if block is not None:
-                label += _block_hosts(inst, frame, block, hosts)
+                label += _block_hosts(inst, view, block, hosts)
             out.append(f'<tr><th colspan="{span}" style="text-align:left">{_esc(label)}</th></tr>')
         if block is None:
             continue
-        for index, row in enumerate(frame.rows):
+        for index, row in enumerate(view.rows):
             row_label = "" if ndim < 2 else ELLIPSIS if row is None else f"{names[-2]}={row}"
             out.append(f'<tr><th>{_esc(row_label)}</th>')
-            above = frame.rows[index - 1] if index else None
-            for col_index, col in enumerate(frame.cols):
+            above = view.rows[index - 1] if index else None
+            for col_index, col in enumerate(view.cols):
                 if row is None or col is None:
                     out.append(f'<td style="{_GAP}">{ELLIPSIS}</td>')
                     continue
-                coordinate = frame.coordinate(block, row, col, ndim)
+                coordinate = view.coordinate(block, row, col, ndim)
                 cell_rank = inst.rank(coordinate)
                 title = f"rank {cell_rank}: " + (
                     ", ".join(f"{n}={d}" for n, d in zip(names, coordinate, strict=True)) or "no axes"
@@ -619,7 +619,7 @@ def html(
                     host = hosts.host_of(cell_rank)
                     title += f"; host {host}"
                     cell_hosts[block, row, col] = host
-                    left = frame.cols[col_index - 1] if col_index else None
+                    left = view.cols[col_index - 1] if col_index else None
                     if _host_changes(cell_hosts, block, row, left, row, col):
                         style += f";border-left:{_HOST_LINE}"
                     if _host_changes(cell_hosts, block, above, col, row, col):
@@ -628,7 +628,7 @@ def html(
             out.append("</tr>")
     out.append("</tbody></table>")
 
-    elided = frame.elided(sizes)
+    elided = view.elided(sizes)
     if elided:
         note = f"summary: {mesh.size} ranks per instance; showing {', '.join(elided)}; {ELLIPSIS} marks the rest"
         out.append(f"<div>{_esc(note)}</div>")

@@ -126,3 +126,16 @@ def test_a_mesh_built_inside_a_compiled_function_is_one_clear_error() -> None:
                                             r"function .* ctx.materialize\(mesh\)"):
             torch.compile(step, backend="aot_eager", fullgraph=True)(torch.ones(2))
         assert step(torch.ones(2)).shape == (2,)  # the same function runs in eager
+
+
+def test_materialize_makes_every_axis_traceable_even_axes_that_share_a_group() -> None:
+    # pp and cp are both groups of one: one planned group, two (mesh, axes) lookups in a compiled region.
+    with Context.fake(4) as ctx:
+        mesh = fmesh.make_mesh((1, 4, 1), ("pp", "tp", "cp"))
+        assert len(ctx.materialize(mesh).groups) < len(mesh.axis_names)
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return ctx.all_reduce(ctx.all_reduce(x, mesh, "pp"), mesh, "cp") * 2
+
+        torch._dynamo.reset()
+        assert torch.compile(step, backend="aot_eager", fullgraph=True)(torch.ones(2)).tolist() == [2.0, 2.0]

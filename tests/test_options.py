@@ -72,7 +72,7 @@ def test_axes_are_normalised_once_and_cached_once() -> None:
 
 def test_a_timeout_is_told_by_its_type_or_by_the_time_waited() -> None:
     mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
-    target = Target(mesh, ("tp",), (0, 1), GroupSettings.of(None, 60, backend="gloo").spec(("tp",), (0, 1)), index=0)
+    target = Target(mesh, ("tp",), (0, 1), GroupSettings.of(None, 60, backend="gloo").spec(("tp",), (0, 1)), member=0)
     minute, now = timedelta(seconds=60), time.monotonic()
     with pytest.raises(fmesh.GroupTimeoutError, match=r"all_reduce along the group \[0, 1\] along axes \('tp',\)"):
         collectives.failed("all_reduce", target, target.ranks, minute, now, dist.DistStoreError("wait"), None)

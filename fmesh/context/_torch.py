@@ -7,7 +7,7 @@
   ranks that create groups lazily; a name derived from the group's content
   makes lazy creation by members alone safe.
 * ``export_device_mesh`` / ``dim_layouts`` / ``rank_map_of`` / ``group_grid`` (the last three for
-  :mod:`fmesh.context.device_mesh`): ``DeviceMesh`` fields
+  ``fmesh.context.device_mesh``): ``DeviceMesh`` fields
   ``_layout``, ``_rank_map``, ``_dim_group_names``, ``_root_mesh``,
   ``_flatten_mapping`` and ``_pg_registry``.
 * ``local_tensor_mode`` / ``local_values``: torch's ``LocalTensorMode``, every rank in one process

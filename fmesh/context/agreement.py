@@ -27,7 +27,7 @@ else is :class:`~fmesh.RankLostError`). A member that is simply elsewhere
 (busy, or gone) is waited for until the creation timeout, then :class:`~fmesh.GroupTimeoutError`
 names the missing ranks and what each was last doing.
 
-The same board of statuses lets the survivors of a failed collective name the ranks that are gone
+The same statuses let the survivors of a failed collective name the ranks that are gone
 (:meth:`Agreement.roll_call`).
 """
 
@@ -99,7 +99,7 @@ def describe_status(rank: int, status: dict[str, Any]) -> str:
 
 @attrs.frozen
 class Agreement:
-    """The board of one Context in the store: this rank's status, and the agreement on each group.
+    """One Context's statuses and agreements in the store: this rank's status, and the agreement on each group.
 
     ``prefix`` is the context's namespace (its name and epoch); ``creation_timeout`` bounds how long
     a member waits for the others to come.

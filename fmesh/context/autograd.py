@@ -51,15 +51,15 @@ class AllReduce(torch.autograd.Function):  # type: ignore[misc]
     """all_reduce with ``op`` sum or avg; the backward is the same all_reduce of the gradients."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, op: str,
-                board: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, group, op, board)
-        return collectives.all_reduce(target, group, tensor, op, board)
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None, op: str,
+                agreement: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, process_group, op, agreement)
+        return collectives.all_reduce(target, process_group, tensor, op, agreement)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, group, op, board = ctx.link
-        return collectives.all_reduce(target, group, grad, op, board), None, None, None, None
+        target, process_group, op, agreement = ctx.link
+        return collectives.all_reduce(target, process_group, grad, op, agreement), None, None, None, None
 
 
 class NoGradient(torch.autograd.Function):  # type: ignore[misc]
@@ -82,30 +82,31 @@ class AllGather(torch.autograd.Function):  # type: ignore[misc]
     """all_gather along ``dim``; the backward is a sum reduce_scatter along ``dim``."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, dim: int,
-                board: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, group, dim, board)
-        return collectives.all_gather(target, group, tensor, dim, board)
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None, dim: int,
+                agreement: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, process_group, dim, agreement)
+        return collectives.all_gather(target, process_group, tensor, dim, agreement)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, group, dim, board = ctx.link
-        return collectives.reduce_scatter(target, group, grad, dim, "sum", board), None, None, None, None
+        target, process_group, dim, agreement = ctx.link
+        return collectives.reduce_scatter(target, process_group, grad, dim, "sum", agreement), None, None, None, None
 
 
 class ReduceScatter(torch.autograd.Function):  # type: ignore[misc]
     """reduce_scatter (sum or avg) along ``dim``; the backward is an all_gather along ``dim`` (1/n for avg)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, dim: int, op: str,
-                board: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, group, dim, op, board)
-        return collectives.reduce_scatter(target, group, tensor, dim, op, board)
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None, dim: int,
+                op: str,
+                agreement: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, process_group, dim, op, agreement)
+        return collectives.reduce_scatter(target, process_group, tensor, dim, op, agreement)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, group, dim, op, board = ctx.link
-        gathered = collectives.all_gather(target, group, grad, dim, board)
+        target, process_group, dim, op, agreement = ctx.link
+        gathered = collectives.all_gather(target, process_group, grad, dim, agreement)
         return gathered / target.size if op == "avg" else gathered, None, None, None, None, None
 
 
@@ -113,70 +114,73 @@ class AllToAll(torch.autograd.Function):  # type: ignore[misc]
     """all_to_all; the backward is the inverse all_to_all (``split_dim`` and ``concat_dim`` swapped)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, split_dim: int,
-                concat_dim: int, board: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, group, split_dim, concat_dim, board)
-        return collectives.all_to_all(target, group, tensor, split_dim, concat_dim, board)
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None, split_dim: int,
+                concat_dim: int, agreement: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, process_group, split_dim, concat_dim, agreement)
+        return collectives.all_to_all(target, process_group, tensor, split_dim, concat_dim, agreement)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, group, split_dim, concat_dim, board = ctx.link
-        return collectives.all_to_all(target, group, grad, concat_dim, split_dim, board), None, None, None, None, None
+        target, process_group, split_dim, concat_dim, agreement = ctx.link
+        return collectives.all_to_all(target, process_group, grad, concat_dim, split_dim,
+                                      agreement), None, None, None, None, None
 
 
 class Broadcast(torch.autograd.Function):  # type: ignore[misc]
     """broadcast from member ``src``; the backward sums the gradients into ``src`` (zeros elsewhere)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, src: int,
-                board: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, group, src, board)
-        return collectives.broadcast(target, group, tensor, src, board)
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None, src: int,
+                agreement: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, process_group, src, agreement)
+        return collectives.broadcast(target, process_group, tensor, src, agreement)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, group, src, board = ctx.link
-        summed = collectives.all_reduce(target, group, grad, "sum", board)
-        return (summed if target.index == src else torch.zeros_like(summed)), None, None, None, None
+        target, process_group, src, agreement = ctx.link
+        summed = collectives.all_reduce(target, process_group, grad, "sum", agreement)
+        return (summed if target.member == src else torch.zeros_like(summed)), None, None, None, None
 
 
 class Permute(torch.autograd.Function):  # type: ignore[misc]
     """ppermute / shift; the backward sends each gradient back to where its value came from."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None, send_to: int | None,
-                receive_from: int | None, board: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, group, send_to, receive_from, board)
-        return permute.permute(target, group, tensor, send_to, receive_from, board)
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None,
+                send_to: int | None,
+                receive_from: int | None, agreement: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, process_group, send_to, receive_from, agreement)
+        return permute.permute(target, process_group, tensor, send_to, receive_from, agreement)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, group, send_to, receive_from, board = ctx.link
-        return permute.permute(target, group, grad, receive_from, send_to, board), None, None, None, None, None
+        target, process_group, send_to, receive_from, agreement = ctx.link
+        return permute.permute(target, process_group, grad, receive_from, send_to,
+                               agreement), None, None, None, None, None
 
 
 class SumGradients(torch.autograd.Function):  # type: ignore[misc]
     """Identity forward; the backward is a sum all_reduce of the gradients (Megatron's "f")."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None,
-                board: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, group, board)
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None,
+                agreement: Agreement | None) -> torch.Tensor:
+        ctx.link = (target, process_group, agreement)
         return tensor.view_as(tensor)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, group, board = ctx.link
-        return collectives.all_reduce(target, group, grad, "sum", board), None, None, None
+        target, process_group, agreement = ctx.link
+        return collectives.all_reduce(target, process_group, grad, "sum", agreement), None, None, None
 
 
 class SumPartials(torch.autograd.Function):  # type: ignore[misc]
     """Sum all_reduce forward; identity backward (Megatron's "g")."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, group: dist.ProcessGroup | None,
-                board: Agreement | None) -> torch.Tensor:
-        return collectives.all_reduce(target, group, tensor, "sum", board)
+    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None,
+                agreement: Agreement | None) -> torch.Tensor:
+        return collectives.all_reduce(target, process_group, tensor, "sum", agreement)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:

@@ -95,167 +95,171 @@ def check_divisible(what: str, label: str, tensor: torch.Tensor, dim: int, size:
 
 
 def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: timedelta, started: float,
-           error: Exception, board: Agreement | None, group: dist.ProcessGroup | None = None) -> NoReturn:
-    """Raise what a collective's ``error`` means: see the module docstring. ``board`` is ``None`` on the
+           error: Exception, agreement: Agreement | None, process_group: dist.ProcessGroup | None = None) -> NoReturn:
+    """Raise what a collective's ``error`` means: see the module docstring. ``agreement`` is ``None`` on the
     fake backend (no store): then only the timeout is told apart. ``group``, broken now, is aborted
     first, so that members still blocked in it fail at once and answer the roll call too."""
     where = "the default group" if target is None else target.label()
-    if board is not None and board.connections.halted.is_set():
-        raise ContextClosedError(f"on rank {board.rank}: {what} along {where} ended: this context was aborted "
+    if agreement is not None and agreement.connections.halted.is_set():
+        raise ContextClosedError(f"on rank {agreement.rank}: {what} along {where} ended: this context was aborted "
                                  "(ctx.abort())") from None
-    if group is not None and not _torch.registered(group):  # a use after an earlier failure aborted it
-        raise RankLostError(f"on rank {'?' if board is None else board.rank}: {where} failed earlier and was "
+    if process_group is not None and not _torch.registered(process_group):  # a use after an earlier failure aborted it
+        raise RankLostError(f"on rank {'?' if agreement is None else agreement.rank}: {where} failed earlier and was "
                             "aborted then; this context cannot use it again: abort the context and restart, or "
                             "recover onto a mesh without the lost ranks") from None
-    if group is not None and board is not None:
+    if process_group is not None and agreement is not None:
         # Cut its connections first: torch's abort of a gloo group releases neither a peer blocked in it nor this
         # rank; with them cut, every member still blocked fails now and answers the roll call.
-        board.connections.sever(group.group_name)
-        _torch.abort_group(group)
+        agreement.connections.sever(process_group.group_name)
+        _torch.abort_group(process_group)
     timed_out = isinstance(error, dist.DistStoreError) or (
         time.monotonic() - started >= _TIMED_OUT * timeout.total_seconds())
-    if board is None:
+    if agreement is None:
         if timed_out:
             raise GroupTimeoutError(f"{what} along {where} timed out after {timeout.total_seconds():g}s") from error
         raise error
     try:
         label = f"{what}-{target.spec.digest() if target is not None else 'world'}"
-        missing = board.roll_call(label, ranks, ROLL_CALL_SECONDS, f"{type(error).__name__}: {error}")
-        statuses = board.statuses(missing)
-        answers = {} if missing else board.answers(label, ranks)
+        missing = agreement.roll_call(label, ranks, ROLL_CALL_SECONDS, f"{type(error).__name__}: {error}")
+        statuses = agreement.statuses(missing)
+        answers = {} if missing else agreement.answers(label, ranks)
     except ContextClosedError:
         raise
     except Exception:  # the store is gone too: its host is likely what died; this rank is not what is missing
-        missing, statuses, answers = [m for m in ranks if m != board.rank], {}, {}
+        missing, statuses, answers = [m for m in ranks if m != agreement.rank], {}, {}
     doing = "; ".join(describe_status(m, statuses[m]) if m in statuses else f"rank {m}: the store is unreachable, "
                       "its host is gone (rank 0, unless torchrun's agent hosts it)" for m in missing[:8])
     mismatch = next((m for m in missing if statuses.get(m, {}).get("kind") == "MeshMismatchError"), None)
     explained: Exception
     if mismatch is not None:
         explained = MeshMismatchError(
-            f"on rank {board.rank}: {what} along {where} could not complete because rank {mismatch} disagrees "
+            f"on rank {agreement.rank}: {what} along {where} could not complete because rank {mismatch} disagrees "
             f"about a mesh: {statuses[mismatch].get('error')}")
     elif timed_out:
         explained = GroupTimeoutError(
-            f"on rank {board.rank}: {what} along {where} timed out after {timeout.total_seconds():g}s; ranks "
+            f"on rank {agreement.rank}: {what} along {where} timed out after {timeout.total_seconds():g}s; ranks "
             f"{missing} did not answer a roll call: {doing or 'all answered, so one is stuck elsewhere'}. Expected "
             "every member to run this collective; check the order of collectives on the ranks named here")
     elif missing:
         gone = [m for m in missing if statuses.get(m, {}).get("state") != FAILED]
         explained = RankLostError(
-            f"on rank {board.rank}: {what} along {where} failed: ranks {missing} of the group did not answer a "
+            f"on rank {agreement.rank}: {what} along {where} failed: ranks {missing} of the group did not answer a "
             f"roll call within {ROLL_CALL_SECONDS:g}s: they are gone, or still blocked in this collective ({doing}). "
             f"Expected every member alive; see the logs of ranks {gone or missing}, then restart the job "
             f"(the backend said: {error})")
     else:  # every member is there, none is lost: each one's own error, so the one that went wrong shows
         told = "; ".join(f"rank {m}: {answer[:300]}" for m, answer in list(answers.items())[:8])
         explained = RuntimeError(
-            f"on rank {board.rank}: {what} along {where} failed on its members, and every member answered a roll "
+            f"on rank {agreement.rank}: {what} along {where} failed on its members, and every member answered a roll "
             f"call, so none is lost. What each saw: {told}. The error that is not a closed connection is the cause "
             "(check that every member passes a tensor of the same dtype and shape)")
-    board.failed(explained)
+    agreement.failed(explained)
     raise explained from error
 
 
-def run(what: str, target: Target, group: dist.ProcessGroup, call: Callable[[], object],
-        board: Agreement | None) -> None:
+def run(what: str, target: Target, process_group: dist.ProcessGroup, call: Callable[[], object],
+        agreement: Agreement | None) -> None:
     """``call()`` on ``group``, with its errors explained by :func:`failed`."""
     started = time.monotonic()
     try:
         call()
     except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
-        failed(what, target, target.ranks, target.spec.timeout, started, error, board, group)
+        failed(what, target, target.ranks, target.spec.timeout, started, error, agreement, process_group)
 
 
-def all_reduce(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, op: str,
-               board: Agreement | None) -> torch.Tensor:
+def all_reduce(target: Target, process_group: dist.ProcessGroup | None, tensor: torch.Tensor, op: str,
+               agreement: Agreement | None) -> torch.Tensor:
     """Reduce over the group; ``op`` is checked by the caller (:func:`reduce_op`)."""
-    if group is None:
+    if process_group is None:
         return tensor.clone()
     if compiling():
-        return _traced_reduce(tensor, op, lambda t, o: _torch.traced_all_reduce(t, o, group), target.size)
+        return _traced_reduce(tensor, op, lambda t, o: _torch.traced_all_reduce(t, o, process_group), target.size)
     result = tensor.clone()
     # The hot path: no closure, and a string compare rather than ReduceOp's (slower) __eq__.
     started = time.monotonic()
     try:
         if op == "avg" and target.spec.backend == "gloo":  # gloo has no AVG
-            dist.all_reduce(result, group=group)
+            dist.all_reduce(result, group=process_group)
             result.div_(target.size)
         else:
-            dist.all_reduce(result, op=REDUCE_OPS[op], group=group)
+            dist.all_reduce(result, op=REDUCE_OPS[op], group=process_group)
     except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
-        failed("all_reduce", target, target.ranks, target.spec.timeout, started, error, board, group)
+        failed("all_reduce", target, target.ranks, target.spec.timeout, started, error, agreement, process_group)
     return result
 
 
-def all_gather(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, dim: int,
-               board: Agreement | None) -> torch.Tensor:
+def all_gather(target: Target, process_group: dist.ProcessGroup | None, tensor: torch.Tensor, dim: int,
+               agreement: Agreement | None) -> torch.Tensor:
     """Every member's ``tensor``, concatenated along ``dim`` in group order."""
-    if group is None:
+    if process_group is None:
         return tensor.clone()
     moved = tensor.movedim(dim, 0).contiguous()
     if compiling():
-        return _torch.traced_all_gather(moved, 0, group).movedim(0, dim)
+        return _torch.traced_all_gather(moved, 0, process_group).movedim(0, dim)
     output = torch.empty((target.size * moved.shape[0], *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    run("all_gather", target, group, lambda: _torch.all_gather_single(output, moved, group=group), board)
+    run("all_gather", target, process_group, lambda: _torch.all_gather_single(output, moved, group=process_group),
+        agreement)
     return output.movedim(0, dim)
 
 
-def reduce_scatter(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, dim: int,
-                   op: str, board: Agreement | None) -> torch.Tensor:
+def reduce_scatter(target: Target, process_group: dist.ProcessGroup | None, tensor: torch.Tensor, dim: int,
+                   op: str, agreement: Agreement | None) -> torch.Tensor:
     """Reduce over the group and keep this member's chunk of ``dim``; divisibility checked by the caller."""
-    if group is None:
+    if process_group is None:
         return tensor.clone()
     moved = tensor.movedim(dim, 0).contiguous()
     if compiling():
-        return _traced_reduce(moved, op, lambda t, o: _torch.traced_reduce_scatter(t, o, 0, group),
+        return _traced_reduce(moved, op, lambda t, o: _torch.traced_reduce_scatter(t, o, 0, process_group),
                               target.size).movedim(0, dim)
     output = torch.empty((moved.shape[0] // target.size, *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     gloo_avg = op == "avg" and target.spec.backend == "gloo"
     op_now = REDUCE_OPS["sum" if gloo_avg else op]
-    run("reduce_scatter", target, group, lambda: _torch.reduce_scatter_single(output, moved, op=op_now, group=group),
-        board)
+    run("reduce_scatter", target, process_group,
+        lambda: _torch.reduce_scatter_single(output, moved, op=op_now, group=process_group),
+        agreement)
     if gloo_avg:
         output.div_(target.size)
     return output.movedim(0, dim)
 
 
-def broadcast(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, src: int,
-              board: Agreement | None) -> torch.Tensor:
+def broadcast(target: Target, process_group: dist.ProcessGroup | None, tensor: torch.Tensor, src: int,
+              agreement: Agreement | None) -> torch.Tensor:
     """Member ``src``'s ``tensor`` on every member; ``src`` checked by the caller."""
-    if group is not None and compiling():
-        return _torch.traced_broadcast(tensor.contiguous(), src, group)
+    if process_group is not None and compiling():
+        return _torch.traced_broadcast(tensor.contiguous(), src, process_group)
     result = tensor.clone()
-    if group is not None:
-        run("broadcast", target, group, lambda: dist.broadcast(result, src=target.ranks[src], group=group), board)
+    if process_group is not None:
+        run("broadcast", target, process_group,
+            lambda: dist.broadcast(result, src=target.ranks[src], group=process_group), agreement)
     return result
 
 
-def all_to_all(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, split_dim: int,
-               concat_dim: int, board: Agreement | None) -> torch.Tensor:
+def all_to_all(target: Target, process_group: dist.ProcessGroup | None, tensor: torch.Tensor, split_dim: int,
+               concat_dim: int, agreement: Agreement | None) -> torch.Tensor:
     """Chunk ``i`` of ``split_dim`` to member ``i``; what arrives concatenated along ``concat_dim``."""
-    if group is None:
+    if process_group is None:
         return tensor.clone()
     moved = tensor.movedim(split_dim, 0).contiguous()
     if compiling():
-        output = _torch.traced_all_to_all(moved, None, None, group)
+        output = _torch.traced_all_to_all(moved, None, None, process_group)
     else:
         output = torch.empty_like(moved)
-        run("all_to_all", target, group, lambda: dist.all_to_all_single(output, moved, group=group), board)
+        run("all_to_all", target, process_group, lambda: dist.all_to_all_single(output, moved, group=process_group),
+            agreement)
     chunks = output.movedim(0, split_dim).chunk(target.size, dim=split_dim)
     return torch.cat(chunks, dim=concat_dim)
 
 
-def barrier(target: Target, group: dist.ProcessGroup | None, board: Agreement | None) -> None:
+def barrier(target: Target, process_group: dist.ProcessGroup | None, agreement: Agreement | None) -> None:
     """Wait for every member of the group."""
-    if group is not None:
-        run("barrier", target, group, lambda: dist.barrier(group=group), board)
+    if process_group is not None:
+        run("barrier", target, process_group, lambda: dist.barrier(group=process_group), agreement)
 
 
-def world_barrier(world_size: int, timeout: timedelta, board: Agreement | None) -> None:
+def world_barrier(world_size: int, timeout: timedelta, agreement: Agreement | None) -> None:
     """Wait for every rank of the default group."""
     started = time.monotonic()
     try:
         dist.barrier()
     except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
-        failed("barrier", None, tuple(range(world_size)), timeout, started, error, board)
+        failed("barrier", None, tuple(range(world_size)), timeout, started, error, agreement)

@@ -36,7 +36,7 @@ from fmesh.context import _torch, autograd, collectives, objects, permute
 from fmesh.context.agreement import Agreement
 from fmesh.context.collectives import REDUCE_OPS
 from fmesh.context.export import Exporter
-from fmesh.context.group_plan import GroupPlan, PlanItem, plan_groups
+from fmesh.context.group_plan import GroupPlan, PlanItem, plan_groups, plan_items
 from fmesh.context.groups import GroupRegistry, Target
 from fmesh.context.options import AxisOptions, GroupSettings
 from fmesh.context.tensors import agree_on_tensor, check_tensor
@@ -93,13 +93,13 @@ class Context:
         self._check_tensors = check_tensors
         self._tensor_checks: dict[str, int] = {}
         self._settings = attrs.evolve(settings, backend=world.backend)
-        self._board: Agreement | None = None
+        self._agreement: Agreement | None = None
         if not world.fake:  # the fake backend's store cannot be used
-            self._board = Agreement(_torch.store_client(world.store()), f"fmesh/{world.name}/{world.epoch}",
+            self._agreement = Agreement(_torch.store_client(world.store()), f"fmesh/{world.name}/{world.epoch}",
                                     world.rank, self._settings.creation_timeout)
-            self._board.post("running")
+            self._agreement.post("running")
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
-        self._groups = GroupRegistry(world, self._settings, agreement=self._board, ascending_only=simulated)
+        self._groups = GroupRegistry(world, self._settings, agreement=self._agreement, ascending_only=simulated)
         self._exports = Exporter(world.device.type)
 
     # -------------------------------------------------------------- builders
@@ -217,7 +217,7 @@ class Context:
         ...     ctx.index(mesh, "dp"), ctx.index(mesh, "tp"), ctx.index(mesh), ctx.stats()["groups_created"]
         (1, 2, 6, 0)
         """
-        return self._groups.target(mesh, axes).index
+        return self._groups.target(mesh, axes).member
 
     # ----------------------------------------------------------- collectives
 
@@ -237,11 +237,11 @@ class Context:
             self._agree_on_tensor("all_reduce", target, tensor)
         if autograd.records(tensor):
             if op not in ("sum", "avg"):
-                result = collectives.all_reduce(target, group, tensor.detach(), op, self._board)
+                result = collectives.all_reduce(target, group, tensor.detach(), op, self._agreement)
                 return autograd.NoGradient.apply(
                     tensor, result, f"all_reduce op={op!r} along {target.label()}")
-            return autograd.AllReduce.apply(tensor, target, group, op, self._board)
-        return collectives.all_reduce(target, group, tensor, op, self._board)
+            return autograd.AllReduce.apply(tensor, target, group, op, self._agreement)
+        return collectives.all_reduce(target, group, tensor, op, self._agreement)
 
     def all_gather(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0) -> torch.Tensor:
         """Concatenate every member's ``tensor`` along ``dim``, in group (coordinate) order.
@@ -256,8 +256,8 @@ class Context:
         if self._check_tensors:
             self._agree_on_tensor("all_gather", target, tensor)
         if autograd.records(tensor):
-            return autograd.AllGather.apply(tensor, target, group, dim, self._board)
-        return collectives.all_gather(target, group, tensor, dim, self._board)
+            return autograd.AllGather.apply(tensor, target, group, dim, self._agreement)
+        return collectives.all_gather(target, group, tensor, dim, self._agreement)
 
     def reduce_scatter(
         self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0, op: str = "sum"
@@ -278,11 +278,11 @@ class Context:
         group = self._groups.group(target)
         if autograd.records(tensor):
             if op not in ("sum", "avg"):
-                result = collectives.reduce_scatter(target, group, tensor.detach(), dim, op, self._board)
+                result = collectives.reduce_scatter(target, group, tensor.detach(), dim, op, self._agreement)
                 return autograd.NoGradient.apply(
                     tensor, result, f"reduce_scatter op={op!r} along {target.label()}")
-            return autograd.ReduceScatter.apply(tensor, target, group, dim, op, self._board)
-        return collectives.reduce_scatter(target, group, tensor, dim, op, self._board)
+            return autograd.ReduceScatter.apply(tensor, target, group, dim, op, self._agreement)
+        return collectives.reduce_scatter(target, group, tensor, dim, op, self._agreement)
 
     def broadcast(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, src: int = 0) -> torch.Tensor:
         """Every member gets the ``tensor`` of member ``src`` (an index within the group).
@@ -299,8 +299,8 @@ class Context:
             self._agree_on_tensor("broadcast", target, tensor)
         group = self._groups.group(target)
         if autograd.records(tensor):
-            return autograd.Broadcast.apply(tensor, target, group, src, self._board)
-        return collectives.broadcast(target, group, tensor, src, self._board)
+            return autograd.Broadcast.apply(tensor, target, group, src, self._agreement)
+        return collectives.broadcast(target, group, tensor, src, self._agreement)
 
     def all_to_all(
         self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, split_dim: int = 0, concat_dim: int = 0
@@ -321,8 +321,8 @@ class Context:
         group = self._groups.group(target)
         if autograd.records(tensor):
             return autograd.AllToAll.apply(
-                tensor, target, group, split_dim, concat_dim, self._board)
-        return collectives.all_to_all(target, group, tensor, split_dim, concat_dim, self._board)
+                tensor, target, group, split_dim, concat_dim, self._agreement)
+        return collectives.all_to_all(target, group, tensor, split_dim, concat_dim, self._agreement)
 
     def sum_gradients(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None) -> torch.Tensor:
         """``tensor`` itself forward; its gradient is summed over the group along ``axes`` backward.
@@ -342,7 +342,7 @@ class Context:
         check_tensor("sum_gradients", tensor, self._world.device)
         target, group = self._groups.resolve(mesh, axes)
         if autograd.records(tensor):
-            return autograd.SumGradients.apply(tensor, target, group, self._board)
+            return autograd.SumGradients.apply(tensor, target, group, self._agreement)
         return tensor
 
     def sum_partials(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None) -> torch.Tensor:
@@ -364,16 +364,16 @@ class Context:
         if self._check_tensors:
             self._agree_on_tensor("sum_partials", target, tensor)
         if autograd.records(tensor):
-            return autograd.SumPartials.apply(tensor, target, group, self._board)
-        return collectives.all_reduce(target, group, tensor, "sum", self._board)
+            return autograd.SumPartials.apply(tensor, target, group, self._agreement)
+        return collectives.all_reduce(target, group, tensor, "sum", self._agreement)
 
     def _agree_on_tensor(self, what: str, target: Target, tensor: torch.Tensor) -> None:
         """The opt-in check: the members agree on ``tensor``'s shape and dtype (eager only, real backends)."""
-        if self._board is None or target.size == 1 or collectives.compiling():
+        if self._agreement is None or target.size == 1 or collectives.compiling():
             return
         key = target.spec.digest()
         count = self._tensor_checks[key] = self._tensor_checks.get(key, 0) + 1
-        agree_on_tensor(self._board, what, target, count, tensor)
+        agree_on_tensor(self._agreement, what, target, count, tensor)
 
     def barrier(self, mesh: Mesh | None = None, axes: AxesArg = None) -> None:
         """Wait until every member of the group along ``axes`` (default: the whole world) arrives.
@@ -384,10 +384,10 @@ class Context:
         """
         if mesh is None:
             self._groups.enter("a barrier")
-            collectives.world_barrier(self.world_size, self._settings.timeout, self._board)
+            collectives.world_barrier(self.world_size, self._settings.timeout, self._agreement)
             return
         target, group = self._groups.resolve(mesh, axes)
-        collectives.barrier(target, group, self._board)
+        collectives.barrier(target, group, self._agreement)
 
     # ------------------------------------------------------ objects, permutes
 
@@ -406,7 +406,7 @@ class Context:
         target, group = self._groups.resolve(mesh, axes)
         if group is None or self._world.fake:
             return [objects.alone("all_gather_object", target, obj) for _ in range(target.size)]
-        return objects.all_gather_object(target, group, obj, self.device, self._board)
+        return objects.all_gather_object(target, group, obj, self.device, self._agreement)
 
     def broadcast_object(self, obj: object, mesh: Mesh, axes: AxesArg = None, src: int = 0) -> Any:
         """Member ``src``'s picklable ``obj`` (``src`` an index within the group) on every member; the
@@ -424,8 +424,8 @@ class Context:
         collectives.check_index("broadcast_object", "src", src, target.size)
         group = self._groups.group(target)
         if group is None or self._world.fake:
-            return obj if target.index == src else objects.alone("broadcast_object", target, obj)
-        return objects.broadcast_object(target, group, obj, src, self.device, self._board)
+            return obj if target.member == src else objects.alone("broadcast_object", target, obj)
+        return objects.broadcast_object(target, group, obj, src, self.device, self._agreement)
 
     def ppermute(self, tensor: torch.Tensor, mesh: Mesh, axis: str, perm: Sequence[tuple[int, int]]) -> torch.Tensor:
         """JAX's collective permute along one ``axis``: for each ``(source, destination)`` pair of
@@ -441,7 +441,7 @@ class Context:
         torch.Size([2])
         """
         target = self._groups.target(mesh, permute.check_axis("ppermute", axis))
-        send_to, receive_from = permute.peers(permute.check_perm(perm, target.size, axis), target.index)
+        send_to, receive_from = permute.peers(permute.check_perm(perm, target.size, axis), target.member)
         return self._permute("ppermute", target, tensor, send_to, receive_from)
 
     def shift(self, tensor: torch.Tensor, mesh: Mesh, axis: str, offset: int = 1, wrap: bool = False) -> torch.Tensor:
@@ -457,7 +457,7 @@ class Context:
         if not is_int(offset):
             raise TypeError(f"shift: expected an int offset (steps along the axis), but got {offset!r}")
         target = self._groups.target(mesh, permute.check_axis("shift", axis))
-        send_to, receive_from = permute.shift_peers(target.index, target.size, offset, bool(wrap))
+        send_to, receive_from = permute.shift_peers(target.member, target.size, offset, bool(wrap))
         return self._permute("shift", target, tensor, send_to, receive_from)
 
     def _permute(self, what: str, target: Target, tensor: torch.Tensor, send_to: int | None,
@@ -472,8 +472,8 @@ class Context:
             self._agree_on_tensor(what, target, tensor)
         if autograd.records(tensor):
             return autograd.Permute.apply(
-                tensor, target, group, send_to, receive_from, self._board)
-        return permute.permute(target, group, tensor, send_to, receive_from, self._board)
+                tensor, target, group, send_to, receive_from, self._agreement)
+        return permute.permute(target, group, tensor, send_to, receive_from, self._agreement)
 
     # --------------------------------------------------------- plan, create
 
@@ -510,9 +510,11 @@ class Context:
                 self._groups.split(planned.mesh, planned.axes, planned.ranks)
             elif planned.ranks is not None:
                 self._groups.group(self._groups.target(planned.mesh, planned.axes))
-        for planned in plan.groups:  # known by identity too, for torch.compile on torch < 2.13
-            if planned.ranks is not None:
-                self._groups.resolve(planned.mesh, planned.axes)
+        # Every pair asked for is resolved, not only one per distinct group: a compiled region looks up
+        # (mesh, axes) as written (two axes of one layout share a group but are two lookups).
+        for mesh, names in plan_items(items, self._groups):
+            if mesh.coordinate(self._world.rank) is not None:
+                self._groups.resolve(mesh, names)
         # Every group this rank is a member of exists now; no need to plan (and walk the topology) again.
         return GroupPlan(tuple(attrs.evolve(g, exists=g.ranks is not None) for g in plan.groups))
 
@@ -582,11 +584,11 @@ class Context:
             return
         if abort:  # first, before any store operation: ends this rank's waits and frees the peers blocked with it
             self._groups.halt()
-        if self._board is not None:  # tell peers waiting for this rank why it will not come
+        if self._agreement is not None:  # tell peers waiting for this rank why it will not come
             if error is not None:
-                self._board.failed(error)
+                self._agreement.failed(error)
             else:
-                self._board.close_quietly(aborted=abort)
+                self._agreement.close_quietly(aborted=abort)
         self._exports.clear()
         if abort:
             self._groups.abort()

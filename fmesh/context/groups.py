@@ -63,13 +63,13 @@ _NOT_BEFORE_COMPILING = (
 @attrs.frozen
 class Target:
     """``axes`` of ``mesh`` as seen from this rank: its group's ordered ``ranks``, ``spec``, and
-    ``index``, this rank's place in ``ranks`` (its group rank)."""
+    ``member``, this rank's place in ``ranks`` (its group rank)."""
 
     mesh: Mesh
     axes: tuple[str, ...]
     ranks: tuple[int, ...]
     spec: GroupSpec
-    index: int = attrs.field(kw_only=True)
+    member: int = attrs.field(kw_only=True)
 
     @property
     def size(self) -> int:
@@ -87,7 +87,7 @@ class Target:
         >>> import fmesh
         >>> from fmesh.context.options import GroupSettings
         >>> spec = GroupSettings.of(None, 60, backend="gloo").spec(("dp",), (0, 2))
-        >>> Target(fmesh.make_mesh((2, 2), ("dp", "tp")), ("dp",), (0, 2), spec, index=0).label()
+        >>> Target(fmesh.make_mesh((2, 2), ("dp", "tp")), ("dp",), (0, 2), spec, member=0).label()
         "the group [0, 2] along axes ('dp',) of Mesh(dp=2, tp=2; world=4)"
         """
         shown = list(self.ranks[:8])
@@ -207,7 +207,7 @@ class GroupRegistry:
         ranks = mesh.group(self._world.rank, names)
         if self._ascending_only:
             self._check_ascending(mesh, names)
-        made = Target(mesh, names, ranks, self.spec(names, ranks), index=ranks.index(self._world.rank))
+        made = Target(mesh, names, ranks, self.spec(names, ranks), member=ranks.index(self._world.rank))
         if made.spec in self._groups:  # another mesh already made this group: shared
             self._hits += 1
         self._targets[(mesh, names)] = made
@@ -301,8 +301,8 @@ class GroupRegistry:
                 )
             started = time.perf_counter()
             if self._agreement is not None and target.size > 1:
-                board, held = self._agreement, len(self._groups)
-                self._failing_as_posted(lambda: board.connections.check_room(target.size, held, target.label()))
+                agreement, held = self._agreement, len(self._groups)
+                self._failing_as_posted(lambda: agreement.connections.check_room(target.size, held, target.label()))
             self._agree(target.spec.digest(), target.ranks, target.describe(), target.label())
             connect_timeout = self._connect_timeout(target.spec)
             group = self._connect(target.ranks, target.label(), lambda: _torch.create_group(
@@ -330,28 +330,28 @@ class GroupRegistry:
 
     def _connect(self, members: tuple[int, ...], what: str, create: Callable[[], Any]) -> Any:
         """``create()`` a group the members agreed on, noting its sockets; a failure is explained (a member
-        that failed meanwhile is named) and posted on the board, so peers waiting for us learn it. A
+        that failed meanwhile is named) and posted in its status, so peers waiting for us learn it. A
         context aborted meanwhile aborts the new group and raises ``ContextClosedError``."""
-        board = self._agreement
-        if board is None:
+        agreement = self._agreement
+        if agreement is None:
             return create()
         before = open_sockets()
         try:
             group = create()
         except Exception as error:
-            explained = board.connect_failed(members, what, error)
-            board.failed(explained)
+            explained = agreement.connect_failed(members, what, error)
+            agreement.failed(explained)
             if explained is error:
                 raise
             raise explained from error
         if group is not None:
-            board.connections.note(group.group_name, open_sockets() - before)
-        if board.connections.halted.is_set():
+            agreement.connections.note(group.group_name, open_sockets() - before)
+        if agreement.connections.halted.is_set():
             if group is not None:
-                board.connections.sever(group.group_name)
+                agreement.connections.sever(group.group_name)
                 with contextlib.suppress(Exception):
                     _torch.abort_group(group)
-            board.check_halted(f"connecting {what}")
+            agreement.check_halted(f"connecting {what}")
         return group
 
     def split(self, mesh: Mesh, axes: tuple[str, ...], mine: tuple[int, ...] | None) -> None:
@@ -381,7 +381,7 @@ class GroupRegistry:
             self._agreement.agree(key, members, description, what)
 
     def _failing_as_posted(self, step: Callable[[], Any]) -> Any:
-        """``step()``; a failure is posted on the board first, so peers waiting for us learn it."""
+        """``step()``; a failure is posted in its status first, so peers waiting for us learn it."""
         try:
             return step()
         except Exception as error:

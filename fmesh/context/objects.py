@@ -62,9 +62,9 @@ def _bytes_tensor(payload: bytes, width: int, device: torch.device) -> torch.Ten
 
 
 def _refuse(what: str, target: Target, members: Sequence[tuple[int, bytes]]) -> UnpicklableObjectError:
-    """The error every member raises when the objects of ``members`` (group index, reason) failed."""
-    said = "; ".join(f"member {index} (rank {target.ranks[index]}): {reason.decode(errors='replace')}"
-                     for index, reason in members[:8])
+    """The error every member raises when the objects of ``members`` (group member, reason) failed."""
+    said = "; ".join(f"member {member} (rank {target.ranks[member]}): {reason.decode(errors='replace')}"
+                     for member, reason in members[:8])
     more = f" and {len(members) - 8} more" if len(members) > 8 else ""
     return UnpicklableObjectError(
         f"{what} along {target.label()}: expected a picklable object from every member, but {said}{more}. "
@@ -75,22 +75,24 @@ def alone(what: str, target: Target, obj: object) -> object:
     """``obj`` as another member would receive it (a pickled copy): a group of one, or a dry run."""
     size, payload = pickled(obj)
     if size < 0:
-        raise _refuse(what, target, [(target.index, payload)])
+        raise _refuse(what, target, [(target.member, payload)])
     return pickle.loads(payload)
 
 
-def all_gather_object(target: Target, group: dist.ProcessGroup, obj: object, device: torch.device,
-                      board: Agreement | None) -> list[object]:
+def all_gather_object(target: Target, process_group: dist.ProcessGroup, obj: object, device: torch.device,
+                      agreement: Agreement | None) -> list[object]:
     """Every member's ``obj``, unpickled, in group order."""
     size, payload = pickled(obj)
     sizes = torch.empty(target.size, dtype=torch.int64, device=device)
     mine = torch.tensor([size], dtype=torch.int64).to(device)
-    run("all_gather_object", target, group, lambda: _torch.all_gather_single(sizes, mine, group=group), board)
+    run("all_gather_object", target, process_group,
+        lambda: _torch.all_gather_single(sizes, mine, group=process_group), agreement)
     every = sizes.tolist()
     width = max(length(s) for s in every)
     gathered = torch.empty(target.size * width, dtype=torch.uint8, device=device)
     sent = _bytes_tensor(payload, width, device)
-    run("all_gather_object", target, group, lambda: _torch.all_gather_single(gathered, sent, group=group), board)
+    run("all_gather_object", target, process_group,
+        lambda: _torch.all_gather_single(gathered, sent, group=process_group), agreement)
     raw = memoryview(gathered.cpu().numpy())
     parts = [raw[i * width : i * width + length(s)] for i, s in enumerate(every)]
     failed = [(i, bytes(part)) for i, (s, part) in enumerate(zip(every, parts, strict=True)) if s < 0]
@@ -99,18 +101,20 @@ def all_gather_object(target: Target, group: dist.ProcessGroup, obj: object, dev
     return [pickle.loads(part) for part in parts]
 
 
-def broadcast_object(target: Target, group: dist.ProcessGroup, obj: object, src: int, device: torch.device,
-                     board: Agreement | None) -> object:
+def broadcast_object(target: Target, process_group: dist.ProcessGroup, obj: object, src: int, device: torch.device,
+                     agreement: Agreement | None) -> object:
     """Member ``src``'s ``obj`` on every member (``obj`` itself on ``src``); ``src`` checked by the caller."""
     source = target.ranks[src]
-    size, payload = pickled(obj) if target.index == src else (0, b"")
+    size, payload = pickled(obj) if target.member == src else (0, b"")
     sizes = torch.tensor([size], dtype=torch.int64).to(device)
-    run("broadcast_object", target, group, lambda: dist.broadcast(sizes, src=source, group=group), board)
+    run("broadcast_object", target, process_group, lambda: dist.broadcast(sizes, src=source, group=process_group),
+        agreement)
     size = int(sizes.item())
     data = _bytes_tensor(payload, length(size), device)
-    run("broadcast_object", target, group, lambda: dist.broadcast(data, src=source, group=group), board)
+    run("broadcast_object", target, process_group, lambda: dist.broadcast(data, src=source, group=process_group),
+        agreement)
     if size < 0:
         raise _refuse("broadcast_object", target, [(src, bytes(data.cpu().numpy()))])
-    if target.index == src:
+    if target.member == src:
         return obj
     return pickle.loads(memoryview(data.cpu().numpy()))

@@ -88,19 +88,19 @@ def _explain_perm(perm: object, size: int, axis: str) -> Perm:
     return tuple(by_source.values())
 
 
-def peers(perm: Perm, index: int) -> tuple[int | None, int | None]:
-    """``(send_to, receive_from)`` of the member at ``index`` under ``perm`` (``None``: nobody).
+def peers(perm: Perm, member: int) -> tuple[int | None, int | None]:
+    """``(send_to, receive_from)`` of ``member`` (a place in the group) under ``perm`` (``None``: nobody).
 
     >>> peers(((0, 1),), 1)
     (None, 0)
     """
-    send_to = next((destination for source, destination in perm if source == index), None)
-    receive_from = next((source for source, destination in perm if destination == index), None)
+    send_to = next((destination for source, destination in perm if source == member), None)
+    receive_from = next((source for source, destination in perm if destination == member), None)
     return send_to, receive_from
 
 
-def shift_peers(index: int, size: int, offset: int, wrap: bool) -> tuple[int | None, int | None]:
-    """``(send_to, receive_from)`` of the member at ``index`` when every member sends ``offset`` steps
+def shift_peers(member: int, size: int, offset: int, wrap: bool) -> tuple[int | None, int | None]:
+    """``(send_to, receive_from)`` of ``member`` (a place in the group) when every member sends ``offset`` steps
     along an axis of ``size`` (around the ends with ``wrap``; off the ends, nobody, without).
 
     >>> shift_peers(0, 4, -1, wrap=False), shift_peers(0, 4, -1, wrap=True)
@@ -112,11 +112,11 @@ def shift_peers(index: int, size: int, offset: int, wrap: bool) -> tuple[int | N
             return coordinate % size
         return coordinate if 0 <= coordinate < size else None
 
-    return along(index + offset), along(index - offset)
+    return along(member + offset), along(member - offset)
 
 
-def permute(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tensor, send_to: int | None,
-            receive_from: int | None, board: Agreement | None) -> torch.Tensor:
+def permute(target: Target, process_group: dist.ProcessGroup | None, tensor: torch.Tensor, send_to: int | None,
+            receive_from: int | None, agreement: Agreement | None) -> torch.Tensor:
     """Send ``tensor`` to member ``send_to`` and return what member ``receive_from`` sent (zeros when
     nobody sends here), in one batch of point-to-point operations on ``group``.
 
@@ -125,22 +125,23 @@ def permute(target: Target, group: dist.ProcessGroup | None, tensor: torch.Tenso
     ``torch._dynamo.config.enable_p2p_compilation`` (torch 2.13 and later, experimental). Every member of the
     group takes part in it, as every member calls ``ppermute``.
     """
-    if group is not None and compiling():
-        return _traced_permute(target, group, tensor, send_to, receive_from)
-    if receive_from == target.index:  # a pair (i, i): this member keeps its own
+    if process_group is not None and compiling():
+        return _traced_permute(target, process_group, tensor, send_to, receive_from)
+    if receive_from == target.member:  # a pair (i, i): this member keeps its own
         return tensor.clone()
     received = torch.zeros_like(tensor, memory_format=torch.contiguous_format)
     operations = []
     if send_to is not None:
-        operations.append(dist.P2POp(dist.isend, tensor.contiguous(), target.ranks[send_to], group))
+        operations.append(dist.P2POp(dist.isend, tensor.contiguous(), target.ranks[send_to], process_group))
     if receive_from is not None:
-        operations.append(dist.P2POp(dist.irecv, received, target.ranks[receive_from], group))
+        operations.append(dist.P2POp(dist.irecv, received, target.ranks[receive_from], process_group))
     if operations:
-        run("ppermute", target, group, lambda: [work.wait() for work in dist.batch_isend_irecv(operations)], board)
+        run("ppermute", target, process_group, lambda: [work.wait() for work in dist.batch_isend_irecv(operations)],
+            agreement)
     return received
 
 
-def _traced_permute(target: Target, group: dist.ProcessGroup, tensor: torch.Tensor, send_to: int | None,
+def _traced_permute(target: Target, process_group: dist.ProcessGroup, tensor: torch.Tensor, send_to: int | None,
                     receive_from: int | None) -> torch.Tensor:
     """:func:`permute` as an ``all_to_all`` of the flattened tensor: ``numel`` elements to ``send_to``, from
     ``receive_from``, none to or from anyone else."""
@@ -151,7 +152,7 @@ def _traced_permute(target: Target, group: dist.ProcessGroup, tensor: torch.Tens
     if receive_from is not None:
         output_splits[receive_from] = numel
     sent = tensor.reshape(-1) if send_to is not None else tensor.reshape(-1)[:0]
-    received = _torch.traced_all_to_all(sent.contiguous(), output_splits, input_splits, group)
+    received = _torch.traced_all_to_all(sent.contiguous(), output_splits, input_splits, process_group)
     if receive_from is None:
         return torch.zeros_like(tensor, memory_format=torch.contiguous_format)
     return received.reshape(tensor.shape)

@@ -59,34 +59,34 @@ def describe(tensor: torch.Tensor) -> str:
     return f"shape {tuple(tensor.shape)} dtype {tensor.dtype}"
 
 
-def agree_on_tensor(board: Agreement, what: str, target: Target, count: int, tensor: torch.Tensor) -> None:
+def agree_on_tensor(agreement: Agreement, what: str, target: Target, count: int, tensor: torch.Tensor) -> None:
     """Meet the other members of ``target`` (this is their ``count``-th checked collective on it) and check
     that each holds a tensor like ``tensor``; :class:`~fmesh.TensorMismatchError` names the odd rank."""
     mine = describe(tensor)
     key = f"tensor/{target.spec.digest()}/{count}"
-    board.store.set(f"{board.prefix}/{key}/{board.rank}", mine)
+    agreement.store.set(f"{agreement.prefix}/{key}/{agreement.rank}", mine)
     label = f"the tensor of {what} along {target.label()}"
     try:
-        board.agree(key, target.ranks, mine, label)
+        agreement.agree(key, target.ranks, mine, label)
     except MeshMismatchError as error:
-        raise TensorMismatchError(_odd_ones(board, key, target, what, mine)) from error
+        raise TensorMismatchError(_odd_ones(agreement, key, target, what, mine)) from error
 
 
-def _odd_ones(board: Agreement, key: str, target: Target, what: str, mine: str) -> str:
+def _odd_ones(agreement: Agreement, key: str, target: Target, what: str, mine: str) -> str:
     """The message naming the members whose tensor differs from most members' (every member's tensor)."""
-    keys = [f"{board.prefix}/{key}/{rank}" for rank in target.ranks]
+    keys = [f"{agreement.prefix}/{key}/{rank}" for rank in target.ranks]
     try:
-        board.store.wait(keys, timedelta(seconds=DESCRIPTIONS_SECONDS))
-        held = dict(zip(target.ranks, (raw.decode() for raw in board.store.multi_get(keys)), strict=True))
+        agreement.store.wait(keys, timedelta(seconds=DESCRIPTIONS_SECONDS))
+        held = dict(zip(target.ranks, (raw.decode() for raw in agreement.store.multi_get(keys)), strict=True))
     except Exception:  # a member never came: say what this rank knows
-        held = {board.rank: mine}
+        held = {agreement.rank: mine}
     usual, _ = Counter(held.values()).most_common(1)[0]
     odd = {rank: text for rank, text in held.items() if text != usual}
     if not odd:
         odd = {rank: text for rank, text in held.items() if text != mine} or held
     others = sorted(rank for rank in held if rank not in odd)
     named = "; ".join(f"rank {rank} holds a tensor of {text}" for rank, text in sorted(odd.items()))
-    return (f"on rank {board.rank}: {what} along {target.label()}: members hold different tensors: {named}, while "
+    return (f"on rank {agreement.rank}: {what} along {target.label()}: members hold different tensors: {named}, while "
             f"ranks {others} hold {usual}. Expected every member of the group to pass a tensor of the same shape "
             "and dtype")
 
