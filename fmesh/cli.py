@@ -177,7 +177,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         message = error.args[0] if error.args else str(error)
         print(f"{prefix}: error: {message}", file=err)
         return 2
-    print(json.dumps(plan, indent=2) if args.json else format_plan(plan), file=out)
+    print(json.dumps(plan.to_json(), indent=2) if args.json else format_plan(plan), file=out)
     if manifest is not None and not args.json:
         print(f"\nmanifest written to {args.manifest}:\n{format_manifest(manifest)}", file=out)
     return 0
