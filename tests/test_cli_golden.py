@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from fmesh.cli import main
+from fmesh.manifest import Manifest
 
 FIXTURE = pathlib.Path(__file__).parent / "data" / "cli_golden.json"
 PLANS = (
@@ -59,6 +60,14 @@ def test_output_is_unchanged(label: str, tmp_path_factory: pytest.TempPathFactor
         directory.mkdir()
         (directory / "outputs.json").write_text(json.dumps(outputs(directory)))
     assert json.loads((directory / "outputs.json").read_text())[label] == expected[label]
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_a_file_written_before_reads_back_as_the_same_record(plan: str) -> None:
+    text = json.loads(FIXTURE.read_text())[f"manifest file of {plan}"]
+    manifest = Manifest.from_json(json.loads(text), plan)
+    assert json.dumps(manifest.to_json(), indent=1) + "\n" == text
+    assert manifest.per_rank_communicators == len(manifest.communicators) > 0
 
 
 def test_fixture_covers_every_case() -> None:
