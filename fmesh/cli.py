@@ -1,8 +1,9 @@
 """``python -m fmesh``: a short demo; ``python -m fmesh plan``: the meshes of a job before launching it
 (``--manifest FILE`` also writes its communicator manifest); ``python -m fmesh diff A B``: two plans compared.
 
-Argument parsing and printing only; the plan is :mod:`fmesh.planning`, the manifest and the diff
-:mod:`fmesh.manifest`, the costs :mod:`fmesh.costs`. Nothing here needs torch or creates a process group.
+Argument parsing and printing only; the plan is :mod:`fmesh.planning`, the manifest :mod:`fmesh.manifest`, the
+diff :mod:`fmesh.manifest_diff`, their text :mod:`fmesh.manifest_format`, the costs :mod:`fmesh.costs`. Nothing
+here needs torch or creates a process group.
 
 >>> import io; out = io.StringIO()
 >>> main(["plan", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8"], stdout=out)
@@ -18,18 +19,13 @@ import re
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn, TextIO
+from typing import NoReturn, TextIO
 
 from fmesh.costs import H100_IB, LOOPBACK, Links
 from fmesh.errors import CommandLineError
-from fmesh.manifest import (
-    build_manifest,
-    diff_manifests,
-    dump_manifest,
-    format_diff,
-    format_manifest,
-    load_manifest,
-)
+from fmesh.manifest import Manifest, dump_manifest, load_manifest, plan_manifest
+from fmesh.manifest_diff import compare
+from fmesh.manifest_format import format_diff, format_manifest
 from fmesh.mesh import make_mesh
 from fmesh.parallel import DEGREE_NAMES
 from fmesh.planning import DEFAULT_COST_BYTES, build_plan, format_plan
@@ -122,16 +118,16 @@ def _plan_parser() -> _Parser:
     return parser
 
 
-def _degrees(args: argparse.Namespace) -> dict[str, Any]:
+def _degrees(args: argparse.Namespace) -> dict[str, int]:
     return {name: getattr(args, name) for name in DEGREE_NAMES}
 
 
-def _manifest_of(args: argparse.Namespace) -> dict[str, Any]:
-    return build_manifest(args.world_size, args.gpus_per_node, rank_order=args.rank_order, backend=args.backend,
-                          **_degrees(args))
+def _manifest_of(args: argparse.Namespace) -> Manifest:
+    return plan_manifest(args.world_size, args.gpus_per_node, rank_order=args.rank_order, backend=args.backend,
+                         memory=None, **_degrees(args))
 
 
-def _side(text: str, label: str) -> dict[str, Any]:
+def _side(text: str, label: str) -> Manifest:
     """One side of ``diff``: quoted plan flags (starting with ``--``) or a manifest file."""
     if text.lstrip().startswith("--"):
         try:
@@ -144,7 +140,7 @@ def _side(text: str, label: str) -> dict[str, Any]:
             return _manifest_of(args)
         except (ValueError, TypeError) as error:
             raise CommandLineError(f"{label} ({text!r}): {error.args[0] if error.args else error}") from None
-    return load_manifest(text)
+    return Manifest.from_json(load_manifest(text), text)
 
 
 def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
@@ -165,19 +161,19 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             print(demo(), file=out)
             return 0
         if args.command == "diff":
-            diff = diff_manifests(_side(args.a, "A"), _side(args.b, "B"))
-            print(json.dumps(diff, indent=2) if args.json else format_diff(diff), file=out)
+            diff = compare(_side(args.a, "A"), _side(args.b, "B"))
+            print(json.dumps(diff.to_json(), indent=2) if args.json else format_diff(diff), file=out)
             return 0
         plan = build_plan(args.world_size, args.gpus_per_node, rank_order=args.rank_order,
                           cost_bytes=args.cost_bytes, links=LINKS[args.links], **_degrees(args))
         manifest = _manifest_of(args) if args.manifest else None
         if manifest is not None:
-            _write(args.manifest, dump_manifest(manifest))
+            _write(args.manifest, dump_manifest(manifest.to_json()))
     except (ValueError, TypeError, KeyError) as error:  # CommandLineError and ManifestError are ValueErrors
         message = error.args[0] if error.args else str(error)
         print(f"{prefix}: error: {message}", file=err)
         return 2
-    print(json.dumps(plan, indent=2) if args.json else format_plan(plan), file=out)
+    print(json.dumps(plan.to_json(), indent=2) if args.json else format_plan(plan), file=out)
     if manifest is not None and not args.json:
         print(f"\nmanifest written to {args.manifest}:\n{format_manifest(manifest)}", file=out)
     return 0

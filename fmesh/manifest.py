@@ -4,8 +4,10 @@
 :func:`fmesh.planning.job_meshes`) once, in the order a :class:`~fmesh.Context` creates them when handed
 those meshes (``ctx.plan``/``ctx.materialize``: mesh by mesh, axis by axis, a layout seen before is shared,
 and a group of one rank needs no communicator). Layouts, not ranks: a million ranks make a few kilobytes.
-:func:`check_manifest` validates a document against the schema below, :func:`load_manifest` reads one from a
-file, and :func:`diff_manifests` compares two. Pure: no torch, no process group.
+:func:`check_manifest` validates a document against the schema below and :func:`load_manifest` reads one from a
+file. Inside fmesh a manifest is a typed :class:`Manifest` (:func:`plan_manifest`, :meth:`Manifest.from_json`);
+the JSON document exists only at the edge (:meth:`Manifest.to_json`, the file). :mod:`fmesh.manifest_diff`
+compares two and :mod:`fmesh.manifest_format` prints either. Pure: no torch, no process group.
 
 Schema ``fmesh.manifest/1`` (a JSON object; sizes in bytes):
 
@@ -53,19 +55,19 @@ import attrs
 from fmesh.communicators import Communicator, Request, plan_communicators
 from fmesh.errors import ManifestError
 from fmesh.layout.int_tuple import is_int, product
-from fmesh.layout.layout import Layout, complement_modes, sorted_by_stride
+from fmesh.layout.layout import complement_modes
 from fmesh.mesh import Mesh
-from fmesh.planning import format_table, job, job_degrees, job_meshes
+from fmesh.planning import job, job_degrees, job_meshes
 from fmesh.topology import ORDERS, Topology
 
-__all__ = ["SCHEMA", "NcclMemory", "build_manifest", "check_manifest", "diff_manifests", "dump_manifest",
-           "format_diff", "format_manifest", "load_manifest"]
+__all__ = ["BACKENDS", "SCHEMA", "Manifest", "ManifestCommunicator", "NcclMemory", "build_manifest",
+           "check_manifest", "dump_manifest", "load_manifest", "plan_manifest"]
 
 SCHEMA = "fmesh.manifest/1"
 """The schema this module writes and reads."""
 
 BACKENDS = ("nccl", "gloo")
-_SHOWN = 6  # ranks of an example group shown in a diff
+"""The backends a manifest may name."""
 
 
 @attrs.frozen
@@ -89,8 +91,8 @@ class NcclMemory:
         """``channels x peers x (Simple + LL128 + LL)`` bytes on each member of a group of ``size`` ranks."""
         return self.channels * self.peers(size) * (self.simple_bytes + self.ll128_bytes + self.ll_bytes)
 
-    def describe(self) -> dict[str, Any]:
-        """The formula and its parameters, as the manifest records them."""
+    def describe(self) -> Mapping[str, object]:
+        """The formula and its parameters, as the manifest records them (``memory_model``)."""
         return {
             "formula": "channels * (1 + min(size - 1, 3)) * (simple_bytes + ll128_bytes + ll_bytes); 0 for gloo",
             "channels": self.channels,
@@ -102,27 +104,140 @@ class NcclMemory:
         }
 
 
+Modes = tuple[tuple[int, int], ...]
+"""A flat layout as ``(size, stride)`` pairs, as a manifest writes it (``shape`` and ``stride``)."""
+
+
+@attrs.frozen
+class ManifestCommunicator:
+    """One distinct communicator layout of a :class:`Manifest` (schema: ``communicators[i]``)."""
+
+    order: int
+    names: tuple[str, ...]
+    modes: Modes
+    size: int
+    num_groups: int
+    hosts_per_group: int
+    hosts_per_group_min: int
+    gpu_memory_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as the manifest writes it."""
+        return {
+            "order": self.order,
+            "names": list(self.names),
+            "layout": {"shape": [s for s, _ in self.modes], "stride": [d for _, d in self.modes]},
+            "size": self.size,
+            "num_groups": self.num_groups,
+            "hosts_per_group": self.hosts_per_group,
+            "hosts_per_group_min": self.hosts_per_group_min,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, entry: Mapping[str, Any]) -> ManifestCommunicator:
+        """The record of an entry :func:`check_manifest` accepted."""
+        layout = entry["layout"]
+        return cls(order=entry["order"], names=tuple(entry["names"]),
+                   modes=tuple(zip(layout["shape"], layout["stride"], strict=True)), size=entry["size"],
+                   num_groups=entry["num_groups"], hosts_per_group=entry["hosts_per_group"],
+                   hosts_per_group_min=entry["hosts_per_group_min"], gpu_memory_bytes=entry["gpu_memory_bytes"])
+
+
+@attrs.frozen
+class Manifest:
+    """Every communicator a job creates (the schema in the module docstring, as typed fields).
+
+    ``degrees`` and ``memory_model`` are kept as written; ``per_rank`` is derived from the communicators.
+
+    >>> m = plan_manifest(16, 8, tp=8)
+    >>> [(c.names[0], c.size) for c in m.communicators], m.per_rank_communicators
+    ([('dp_shard', 2), ('tp', 8)], 2)
+    >>> Manifest.from_json(m.to_json()) == m
+    True
+    """
+
+    world_size: int
+    device_type: str
+    universe_id: str
+    gpus_per_node: int
+    hosts: int
+    rank_order: str
+    degrees: Mapping[str, int]
+    backend: str
+    communicators: tuple[ManifestCommunicator, ...]
+    trivial: tuple[str, ...]
+    memory_model: Mapping[str, object]
+
+    @property
+    def per_rank_communicators(self) -> int:
+        """Communicators each rank joins: one group of each layout."""
+        return len(self.communicators)
+
+    @property
+    def per_rank_gpu_memory_bytes(self) -> int:
+        """GPU memory each rank holds for its communicators' buffers."""
+        return sum(c.gpu_memory_bytes for c in self.communicators)
+
+    def summary(self) -> str:
+        """The job in one line: world, hosts, order, backend and the degrees that are not 1.
+
+        >>> plan_manifest(16, 8, tp=8).summary()
+        'world 16 = 2 hosts x 8 (block order), nccl; dp_shard=2 tp=8'
+        """
+        degrees = self.degrees
+        shown = {n: v for n, v in degrees.items() if n != "efsdp" or degrees.get("ep", 1) > 1}
+        text = " ".join(f"{n}={v}" for n, v in shown.items() if v != 1 or n in ("dp_shard", "tp"))
+        return (f"world {self.world_size} = {self.hosts} hosts x {self.gpus_per_node} ({self.rank_order} order), "
+                f"{self.backend}; {text}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest document (schema ``fmesh.manifest/1``), ready for ``json.dumps``."""
+        return {
+            "schema": SCHEMA,
+            "universe": {"world_size": self.world_size, "device_type": self.device_type, "rank_map": "identity",
+                         "id": self.universe_id},
+            "job": {"gpus_per_node": self.gpus_per_node, "hosts": self.hosts, "rank_order": self.rank_order,
+                    "degrees": dict(self.degrees)},
+            "backend": self.backend,
+            "communicators": [c.to_json() for c in self.communicators],
+            "trivial": list(self.trivial),
+            "per_rank": {"communicators": self.per_rank_communicators,
+                         "gpu_memory_bytes": self.per_rank_gpu_memory_bytes},
+            "memory_model": dict(self.memory_model),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "manifest") -> Manifest:
+        """The record of a manifest document, checked first (:func:`check_manifest`, naming ``source``)."""
+        check_manifest(data, source)
+        universe, details = data["universe"], data["job"]
+        return cls(world_size=universe["world_size"], device_type=universe["device_type"],
+                   universe_id=universe.get("id", ""), gpus_per_node=details["gpus_per_node"],
+                   hosts=details["hosts"], rank_order=details["rank_order"], degrees=dict(details["degrees"]),
+                   backend=data["backend"],
+                   communicators=tuple(ManifestCommunicator.from_json(c) for c in data["communicators"]),
+                   trivial=tuple(data["trivial"]), memory_model=dict(data["memory_model"]))
+
+
 def _names(name: str, mesh: Mesh, axis: str) -> str:
     return name if mesh.ndim == 1 else f"{name}.{axis}"
 
 
-def _entry(order: int, communicator: Communicator, topology: Topology, memory: NcclMemory | None) -> dict[str, Any]:
-    """A communicator as the manifest writes it (``memory`` None: gloo, no GPU memory)."""
-    first, modes = communicator.first, communicator.layout.modes
+def _entry(order: int, communicator: Communicator, topology: Topology, memory: NcclMemory | None
+           ) -> ManifestCommunicator:
+    """A communicator as the manifest lists it (``memory`` None: gloo, no GPU memory)."""
+    first = communicator.first
     span = topology.span(first.mesh, first.axes)
-    return {
-        "order": order,
-        "names": [r.label for r in communicator.requests],
-        "layout": {"shape": [s for s, _ in modes], "stride": [d for _, d in modes]},
-        "size": communicator.size,
-        "num_groups": span.num_groups,
-        "hosts_per_group": span.hosts_max,
-        "hosts_per_group_min": span.hosts_min,
-        "gpu_memory_bytes": 0 if memory is None else memory.communicator_bytes(communicator.size),
-    }
+    return ManifestCommunicator(
+        order=order, names=tuple(r.label for r in communicator.requests), modes=communicator.layout.modes,
+        size=communicator.size, num_groups=span.num_groups, hosts_per_group=span.hosts_max,
+        hosts_per_group_min=span.hosts_min,
+        gpu_memory_bytes=0 if memory is None else memory.communicator_bytes(communicator.size),
+    )
 
 
-def build_manifest(
+def plan_manifest(
     world_size: int,
     gpus_per_node: int,
     *,
@@ -130,12 +245,12 @@ def build_manifest(
     backend: str = "nccl",
     memory: NcclMemory | None = None,
     **degrees: int,
-) -> dict[str, Any]:
-    """The manifest (schema in the module docstring) of a job with these degrees on these hosts.
+) -> Manifest:
+    """The :class:`Manifest` of a job with these degrees on these hosts.
 
-    >>> m = build_manifest(1048576, 8, pp=8, cp=2, tp=8, ep=32)
-    >>> len(m["communicators"]), len(json.dumps(m)) < 2**20
-    (7, True)
+    >>> m = plan_manifest(1048576, 8, pp=8, cp=2, tp=8, ep=32)
+    >>> len(m.communicators), m.hosts
+    (7, 131072)
     """
     if backend not in BACKENDS:
         raise ValueError(f"expected a backend among {BACKENDS}, but got {backend!r}")
@@ -150,22 +265,32 @@ def build_manifest(
                 raise ValueError(f"{label} re-indexes its universe (an uneven unflatten): a manifest cannot list it")
             requests.append(Request(mesh, (axis,), label))
     plan = plan_communicators(requests)
-    trivial = [r.label for c in plan.communicators if c.size == 1 for r in c.requests]
-    communicators = [_entry(order, c, topology, model if backend == "nccl" else None)
-                     for order, c in enumerate(c for c in plan.communicators if c.size > 1)]
-    return {
-        "schema": SCHEMA,
-        "universe": {"world_size": world_size, "device_type": universe.device_type, "rank_map": "identity",
-                     "id": universe.id},
-        "job": {"gpus_per_node": gpus_per_node, "hosts": topology.hosts, "rank_order": rank_order,
-"degrees": job_degrees(dims)},
-        "backend": backend,
-        "communicators": communicators,
-        "trivial": trivial,
-        "per_rank": {"communicators": len(communicators),
-                     "gpu_memory_bytes": sum(c["gpu_memory_bytes"] for c in communicators)},
-        "memory_model": model.describe(),
-    }
+    trivial = tuple(r.label for c in plan.communicators if c.size == 1 for r in c.requests)
+    communicators = tuple(_entry(order, c, topology, model if backend == "nccl" else None)
+                          for order, c in enumerate(c for c in plan.communicators if c.size > 1))
+    return Manifest(world_size=world_size, device_type=universe.device_type, universe_id=universe.id,
+                    gpus_per_node=gpus_per_node, hosts=topology.hosts, rank_order=rank_order,
+                    degrees=job_degrees(dims), backend=backend, communicators=communicators, trivial=trivial,
+                    memory_model=model.describe())
+
+
+def build_manifest(
+    world_size: int,
+    gpus_per_node: int,
+    *,
+    rank_order: str = "block",
+    backend: str = "nccl",
+    memory: NcclMemory | None = None,
+    **degrees: int,
+) -> dict[str, Any]:
+    """The manifest document (schema in the module docstring) of a job: :func:`plan_manifest` as JSON data.
+
+    >>> m = build_manifest(1048576, 8, pp=8, cp=2, tp=8, ep=32)
+    >>> len(m["communicators"]), len(json.dumps(m)) < 2**20
+    (7, True)
+    """
+    return plan_manifest(world_size, gpus_per_node, rank_order=rank_order, backend=backend, memory=memory,
+                         **degrees).to_json()
 
 
 def dump_manifest(manifest: Mapping[str, Any]) -> str:
@@ -201,11 +326,6 @@ def _count(data: Mapping[str, Any], key: str, source: str, where: str, least: in
     if value < least:  # _field took ints only (is_int: no bools)
         raise _fail(source, f"expected {where}.{key} as an int >= {least}, but got {value!r}")
     return int(value)
-
-
-def _modes(entry: Mapping[str, Any]) -> tuple[tuple[int, int], ...]:
-    """A communicator entry's layout as ``(size, stride)`` modes."""
-    return tuple(zip(entry["layout"]["shape"], entry["layout"]["stride"], strict=True))
 
 
 def _check_communicator(entry: Any, index: int, world: int, backend: str, source: str) -> tuple[tuple[int, int], ...]:
@@ -317,164 +437,3 @@ def load_manifest(path: str | pathlib.Path) -> dict[str, Any]:
         raise _fail(source, "not JSON: nested too deeply") from None
     result: dict[str, Any] = check_manifest(data, source)
     return result
-
-
-# --------------------------------------------------------------------------------------- presenting
-
-
-def _job_line(manifest: Mapping[str, Any]) -> str:
-    details = manifest["job"]
-    shown = {n: v for n, v in details["degrees"].items() if n != "efsdp" or details["degrees"].get("ep", 1) > 1}
-    degrees = " ".join(f"{n}={v}" for n, v in shown.items() if v != 1 or n in ("dp_shard", "tp"))
-    return (f"world {manifest['universe']['world_size']} = {details['hosts']} hosts x {details['gpus_per_node']} "
-            f"({details['rank_order']} order), {manifest['backend']}; {degrees}")
-
-
-def format_manifest(manifest: Mapping[str, Any]) -> str:
-    """A short table of a manifest: one line per communicator, and what each rank holds.
-
-    >>> print("\\n".join(format_manifest(build_manifest(16, 8, tp=8)).splitlines()[1:3]))
-    order  size  groups  hosts  layout     memory/rank  names
-        0     2       8      2  (2,):(8,)      294 MiB  dp_shard, dp, dp_shard_cp, dp_cp, fsdp_mesh
-    """
-    rows = [("order", "size", "groups", "hosts", "layout", "memory/rank", "names")]
-    for entry in manifest["communicators"]:
-        layout = entry["layout"]
-        rows.append((str(entry["order"]), str(entry["size"]), str(entry["num_groups"]), str(entry["hosts_per_group"]),
-                     f"{tuple(layout['shape'])}:{tuple(layout['stride'])}",
-                     f"{entry['gpu_memory_bytes'] / 2**20:.0f} MiB", ", ".join(entry["names"])))
-    lines = [_job_line(manifest), *format_table(rows, (True, True, True, True, False, True, False))]
-    per_rank = manifest["per_rank"]
-    lines.append(f"each rank joins {per_rank['communicators']} communicators, about "
-                 f"{per_rank['gpu_memory_bytes'] / 2**30:.2f} GiB of GPU memory for their buffers")
-    return "\n".join(lines)
-
-
-def _image(modes: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
-    """The set of offsets a layout reaches, in one canonical form: two layouts put the same ranks together
-    exactly when these are equal (sorted by stride, then coalesced)."""
-    if not modes:
-        return ()
-    return sorted_by_stride(Layout(tuple(s for s, _ in modes), tuple(d for _, d in modes))).coalesce().modes
-
-
-def _axes_layouts(manifest: Mapping[str, Any]) -> dict[str, tuple[tuple[int, int], ...]]:
-    found: dict[str, tuple[tuple[int, int], ...]] = {name: () for name in manifest["trivial"]}
-    for entry in manifest["communicators"]:
-        modes = _modes(entry)
-        for name in entry["names"]:
-            found[name] = modes
-    return found
-
-
-def _group_of_zero(modes: tuple[tuple[int, int], ...]) -> list[int]:
-    ranks = Layout(tuple(s for s, _ in modes) or (1,), tuple(d for _, d in modes) or (0,))
-    size = ranks.size
-    shown = list(range(min(size, _SHOWN))) + ([size - 1] if size > _SHOWN else [])
-    return [ranks(i) for i in shown]
-
-
-def _size(modes: tuple[tuple[int, int], ...] | None) -> int | None:
-    return None if modes is None else product(tuple(s for s, _ in modes))
-
-
-def diff_manifests(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    """What changes from manifest ``a`` to ``b``: communicators shared, added and removed, and along which
-    axes ranks change group. Layout arithmetic only: a rank keeps its group along an axis exactly when both
-    layouts reach the same offsets, so the answer is "every rank of both worlds" or "none", per axis.
-
-    >>> d = diff_manifests(build_manifest(64, 8, tp=8), build_manifest(64, 8, tp=4))
-    >>> [c["names"][0] for c in d["removed"]], [c["names"][0] for c in d["added"]]
-    (['dp_shard', 'tp'], ['dp_shard', 'tp'])
-    >>> d["ranks_changing_group"], sorted(d["axes_regrouped"])[:3]
-    (64, ['dp', 'dp_cp', 'dp_shard'])
-    """
-    layouts_a = {_modes(c): c for c in a["communicators"]}
-    layouts_b = {_modes(c): c for c in b["communicators"]}
-    shared = [
-        {"names": layouts_b[m]["names"], "names_before": layouts_a[m]["names"], "size": layouts_a[m]["size"],
-         "hosts_per_group": [layouts_a[m]["hosts_per_group"], layouts_b[m]["hosts_per_group"]],
-         "num_groups": [layouts_a[m]["num_groups"], layouts_b[m]["num_groups"]]}
-        for m in layouts_a if m in layouts_b
-    ]
-    removed = [layouts_a[m] for m in layouts_a if m not in layouts_b]
-    added = [layouts_b[m] for m in layouts_b if m not in layouts_a]
-    axes_a, axes_b = _axes_layouts(a), _axes_layouts(b)
-    axes: list[dict[str, Any]] = []
-    for name in [*axes_a, *(n for n in axes_b if n not in axes_a)]:
-        before, after = axes_a.get(name), axes_b.get(name)
-        if before is None or after is None:
-            change = "added" if before is None else "removed"
-        elif before == after:
-            change = "same"
-        elif _image(before) == _image(after):
-            change = "reordered"
-        else:
-            change = "regrouped"
-        entry: dict[str, Any] = {"name": name, "change": change, "size": [_size(before), _size(after)]}
-        if change in ("regrouped", "reordered"):
-            entry["rank0_group"] = [_group_of_zero(before or ()), _group_of_zero(after or ())]
-        axes.append(entry)
-    regrouped = [e["name"] for e in axes if e["change"] == "regrouped"]
-    both = min(a["universe"]["world_size"], b["universe"]["world_size"])
-    return {
-        "a": _job_line(a),
-        "b": _job_line(b),
-        "shared": shared,
-        "added": added,
-        "removed": removed,
-        "axes": axes,
-        "axes_regrouped": regrouped,
-        "ranks_changing_group": both if regrouped else 0,
-        "ranks_in_both": both,
-        "per_rank": {"communicators": [a["per_rank"]["communicators"], b["per_rank"]["communicators"]],
-                     "gpu_memory_bytes": [a["per_rank"]["gpu_memory_bytes"], b["per_rank"]["gpu_memory_bytes"]]},
-    }
-
-
-def _ranks(ranks: list[int], size: int | None) -> str:
-    if size is None or size <= _SHOWN:
-        return "[" + ", ".join(map(str, ranks)) + "]"
-    return "[" + ", ".join(map(str, ranks[:-1])) + f", ..., {ranks[-1]}]"
-
-
-def format_diff(diff: Mapping[str, Any]) -> str:
-    """A readable account of :func:`diff_manifests`.
-
-    >>> text = format_diff(diff_manifests(build_manifest(64, 8, tp=8), build_manifest(64, 8, tp=4)))
-    >>> text.splitlines()[2]
-    'communicators: 0 shared, 2 added, 2 removed'
-    """
-    lines = [f"A: {diff['a']}", f"B: {diff['b']}",
-             f"communicators: {len(diff['shared'])} shared, {len(diff['added'])} added, "
-             f"{len(diff['removed'])} removed"]
-    for entry in diff["shared"]:
-        hosts = entry["hosts_per_group"]
-        moved = "" if hosts[0] == hosts[1] else f", hosts per group {hosts[0]} -> {hosts[1]}"
-        renamed = "" if entry["names"] == entry["names_before"] else f"; in A: {', '.join(entry['names_before'])}"
-        lines.append(f"  shared   {', '.join(entry['names'])} (size {entry['size']}{moved}{renamed})")
-    for kind in ("removed", "added"):
-        for entry in diff[kind]:
-            lines.append(f"  {kind:<8} {', '.join(entry['names'])} (size {entry['size']}, "
-                         f"{entry['num_groups']} groups, {entry['hosts_per_group']} hosts per group)")
-    changed = [e for e in diff["axes"] if e["change"] != "same"]
-    if changed:
-        lines.append("axes:")
-    for entry in changed:
-        before, after = entry["size"]
-        sizes = f"{before if before is not None else '-'} -> {after if after is not None else '-'}"
-        text = f"  {entry['name']:<22} {entry['change']:<10} size {sizes}"
-        if "rank0_group" in entry:
-            old, new = entry["rank0_group"]
-            text += f"; rank 0's group {_ranks(old, before)} -> {_ranks(new, after)}"
-        lines.append(text)
-    count, both = diff["ranks_changing_group"], diff["ranks_in_both"]
-    if count:
-        lines.append(f"ranks changing group: all {count} ranks present in both, along "
-                     f"{', '.join(diff['axes_regrouped'])}")
-    else:
-        lines.append(f"ranks changing group: none of the {both} ranks present in both")
-    communicators, memory = diff["per_rank"]["communicators"], diff["per_rank"]["gpu_memory_bytes"]
-    lines.append(f"per rank: {communicators[0]} -> {communicators[1]} communicators, "
-                 f"{memory[0] / 2**30:.2f} -> {memory[1] / 2**30:.2f} GiB of GPU memory")
-    return "\n".join(lines)

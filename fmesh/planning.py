@@ -1,9 +1,9 @@
 """The meshes of a training job, before launching it: what ``python -m fmesh plan`` prints.
 
 :func:`build_plan` takes a world, the ranks per host and the parallelism degrees, and answers with
-every mesh the job uses, its groups, rank 0's group and how many hosts each group touches, as
-JSON-ready data; :func:`format_plan` makes a table of it. Everything is layout arithmetic: a plan
-for a million ranks takes a fraction of a second, and no process group is ever created.
+every mesh the job uses, its groups, rank 0's group and how many hosts each group touches, as a
+:class:`Plan` (:meth:`Plan.to_json` for ``--json``); :func:`format_plan` makes a table of it. Everything is
+layout arithmetic: a plan for a million ranks takes a fraction of a second, and no process group is ever created.
 
 >>> print(format_plan(build_plan(16, 8, tp=8)).splitlines()[0])
 world 16 = 2 hosts x 8 ranks (block order); pp=1 dp_replicate=1 dp_shard=2 cp=1 tp=8; data parallel: fsdp
@@ -16,34 +16,34 @@ from typing import Any
 
 import attrs
 
-from fmesh.costs import Links, as_links, estimate_span, format_bytes, format_seconds
+from fmesh.costs import Estimate, Links, as_links, estimate_span, format_bytes, format_seconds
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.parallel import DEGREE_NAMES, WORLD_AXES, ParallelDims
 from fmesh.topology import HUNGRY_AXES, AxisSpan, Topology, check_placement
 
-__all__ = ["DEFAULT_COST_BYTES", "REPRESENTATIVE", "build_plan", "format_plan", "format_table", "job",
-           "job_degrees", "job_meshes"]
+__all__ = ["DEFAULT_COST_BYTES", "REPRESENTATIVE", "Plan", "PlannedMesh", "build_plan", "format_plan",
+           "format_table", "job", "job_degrees", "job_meshes"]
 
 _HEAD = 6  # ranks shown before an ellipsis
 _FULL = 12  # groups up to this size are shown whole
 
 
-def _rank0_group(mesh: Mesh) -> tuple[list[int], bool]:
+def _rank0_group(mesh: Mesh) -> tuple[tuple[int, ...], bool]:
     """Rank 0's group along all axes of ``mesh``: the first few ranks and the last, and whether that is all."""
     if mesh.size <= _FULL or mesh.frame or mesh.pinned.size > 1:
         group = mesh.group(0)
         if len(group) <= _FULL:
-            return list(group), True
-        return [*group[:_HEAD], group[-1]], False
+            return tuple(group), True
+        return (*group[:_HEAD], group[-1]), False
     # Without enumerating: rank 0's group is base + layout(i), read through the universe's rank map.
     layout = mesh.axes_layout()
     _, base = layout.decompose(mesh.universe.slot_of(0))
     indices = [*range(_HEAD), mesh.size - 1]
-    return [mesh.universe.rank_of(base + layout(i)) for i in indices], False
+    return tuple(mesh.universe.rank_of(base + layout(i)) for i in indices), False
 
 
-def _group_text(ranks: list[int], complete: bool, size: int) -> str:
+def _group_text(ranks: Sequence[int], complete: bool, size: int) -> str:
     if complete:
         return "[" + ", ".join(map(str, ranks)) + "]"
     return "[" + ", ".join(map(str, ranks[:-1])) + f", ..., {ranks[-1]}] ({size} ranks)"
@@ -159,6 +159,72 @@ def _crossing_warnings(spans: dict[str, AxisSpan], gpus_per_node: int, nbytes: i
     return messages
 
 
+@attrs.frozen
+class PlannedMesh:
+    """One mesh of a plan: its axes, groups, rank 0's group (the first few ranks and the last unless
+    ``rank0_group_complete``), the hosts a group touches, and the cost of its representative collective."""
+
+    name: str
+    axes: tuple[tuple[str, int], ...]
+    size: int
+    num_groups: int
+    rank0_group: tuple[int, ...]
+    rank0_group_complete: bool
+    hosts_per_group: int
+    hosts_per_group_min: int
+    placement: str
+    cost: Estimate
+
+    def to_json(self) -> dict[str, Any]:
+        """The mesh as ``plan --json`` prints it."""
+        return {
+            "name": self.name,
+            "axes": dict(self.axes),
+            "size": self.size,
+            "num_groups": self.num_groups,
+            "rank0_group": list(self.rank0_group),
+            "rank0_group_complete": self.rank0_group_complete,
+            "hosts_per_group": self.hosts_per_group,
+            "hosts_per_group_min": self.hosts_per_group_min,
+            "placement": self.placement,
+            "cost": {"collective": self.cost.collective, "bytes": self.cost.nbytes, "seconds": self.cost.seconds,
+                     "algorithm": self.cost.algorithm},
+        }
+
+
+@attrs.frozen
+class Plan:
+    """What :func:`build_plan` answers: the job, its meshes in order, and warnings about their placement."""
+
+    world_size: int
+    gpus_per_node: int
+    hosts: int
+    rank_order: str
+    degrees: tuple[tuple[str, int], ...]  # job_degrees, in its order
+    data_parallel: str
+    links: str
+    meshes: tuple[PlannedMesh, ...]
+    warnings: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as ``plan --json`` prints it.
+
+        >>> sorted(build_plan(16, 8, tp=8).to_json())[:4]
+        ['data_parallel', 'degrees', 'gpus_per_node', 'hosts']
+        """
+        return {
+            "world_size": self.world_size,
+            "gpus_per_node": self.gpus_per_node,
+            "hosts": self.hosts,
+            "rank_order": self.rank_order,
+            "degrees": dict(self.degrees),
+            "data_parallel": self.data_parallel,
+            "links": self.links,
+            "meshes": [mesh.to_json() for mesh in self.meshes],
+            "warnings": list(self.warnings),
+        }
+
+
 def build_plan(
     world_size: int,
     gpus_per_node: int,
@@ -167,19 +233,19 @@ def build_plan(
     cost_bytes: int = DEFAULT_COST_BYTES,
     links: Links | Mapping[str, Any] | None = None,
     **degrees: int,
-) -> dict[str, Any]:
-    """The plan as JSON-ready data: degrees, each mesh with its groups, hosts and the cost of its
-    representative collective (:data:`REPRESENTATIVE`, ``cost_bytes`` bytes, :func:`fmesh.cost` on ``links``),
-    and warnings.
+) -> Plan:
+    """The plan: degrees, each mesh with its groups, hosts and the cost of its representative collective
+    (:data:`REPRESENTATIVE`, ``cost_bytes`` bytes, :func:`fmesh.cost` on ``links``), and warnings.
+    :meth:`Plan.to_json` makes JSON-ready data of it.
 
     ``degrees`` are :class:`~fmesh.ParallelDims` keywords (``pp``, ``dp_replicate``,
     ``dp_shard``, ``cp``, ``tp``, ``ep``, ``etp``).
 
     >>> plan = build_plan(16, 8, dp_replicate=2, tp=8)
-    >>> [(m["name"], m["placement"]) for m in plan["meshes"]][:5]
+    >>> [(m.name, m.placement) for m in plan.meshes][:5]
     [('pp', 'intra-host'), ('dp_replicate', 'inter-host'), ('dp_shard', 'intra-host'), ('cp', 'intra-host'), \
 ('tp', 'intra-host')]
-    >>> plan["meshes"][4]["cost"]["collective"], plan["meshes"][4]["cost"]["bytes"]
+    >>> plan.meshes[4].cost.collective, plan.meshes[4].cost.nbytes
     ('all_reduce', 268435456)
     """
     if not is_int(cost_bytes) or cost_bytes < 0:
@@ -188,69 +254,51 @@ def build_plan(
     dims, topo = job(world_size, gpus_per_node, rank_order=rank_order, **degrees)
     rows = job_meshes(dims)
     spans = {name: topo.span(mesh, name=name) for name, mesh in rows}
-    entries = []
+    meshes = []
     for name, mesh in rows:
         span = spans[name]
         ranks, complete = _rank0_group(mesh)
-        timed = estimate_span(REPRESENTATIVE.get(name, "all_reduce"), cost_bytes, span, link)
-        entries.append(
-            {
-                "name": name,
-                "axes": dict(mesh.shape),
-                "size": mesh.size,
-                "num_groups": span.num_groups,
-                "rank0_group": ranks,
-                "rank0_group_complete": complete,
-                "hosts_per_group": span.hosts_max,
-                "hosts_per_group_min": span.hosts_min,
-                "placement": span.placement,
-                "cost": {"collective": timed.collective, "bytes": cost_bytes, "seconds": timed.seconds,
-                         "algorithm": timed.algorithm},
-            }
-        )
+        meshes.append(PlannedMesh(
+            name=name, axes=tuple(mesh.shape.items()), size=mesh.size, num_groups=span.num_groups,
+            rank0_group=ranks, rank0_group_complete=complete, hosts_per_group=span.hosts_max,
+            hosts_per_group_min=span.hosts_min, placement=span.placement,
+            cost=estimate_span(REPRESENTATIVE.get(name, "all_reduce"), cost_bytes, span, link),
+        ))
     one_d = {name: span for name, span in spans.items() if not name.endswith("_mesh")}
-    return {
-        "world_size": world_size,
-        "gpus_per_node": gpus_per_node,
-        "hosts": topo.hosts,
-        "rank_order": rank_order,
-        "degrees": job_degrees(dims),
-        "data_parallel": dims.data_parallel,
-        "links": link.name,
-        "meshes": entries,
-        "warnings": _crossing_warnings(one_d, gpus_per_node, cost_bytes, link),
-    }
+    return Plan(
+        world_size=world_size, gpus_per_node=gpus_per_node, hosts=topo.hosts, rank_order=rank_order,
+        degrees=tuple(job_degrees(dims).items()), data_parallel=dims.data_parallel, links=link.name,
+        meshes=tuple(meshes), warnings=tuple(_crossing_warnings(one_d, gpus_per_node, cost_bytes, link)),
+    )
 
 
-def format_plan(plan: dict[str, Any]) -> str:
+def format_plan(plan: Plan) -> str:
     """A readable table of a :func:`build_plan` result.
 
     >>> format_plan(build_plan(8, 4, dp_shard=2, tp=4)).splitlines()[6].split()
     ['tp', '4', '2', '[0,', '1,', '2,', '3]', '1', 'intra-host', 'all_reduce', '924', 'µs']
     """
-    degrees = plan["degrees"]
+    degrees = dict(plan.degrees)
     world = " ".join(f"{n}={degrees[n]}" for n in WORLD_AXES)
     if degrees["ep"] > 1:
         world += f" ep={degrees['ep']} etp={degrees['etp']} efsdp={degrees['efsdp']}"
     lines = [
-        f"world {plan['world_size']} = {plan['hosts']} hosts x {plan['gpus_per_node']} ranks "
-        f"({plan['rank_order']} order); {world}; data parallel: {plan['data_parallel']}",
+        f"world {plan.world_size} = {plan.hosts} hosts x {plan.gpus_per_node} ranks "
+        f"({plan.rank_order} order); {world}; data parallel: {plan.data_parallel}",
     ]
-    nbytes = plan["meshes"][0]["cost"]["bytes"] if plan["meshes"] else DEFAULT_COST_BYTES
+    nbytes = plan.meshes[0].cost.nbytes if plan.meshes else DEFAULT_COST_BYTES
     table = [("mesh", "size", "groups", "rank 0's group", "hosts", "placement", f"cost of {format_bytes(nbytes)}")]
-    for entry in plan["meshes"]:
-        name = entry["name"]
+    for entry in plan.meshes:
+        name = entry.name
         if name.endswith("_mesh"):
-            name += "(" + ", ".join(entry["axes"]) + ")"
-        hosts = entry["hosts_per_group"]
-        hosts_text = str(hosts) if hosts == entry["hosts_per_group_min"] else f"{entry['hosts_per_group_min']}..{hosts}"
-        group = _group_text(entry["rank0_group"], entry["rank0_group_complete"], entry["size"])
-        timed = entry["cost"]
-        cost_text = f"{timed['collective']} {format_seconds(timed['seconds'])}"
-        table.append((name, str(entry["size"]), str(entry["num_groups"]), group, hosts_text, entry["placement"],
-                      cost_text))
+            name += "(" + ", ".join(axis for axis, _ in entry.axes) + ")"
+        hosts = entry.hosts_per_group
+        hosts_text = str(hosts) if hosts == entry.hosts_per_group_min else f"{entry.hosts_per_group_min}..{hosts}"
+        group = _group_text(entry.rank0_group, entry.rank0_group_complete, entry.size)
+        cost_text = f"{entry.cost.collective} {format_seconds(entry.cost.seconds)}"
+        table.append((name, str(entry.size), str(entry.num_groups), group, hosts_text, entry.placement, cost_text))
     lines += format_table(table, (False, True, True, False, True, False, False))  # numbers right-aligned
-    lines.append(f"cost: one collective per group, {plan['links']} (fmesh.cost)")
-    for warning in plan["warnings"]:
+    lines.append(f"cost: one collective per group, {plan.links} (fmesh.cost)")
+    for warning in plan.warnings:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)

@@ -130,16 +130,18 @@ with the GPU memory NCCL's buffers will take on each rank (`python -m fmesh plan
 writes the same JSON)."""),
     ("code", """import json
 
-from fmesh.manifest import build_manifest, diff_manifests, format_diff, format_manifest
+from fmesh.manifest import plan_manifest
+from fmesh.manifest_diff import compare
+from fmesh.manifest_format import format_diff, format_manifest
 
-manifest = build_manifest(4096, 8, pp=4, cp=2, tp=8, ep=8)
+manifest = plan_manifest(4096, 8, pp=4, cp=2, tp=8, ep=8)
 print(format_manifest(manifest))
-print(len(json.dumps(manifest)), "bytes of JSON")"""),
+print(len(json.dumps(manifest.to_json())), "bytes of JSON")"""),
     ("md", """## What changes if tp goes from 8 to 4
 A diff of two plans (`python -m fmesh diff job.json "--world-size 4096 --gpus-per-node 8 --tp 4 ..."`): the
 communicators both share, those added and removed, and the axes along which ranks change group: what a resumed
 checkpoint or a mid-run change of degrees has to reshard."""),
-    ("code", """print(format_diff(diff_manifests(manifest, build_manifest(4096, 8, pp=4, cp=2, tp=4, ep=8))))"""),
+    ("code", """print(format_diff(compare(manifest, plan_manifest(4096, 8, pp=4, cp=2, tp=4, ep=8))))"""),
     ("md", """## What each axis costs
 `fmesh.cost` times one collective from the links its groups really cross: H100 NVLink inside a host, one
 400 Gb/s InfiniBand NIC per GPU between hosts (override with `links=`). With block order, tp stays on NVLink;

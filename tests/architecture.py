@@ -39,6 +39,8 @@ _ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("recipes: costs", ("fmesh.costs",)),
     ("recipes: planning", ("fmesh.planning",)),
     ("recipes: manifest", ("fmesh.manifest",)),
+    ("recipes: manifest diff", ("fmesh.manifest_diff",)),
+    ("recipes: manifest format", ("fmesh.manifest_format",)),
     ("context", ("fmesh.context",)),
     ("cli", ("fmesh.cli", "fmesh.__main__")),
     ("bench", ("bench",)),

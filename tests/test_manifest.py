@@ -19,10 +19,10 @@ from fmesh.manifest import (
     NcclMemory,
     build_manifest,
     check_manifest,
-    diff_manifests,
     dump_manifest,
     load_manifest,
 )
+from fmesh.manifest_diff import diff_manifests
 from fmesh.planning import job_meshes
 
 # --------------------------------------------------------------------------------- brute force
