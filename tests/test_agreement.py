@@ -111,3 +111,16 @@ def test_statuses_of_ranks_that_never_posted_one() -> None:
     agreement = Agreement(store, "test", 0, timedelta(seconds=60))
     agreement.post("running")
     assert agreement.statuses([0, 1]) == {0: {"state": "running"}, 1: {"state": "missing"}}
+
+
+def test_a_close_after_an_abort_still_tells_the_abort() -> None:
+    # abort() on a watchdog thread halts the context; close() on the main thread may post after it.
+    from fmesh.context.agreement import describe_status
+
+    store = dist.HashStore()
+    aborting = Agreement(store, "test", 0, timedelta(seconds=5))
+    aborting.close_quietly(aborted=False)
+    assert describe_status(0, aborting.statuses([0])[0]) == "rank 0 closed its context"
+    aborting.connections.halted.set()
+    aborting.close_quietly(aborted=False)
+    assert describe_status(0, aborting.statuses([0])[0]) == "rank 0 aborted its context"

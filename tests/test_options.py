@@ -82,3 +82,25 @@ def test_a_timeout_is_told_by_its_type_or_by_the_time_waited() -> None:
     with pytest.raises(RuntimeError) as caught:
         collectives.failed("all_reduce", target, target.ranks, minute, now, quick, None)
     assert caught.value is quick
+
+
+def test_the_context_parameters_are_one_list() -> None:
+    """Context(...) is World.start's parameters plus the group settings; from_env and fake take the same
+    names with the same defaults (a parameter added to one and not the others fails here)."""
+    import inspect
+    from collections.abc import Callable
+
+    from fmesh.context.world import World
+
+    def parameters(fn: Callable[..., object]) -> dict[str, object]:
+        return {name: p.default for name, p in inspect.signature(fn).parameters.items() if p.kind is p.KEYWORD_ONLY}
+
+    context = parameters(fmesh.Context.__init__)
+    world = parameters(World.start)
+    settings = set(inspect.signature(GroupSettings.of).parameters) - {"cls", "backend"}
+    assert set(context) == set(world) | settings | {"simulated", "check_tensors"}, sorted(context)
+    assert {name: context[name] for name in world if name != "timeout"} == {
+        name: default for name, default in world.items() if name != "timeout"}
+    from_env = parameters(fmesh.Context.from_env)
+    assert from_env.items() <= context.items(), sorted(from_env.items() - context.items())
+    assert set(context) - set(from_env) == {"rank", "world_size", "store", "init_method", "device", "simulated"}

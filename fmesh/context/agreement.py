@@ -135,10 +135,15 @@ class Agreement:
         self.post_quietly(FAILED, error=f"{type(error).__name__}: {error}"[:2000], kind=type(error).__name__)
 
     def close_quietly(self, aborted: bool) -> None:
-        """Post that this rank closed (or aborted) its context, keeping the error it failed with, if any."""
+        """Post that this rank closed (or aborted) its context, keeping the error it failed with, if any.
+
+        An abort is never told as a close: ``abort()`` on a watchdog thread and ``close()`` on the main thread
+        may both end the context, in either order, and peers should hear the abort.
+        """
         with contextlib.suppress(Exception):
             last = self.statuses([self.rank])[self.rank]
             failure = {k: last[k] for k in ("error", "kind") if k in last} if last.get("state") == FAILED else {}
+            aborted = aborted or self.connections.halted.is_set()
             self.post(CLOSED, aborted=aborted, **failure)
 
     def post_quietly(self, state: str, **fields: Any) -> None:
