@@ -92,6 +92,7 @@ def exported_get_group(ctx: Context) -> dict[str, Any]:
     return {"get_group": got.tolist()}
 
 
+@pytest.mark.slow
 def test_every_collective_compiles_with_no_graph_break_and_equals_eager() -> None:
     results = succeeded(launch(on_aot_eager, 4, timeout=400))
     for result in results:
@@ -103,6 +104,7 @@ def test_every_collective_compiles_with_no_graph_break_and_equals_eager() -> Non
     assert all(any(result[name]["grad nonzero"] for result in results) for name in results[0])
 
 
+@pytest.mark.slow
 def test_an_exported_device_mesh_get_group_traces() -> None:
     results = succeeded(launch(exported_get_group, 4, timeout=200))
     # tp groups of rank_map [2, 0, 3, 1]: (2, 0) and (3, 1).

@@ -47,6 +47,7 @@ def _page(site: pathlib.Path, path: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", "", (site / path).read_text())).split())
 
 
+@pytest.mark.slow
 def test_every_public_name_has_a_page_at_its_public_path(site: pathlib.Path) -> None:
     documented = _inventory(site)
     missing = [name for name in fmesh.__all__ if f"fmesh.{name}" not in documented]
@@ -56,6 +57,7 @@ def test_every_public_name_has_a_page_at_its_public_path(site: pathlib.Path) -> 
             assert (site / "api" / "generated" / f"fmesh.{name}.html").exists(), name
 
 
+@pytest.mark.slow
 def test_every_public_object_is_documented_once(site: pathlib.Path) -> None:
     published = {id(getattr(fmesh, n)): f"fmesh.{n}" for n in fmesh.__all__
                  if not isinstance(getattr(fmesh, n), types.ModuleType)}
@@ -78,6 +80,7 @@ def test_nitpick_ignores_only_other_projects() -> None:
     assert [(p, name) for p in patterns for name in own if re.fullmatch(p, name)] == []
 
 
+@pytest.mark.slow
 def test_reference_texts_come_from_the_code(site: pathlib.Path) -> None:
     sources = [p.read_text() for p in [*DOCS.rglob("*.md"), *DOCS.rglob("*.rst")] if "generated" not in p.parts]
     readme = (ROOT / "README.md").read_text()
@@ -97,6 +100,7 @@ def test_reference_texts_come_from_the_code(site: pathlib.Path) -> None:
         assert len(plain) >= 12 and f"fmesh.{name}" in catalogue and plain in catalogue, (name, plain)
 
 
+@pytest.mark.slow
 def test_notebooks_are_rendered_with_their_committed_outputs(site: pathlib.Path) -> None:
     conf = (DOCS / "conf.py").read_text()
     assert re.search(r'^nb_execution_mode = "off"$', conf, flags=re.M)
@@ -112,6 +116,7 @@ def test_notebooks_are_rendered_with_their_committed_outputs(site: pathlib.Path)
         assert "fmesh-mesh" in page or not any("text/html" in o.get("data", {}) for o in outputs), notebook
 
 
+@pytest.mark.slow
 def test_pictures_are_drawn_when_the_docs_are_built(site: pathlib.Path) -> None:
     page = (site / "getting-started.html").read_text()
     assert page.count('class="fmesh-mesh"') == 2

@@ -151,6 +151,7 @@ def gradients(ctx: Context) -> dict[str, Any]:
     return {"problems": problems, "counts": counts, "raised": raised, "plain grad_fn": plain.grad_fn is None}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [4, 8])
 def test_every_collective_backward_equals_autograd_on_the_global_loss(world: int) -> None:
     for result in succeeded(launch(gradients, world, timeout=400)):
@@ -209,6 +210,7 @@ def tensor_parallel_mlp(ctx: Context) -> dict[str, Any]:
     return {"problems": problems, "ratio": (doubled / x.grad).unique().tolist()}  # type: ignore[operator]
 
 
+@pytest.mark.slow
 def test_tensor_parallel_pair_trains_like_the_unsplit_mlp() -> None:
     for result in succeeded(launch(tensor_parallel_mlp, 4, timeout=120)):
         assert result["problems"] == []

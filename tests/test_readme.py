@@ -27,12 +27,14 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(PYTHON_BLOCKS)))
 def test_python_examples_run(index: int) -> None:
     result = _run(PYTHON_BLOCKS[index])
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("page", "index", "code"), DOC_BLOCKS, ids=[f"{p}:{i}" for p, i, _ in DOC_BLOCKS])
 def test_docs_python_examples_run(page: pathlib.Path, index: int, code: str) -> None:
     result = _run(code)
@@ -43,6 +45,7 @@ def test_there_are_docs_examples_to_run() -> None:
     assert len(DOC_BLOCKS) >= 5, [str(p) for p, _, _ in DOC_BLOCKS]
 
 
+@pytest.mark.slow
 def test_quickstart_comments_tell_the_truth() -> None:
     quickstart = PYTHON_BLOCKS[0]
     result = _run(quickstart)
@@ -62,6 +65,7 @@ def test_the_readme_picture_is_what_render_draws() -> None:
     assert TEXT_BLOCKS[0].rstrip("\n") == fmesh.render(mesh, highlight="tp", rank=5, gpus_per_node=8)
 
 
+@pytest.mark.slow
 def test_the_readme_torchrun_script_is_the_example_and_runs_under_torchrun() -> None:
     assert PYTHON_BLOCKS[1].rstrip("\n") == QUICKSTART.read_text().rstrip("\n")
     assert len(PYTHON_BLOCKS[1].splitlines()) <= 20

@@ -95,6 +95,7 @@ def mesh2(name: str = "dp") -> fmesh.Mesh:
 # ------------------------------------------------------------------------------------------------- abort
 
 
+@pytest.mark.slow
 def test_abort_from_a_signal_handler_or_a_watchdog_ends_a_group_creation_at_once() -> None:
     # Ranks 0-2 and 1-3 form the groups along "a"; rank 3 is rank 1's partner, rank 0 is rank 2's.
     def body(ctx: Context) -> Outcome:
@@ -133,6 +134,7 @@ def test_abort_from_a_signal_handler_or_a_watchdog_ends_a_group_creation_at_once
         assert took < 3.0, results[rank]
 
 
+@pytest.mark.slow
 def test_abort_ends_a_blocked_collective_and_frees_the_peers_blocked_with_it() -> None:
     def body(ctx: Context) -> Outcome:
         mesh = mesh2()
@@ -159,6 +161,7 @@ def test_abort_ends_a_blocked_collective_and_frees_the_peers_blocked_with_it() -
 # --------------------------------------------------------------------------------- members that leave
 
 
+@pytest.mark.slow
 def test_a_member_that_fails_after_agreeing_is_named_within_the_creation_timeout() -> None:
     def body(ctx: Context) -> Outcome:
         if ctx.rank == 1:  # it agrees, then fails to connect (as when it runs out of file descriptors)
@@ -174,6 +177,7 @@ def test_a_member_that_fails_after_agreeing_is_named_within_the_creation_timeout
     assert zero[1] < 3.0 + 2.0, zero  # the creation timeout bounds the connection, then the posted failure is read
 
 
+@pytest.mark.slow
 def test_a_peer_that_closed_its_context_ends_the_wait_at_once() -> None:
     def body(ctx: Context) -> Outcome:
         if ctx.rank == 1:
@@ -186,6 +190,7 @@ def test_a_peer_that_closed_its_context_ends_the_wait_at_once() -> None:
     assert zero[1] < 3.0, zero  # not the 30 s creation timeout
 
 
+@pytest.mark.slow
 def test_a_dead_rank_is_the_only_one_named_and_its_group_stays_failed() -> None:
     def body(ctx: Context) -> tuple[Outcome, Outcome]:
         mesh = fmesh.make_mesh((4,), ("dp",))
@@ -205,6 +210,7 @@ def test_a_dead_rank_is_the_only_one_named_and_its_group_stays_failed() -> None:
         assert again[0] == "RankLostError" and "failed earlier" in again[2] and again[1] < 0.5, (rank, again)
 
 
+@pytest.mark.slow
 def test_a_bad_tensor_on_one_rank_blames_no_healthy_peer() -> None:
     def body(ctx: Context) -> Outcome:
         ctx.all_reduce(torch.ones(1), mesh2(), "dp")
@@ -229,6 +235,7 @@ def store_host_dies(rank: int, port: int, out: Any) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 def test_when_the_store_host_dies_no_survivor_names_itself() -> None:
     context = multiprocessing.get_context("fork")
     out = context.Queue()
@@ -255,6 +262,7 @@ def test_when_the_store_host_dies_no_survivor_names_itself() -> None:
 # --------------------------------------------------------------------------------------------- numbering
 
 
+@pytest.mark.slow
 def test_second_contexts_made_at_different_moments_meet() -> None:
     def body(ctx: Context) -> Any:
         if ctx.rank == 1:
@@ -270,6 +278,7 @@ def test_second_contexts_made_at_different_moments_meet() -> None:
 # ------------------------------------------------------------------------------------------------- threads
 
 
+@pytest.mark.slow
 def test_a_second_thread_is_refused_and_a_context_per_thread_is_correct() -> None:
     def body(ctx: Context) -> Any:
         ctx.all_reduce(torch.ones(1), mesh2("a"), "a")  # this (main) thread uses the context
@@ -305,6 +314,7 @@ def test_a_second_thread_is_refused_and_a_context_per_thread_is_correct() -> Non
 # ---------------------------------------------------------------------------------------------- resources
 
 
+@pytest.mark.slow
 def test_running_out_of_file_descriptors_warns_then_fails_clearly_on_every_rank() -> None:
     axes = [f"a{i}" for i in range(120)]
 
@@ -371,6 +381,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_run_with_a_rank_5s_late_prints_no_torch_warning(tmp_path: Any) -> None:
     script = tmp_path / "late.py"
     script.write_text(QUIET_RUN)
@@ -395,6 +406,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
 def test_launch_leaves_no_rank_behind_when_its_process_is_killed(tmp_path: Any, stop: int) -> None:
     script = tmp_path / "orphans.py"
@@ -414,6 +426,7 @@ def test_launch_leaves_no_rank_behind_when_its_process_is_killed(tmp_path: Any, 
     assert not alive, f"ranks {alive} outlived their launcher"
 
 
+@pytest.mark.slow
 def test_launch_reports_fmeshs_error_before_its_own_timeout() -> None:
     def body(ctx: Context) -> None:
         if ctx.rank == 1:

@@ -79,6 +79,7 @@ def odd_tensors(ctx: Context) -> dict[str, Any]:
     return seen
 
 
+@pytest.mark.slow
 def test_check_tensors_names_the_odd_rank_and_its_tensor() -> None:
     results = succeeded(launch(odd_tensors, 4, timeout=120, check_tensors=True))
     for rank, seen in enumerate(results):

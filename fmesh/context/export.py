@@ -34,7 +34,8 @@ class Exporter:
     >>> exported = exporter.device_mesh(mesh, groups)
     >>> exported is exporter.device_mesh(mesh, groups), exported.size(), exported.device_type
     (True, 4, 'cuda')
-    >>> world.close()
+    >>> world.close()  # it started the default group, so it ended it
+    True
     """
 
     def __init__(self, device_type: str) -> None:

@@ -79,7 +79,8 @@ def plan_items(items: Iterable[object], registry: GroupRegistry) -> list[tuple[M
     >>> plan_items([mesh, (mesh, ["tp", "dp"])], GroupRegistry(world, GroupSettings.of(None, 60, backend="fake")))
     [(Mesh(dp=2, tp=2; world=4), ('dp',)), (Mesh(dp=2, tp=2; world=4), ('tp',)), \
 (Mesh(dp=2, tp=2; world=4), ('tp', 'dp'))]
-    >>> world.close()
+    >>> world.close()  # it started the default group, so it ended it
+    True
     """
     return [(request.mesh, request.axes) for request in _requests(items, registry)]
 

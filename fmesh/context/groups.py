@@ -31,7 +31,6 @@ file descriptors are counted (:meth:`~fmesh.context.connections.Connections.chec
 from __future__ import annotations
 
 import contextlib
-import gc
 import threading
 import time
 from collections.abc import Callable
@@ -120,7 +119,8 @@ class GroupRegistry:
     >>> target = registry.target(fmesh.make_mesh((2, 2), ("dp", "tp")), "dp")
     >>> target.ranks, registry.group(target) is registry.group(target), registry.stats()["groups_created"]
     ((1, 3), True, 1)
-    >>> registry.close(); world.close()
+    >>> registry.close(), world.close()  # released a group, ended the default group
+    (True, True)
     """
 
     def __init__(self, world: World, settings: GroupSettings, *, agreement: Agreement | None = None,
@@ -413,24 +413,26 @@ class GroupRegistry:
             "groups": [(spec.ranks, spec.backend) for spec in self._groups],
         }
 
-    def close(self) -> None:
+    def close(self) -> bool:
         """Destroy every group made here, and drop every reference to them now, while the interpreter is
         alive (a gloo group whose last reference dies during interpreter shutdown takes the process down
         with "terminate called without an active exception"). Afterwards every question raises
-        ``ContextClosedError``."""
-        self._end(_torch.destroy_group)
+        ``ContextClosedError``. Whether any group was released (then the caller collects garbage once:
+        a gloo group's worker threads end when the C++ object does)."""
+        return self._end(_torch.destroy_group)
 
-    def abort(self) -> None:
+    def abort(self) -> bool:
         """Tear every group made here down at once, without waiting for peers or for any lock (a rank died,
         this one failed, a signal handler or a watchdog thread stops the job).
 
         Every wait of the context ends at its next poll; every group's connections are cut, so a collective
-        this rank is blocked in fails now and the peers blocked with it fail too; then torch aborts each."""
+        this rank is blocked in fails now and the peers blocked with it fail too; then torch aborts each.
+        Whether any group was released, as :meth:`close`."""
         self.halt()
         if self._closed:
-            return
+            return False
         self._closed = True
-        self._forget_all(_torch.abort_group)
+        return self._forget_all(_torch.abort_group)
 
     def halt(self) -> None:
         """The first, instant part of :meth:`abort`: end every wait of the context at its next poll, and cut
@@ -450,14 +452,14 @@ class GroupRegistry:
                 del self._by_identity[identity]
                 self._by_target.pop(id(target), None)
 
-    def _end(self, end_group: Any) -> None:
+    def _end(self, end_group: Any) -> bool:
         with self._creating:
             if self._closed:
-                return
+                return False
             self._closed = True
-            self._forget_all(end_group)
+            return self._forget_all(end_group)
 
-    def _forget_all(self, end_group: Any) -> None:
+    def _forget_all(self, end_group: Any) -> bool:
         groups = list(self._groups.values())
         self._groups.clear()
         self._targets.clear()
@@ -472,8 +474,9 @@ class GroupRegistry:
                     end_group(group)
                 if self._agreement is not None:
                     self._agreement.connections.forget(group.group_name)
+        released = bool(groups)
         del groups
-        gc.collect()  # the C++ groups (and their worker threads) end here, not at interpreter exit
+        return released
 
     @property
     def closed(self) -> bool:

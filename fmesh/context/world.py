@@ -7,12 +7,12 @@ else in the Context reads the world; nothing else initialises or destroys the de
 >>> world = World.start(backend="fake", rank=1, world_size=4)
 >>> world.rank, world.world_size, world.fake, world.device
 (1, 4, True, device(type='cpu'))
->>> world.close()
+>>> world.close(), world.close()  # it owned the default group, and ends it once
+(True, False)
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 from collections.abc import Mapping
@@ -237,11 +237,14 @@ class World:
         """The default group's store, where group creation rendezvous and agreement happen."""
         return _torch.default_store()
 
-    def close(self, abort: bool = False) -> None:
-        """End the default group if this world initialised it: destroy it, or abort it (no waiting)."""
-        if self.owns_default_group and dist.is_initialized():
-            if abort:
-                _torch.abort_group(None)
-            else:
-                dist.destroy_process_group()
-            gc.collect()  # let the C++ group go now, while the interpreter is alive
+    def close(self, abort: bool = False) -> bool:
+        """End the default group if this world initialised it: destroy it, or abort it (no waiting).
+        Whether it ended one (then the caller collects garbage, so the C++ group goes while the interpreter
+        is alive)."""
+        if not (self.owns_default_group and dist.is_initialized()):
+            return False
+        if abort:
+            _torch.abort_group(None)
+        else:
+            dist.destroy_process_group()
+        return True
