@@ -333,7 +333,7 @@ def test_check_perm_accepts_the_partial_permutations_and_names_each_way_to_break
             check_perm(bad, size, "pp")
         seen[kind] += 1
 
-    settings(max_examples=600)(check)()
+    settings(max_examples=600, derandomize=True)(check)()  # the counts are the strategy's: the same every run
     print(f"\ncheck_perm draws: {seen}")
     assert seen["valid non-empty"] >= 0.3 * seen["draws"], seen
     assert all(seen[kind] >= 10 for kind in BREAKS), seen

@@ -8,7 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import RefMesh
 from reference import concat as ref_concat
@@ -53,12 +53,12 @@ def uneven_splits(mesh: Mesh) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
 
 @st.composite
 def runs(draw: st.DrawFn) -> tuple[Mesh, RefMesh, bool]:
-    """A root, in half the draws an uneven split first (the frames random ops alone almost never reach), then
+    """A root, in two draws of three an uneven split first (the frames random ops alone almost never reach), then
     1-4 random operations; and whether any step of it had a frame."""
     fresh = iter(f"n{i}" for i in range(100))
     framed = False
     splits: list[tuple[tuple[str, ...], tuple[int, ...]]] = []
-    if draw(st.booleans()):  # a root that has an uneven split: two axes of 2-6 whose product factors otherwise
+    if draw(st.sampled_from((True, True, False))):  # a root with an uneven split (2-6 × 2-6, factored otherwise)
         mesh, ref = draw(roots(min_size=2, max_size=3, least=2))
         splits = uneven_splits(mesh)
     else:
@@ -135,6 +135,9 @@ def assert_agrees(mesh: Mesh, ref: RefMesh) -> None:
 def test_random_op_sequences_match_reference() -> None:
     seen = {"sequences": 0, "framed": 0, "framed at the end": 0}
 
+    # The counts below are a property of the strategy, not of one random run: a fixed seed makes them the
+    # same every run (random seeds gave 19% to 54% framed over 18 runs, so a 20% floor failed at random).
+    @settings(derandomize=True)
     @given(runs())
     def check(run: tuple[Mesh, RefMesh, bool]) -> None:
         mesh, ref, framed = run

@@ -58,7 +58,7 @@ def test_random_sequences_agree_with_device_mesh() -> None:
     must be at least half (1 in 200 before concatenations took renamed copies)."""
     seen = {"sequences": 0, "concatenation compared": 0, "joined": 0, "both refused": 0}
 
-    @settings(max_examples=300)
+    @settings(max_examples=300, derandomize=True)  # the counts are the strategy's: the same every run
     @given(scenarios(), st.data())
     def check(scenario: tuple[tuple[int, ...], list[int] | None, int], data: st.DataObject) -> None:
         seen["sequences"] += 1
