@@ -248,15 +248,14 @@ class GroupRegistry:
         key = (id(mesh), mesh.as_axes(axes) if isinstance(mesh, Mesh) else axes)
         known = self._by_identity.get(key)
         if known is not None and known[0] is mesh:
-            if not torch.compiler.is_compiling() and (self._owner is None or self._owner[0] != threading.get_ident()):
-                self.claim()
+            if not torch.compiler.is_compiling():  # counted and checked as on the hashing path
+                if self._owner is None or self._owner[0] != threading.get_ident():
+                    self.claim()
+                self._hits += 1
             return known[1], known[2]
         if torch.compiler.is_compiling():
             raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=axes, mesh=mesh))
-        try:
-            target = self._targets[(mesh, mesh.as_axes(axes))]
-        except (KeyError, AttributeError, TypeError):
-            target = self.target(mesh, axes)
+        target = self.target(mesh, axes)  # checks a user's mistake outside any except block; counts its hit
         group = self.group(target)
         if len(self._by_identity) >= IDENTITY_ENTRIES:
             self._by_identity.clear()
