@@ -107,11 +107,13 @@ def test_abort_from_a_signal_handler_or_a_watchdog_ends_a_group_creation_at_once
             time.sleep(3)
             return timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "a"))
         aborted: list[float] = []
+        finished = threading.Event()
 
         def abort(*_: Any) -> None:
             aborted.append(time.monotonic())
             ctx.abort()
             aborted.append(time.monotonic())
+            finished.set()
 
         if ctx.rank == 1:
             signal.signal(signal.SIGTERM, abort)
@@ -120,7 +122,8 @@ def test_abort_from_a_signal_handler_or_a_watchdog_ends_a_group_creation_at_once
             threading.Timer(1.0, abort).start()
         kind, _, message = timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "a"))
         ended = time.monotonic()
-        time.sleep(0.5)  # the watchdog's abort may still be collecting
+        if not finished.wait(10):  # the watchdog's abort may still be collecting the groups it ended
+            return kind, ended - aborted[0], f"abort still running after 10 s; {message}"
         return kind, ended - aborted[0], f"abort took {aborted[1] - aborted[0]:.2f}s; {message}"
 
     results = launch(body, 4)
