@@ -55,7 +55,7 @@ import attrs
 from fmesh.communicators import Communicator, Request, plan_communicators
 from fmesh.errors import ManifestError
 from fmesh.layout.int_tuple import is_int, product
-from fmesh.layout.layout import complement_modes
+from fmesh.layout.layout import Modes, complement_modes
 from fmesh.mesh import Mesh
 from fmesh.planning import job, job_degrees, job_meshes
 from fmesh.topology import ORDERS, Topology
@@ -102,10 +102,6 @@ class NcclMemory:
             "source": "NCCL src/init.cc DEFAULT_BUFFSIZE, DEFAULT_LL128_BUFFSIZE, DEFAULT_LL_BUFFSIZE; "
                       "channels assumed; an upper bound (ring and tree connected)",
         }
-
-
-Modes = tuple[tuple[int, int], ...]
-"""A flat layout as ``(size, stride)`` pairs, as a manifest writes it (``shape`` and ``stride``)."""
 
 
 @attrs.frozen

@@ -18,9 +18,8 @@ from typing import Any
 
 import attrs
 
-from fmesh.layout.int_tuple import product
-from fmesh.layout.layout import Layout, sorted_by_stride
-from fmesh.manifest import Manifest, ManifestCommunicator, Modes
+from fmesh.layout.layout import Modes, from_modes, sorted_by_stride
+from fmesh.manifest import Manifest, ManifestCommunicator
 
 __all__ = ["CHANGES", "SHOWN", "AxisChange", "ManifestDiff", "SharedCommunicator", "compare", "diff_manifests"]
 
@@ -104,7 +103,7 @@ def _image(modes: Modes) -> Modes:
     exactly when these are equal (sorted by stride, then coalesced)."""
     if not modes:
         return ()
-    return sorted_by_stride(Layout(tuple(s for s, _ in modes), tuple(d for _, d in modes))).coalesce().modes
+    return sorted_by_stride(from_modes(modes)).coalesce().modes
 
 
 def _axes_layouts(manifest: Manifest) -> dict[str, Modes]:
@@ -116,14 +115,14 @@ def _axes_layouts(manifest: Manifest) -> dict[str, Modes]:
 
 
 def _group_of_zero(modes: Modes) -> tuple[int, ...]:
-    ranks = Layout(tuple(s for s, _ in modes) or (1,), tuple(d for _, d in modes) or (0,))
+    ranks = from_modes(modes or ((1, 0),))  # a trivial axis: the group of rank 0 alone
     size = ranks.size
     shown = list(range(min(size, SHOWN))) + ([size - 1] if size > SHOWN else [])
     return tuple(ranks(i) for i in shown)
 
 
 def _size(modes: Modes | None) -> int | None:
-    return None if modes is None else product(tuple(s for s, _ in modes))
+    return None if modes is None else from_modes(modes).size
 
 
 def _axis_change(name: str, before: Modes | None, after: Modes | None) -> AxisChange:

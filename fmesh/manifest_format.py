@@ -8,6 +8,7 @@ world 16 = 2 hosts x 8 (block order), nccl; dp_shard=2 tp=8
 
 from __future__ import annotations
 
+from fmesh.layout.layout import from_modes
 from fmesh.manifest import Manifest
 from fmesh.manifest_diff import SHOWN, ManifestDiff
 from fmesh.planning import format_table
@@ -25,9 +26,10 @@ def format_manifest(manifest: Manifest) -> str:
     """
     rows = [("order", "size", "groups", "hosts", "layout", "memory/rank", "names")]
     for entry in manifest.communicators:
-        shape, stride = tuple(s for s, _ in entry.modes), tuple(d for _, d in entry.modes)
+        layout = from_modes(entry.modes)
         rows.append((str(entry.order), str(entry.size), str(entry.num_groups), str(entry.hosts_per_group),
-                     f"{shape}:{stride}", f"{entry.gpu_memory_bytes / 2**20:.0f} MiB", ", ".join(entry.names)))
+                     f"{layout.shape}:{layout.stride}", f"{entry.gpu_memory_bytes / 2**20:.0f} MiB",
+                     ", ".join(entry.names)))
     lines = [manifest.summary(), *format_table(rows, (True, True, True, True, False, True, False))]
     lines.append(f"each rank joins {manifest.per_rank_communicators} communicators, about "
                  f"{manifest.per_rank_gpu_memory_bytes / 2**30:.2f} GiB of GPU memory for their buffers")

@@ -141,7 +141,7 @@ class Layout:
         modes = coalesce_modes(self._modes)
         if self.shape == tuple(s for s, _ in modes) and self.stride == tuple(d for _, d in modes):
             return self  # already flat and coalesced: values are immutable, share it
-        return _from_modes(modes)
+        return from_modes(modes)
 
     def composition(self, other: Layout) -> Layout:
         """``self ∘ other``: the layout ``i -> self(other(i))``, shaped like ``other``.
@@ -175,7 +175,7 @@ class Layout:
         """
         if not is_int(size) or size < 1:
             raise ValueError(f"complement size must be a positive integer, got {size!r}")
-        return _from_modes(complement_modes(self.modes, size, repr(self)))
+        return from_modes(complement_modes(self.modes, size, repr(self)))
 
     def non_overlapping(self) -> bool:
         """True when the modes nest: sorted by stride, each stride is a multiple
@@ -202,7 +202,7 @@ class Layout:
         modes = [(s, d) for s, d in self.modes if s > 1]
         weights = flatten(suffix_product(tuple(s for s, _ in modes)))
         by_value = sorted(zip(modes, weights, strict=True), key=lambda item: -item[0][1])
-        return _from_modes(coalesce_modes(tuple((s, w) for (s, _), w in by_value)))
+        return from_modes(coalesce_modes(tuple((s, w) for (s, _), w in by_value)))
 
     def decompose(self, value: int) -> tuple[int, int]:
         """Split ``value`` into ``(index, rest)`` with ``value == self(index) + rest``.
@@ -255,7 +255,14 @@ def concat(*layouts: Layout) -> Layout:
     return Layout(tuple(x.shape for x in layouts), tuple(x.stride for x in layouts))
 
 
-def _from_modes(modes: Modes) -> Layout:
+def from_modes(modes: Modes) -> Layout:
+    """The flat layout of ``(size, stride)`` pairs, outermost first: the inverse of :attr:`Layout.modes`.
+
+    >>> from_modes(((2, 8), (4, 1)))
+    Layout((2, 4):(8, 1))
+    >>> from_modes(Layout(((2, 3), 4)).modes) == Layout((2, 3, 4))
+    True
+    """
     return Layout(tuple(s for s, _ in modes), tuple(d for _, d in modes))
 
 
@@ -297,7 +304,7 @@ def sorted_by_stride(layout: Layout) -> Layout:
     >>> sorted_by_stride(Layout((2, 4), (1, 2)))
     Layout((8,):(1,))
     """
-    return _from_modes(coalesce_modes(tuple(sorted(layout.modes, key=lambda mode: -mode[1]))))
+    return from_modes(coalesce_modes(tuple(sorted(layout.modes, key=lambda mode: -mode[1]))))
 
 
 def _compose_mode(outer: Modes, size: int, stride: int) -> Modes:
