@@ -221,7 +221,8 @@ def _plan(before: Sequence[Request], after: Sequence[Request], can: bool) -> Rec
         first = communicator.first
         groups = [tuple(to_old[r] for r in group) for group in first.mesh.groups(first.axes)]
         action, source, shrunk = CREATE, None, 0
-        for candidate, request in old:
+        # An old communicator of the same size can only be kept: try those first, so a keep wins over a shrink.
+        for candidate, request in sorted(old, key=lambda found: found[0].size != communicator.size):
             if candidate.size < communicator.size:
                 continue
             matched = _match(request, groups[:1], alive)  # the first group rules out most candidates at once
