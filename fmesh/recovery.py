@@ -82,12 +82,13 @@ def can_shrink(backend: str, torch_release: tuple[int, int], nccl_version: tuple
 @attrs.frozen
 class OldCommunicator:
     """A communicator of the job before the loss: its place in that job's creation order, the names that use it,
-    its group size and its number of groups."""
+    its group size, its number of groups, and the request that made it (a mesh of the old job and its axes)."""
 
     order: int
     names: tuple[str, ...]
     size: int
     num_groups: int
+    request: Request = attrs.field(repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """The communicator as ``--json`` prints it."""
@@ -98,7 +99,8 @@ class OldCommunicator:
 class RecoveredCommunicator:
     """A communicator of the new job and what it takes (:data:`ACTIONS`). ``source`` is the old communicator it
     keeps, or whose remaining members its groups are (for a shrink, and for a create where the backend cannot
-    shrink); ``None`` where its groups are new. ``groups_shrunk`` counts its groups that lost members."""
+    shrink); ``None`` where its groups are new. ``groups_shrunk`` counts its groups that lost members; ``request``
+    is the first that asks for it (a mesh of the new job and its axes)."""
 
     order: int
     names: tuple[str, ...]
@@ -107,6 +109,7 @@ class RecoveredCommunicator:
     action: str
     source: OldCommunicator | None
     groups_shrunk: int
+    request: Request = attrs.field(repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """The communicator as ``--json`` prints it."""
@@ -135,6 +138,28 @@ class RecoveryPlan:
         """How many communicators each action takes, and how many old ones are dropped."""
         found = {action: sum(c.action == action for c in self.communicators) for action in ACTIONS}
         return {**found, "dropped": len(self.dropped)}
+
+    def to_exclude(self, communicator: RecoveredCommunicator, rank: int) -> tuple[int, ...]:
+        """What new ``rank`` passes to ``torch.distributed.shrink_group`` as ``ranks_to_exclude`` for
+        ``communicator`` (a shrink): the positions, in its group of the old communicator, of the members no longer
+        in the job. ``()`` where that group lost none: it is kept as it is.
+
+        >>> import fmesh
+        >>> mesh = fmesh.make_mesh((4, 2), ("dp", "tp"))
+        >>> plan = plan_recovery([mesh], [fmesh.without(mesh, [3], "dp")], shrink_groups=True)
+        >>> plan.to_exclude(plan.communicators[0], 0)  # old rank 0's dp group (0, 2, 4, 6) lost rank 2
+        (1,)
+        """
+        source = communicator.source
+        if communicator.action != SHRINK or source is None:
+            raise ValueError(f"to_exclude answers for a communicator to shrink, but {communicator.names} is to "
+                             f"{communicator.action}")
+        after, before = communicator.request.mesh.universe, source.request.mesh.universe
+        old = _old_ranks(after, before, [rank])[0]
+        assert old is not None  # a communicator with a source has no rank that joined
+        group = source.request.mesh.group(old, source.request.axes)
+        chain = _chain(after, before)
+        return tuple(i for i, member in enumerate(group) if _new_rank(chain, member) is None)
 
     def to_json(self) -> dict[str, Any]:
         """The plan as ``--json`` prints it."""
@@ -170,8 +195,8 @@ def _one_universe(requests: Sequence[Request], side: str) -> Universe:
     return universe
 
 
-def _old_ranks(after: Universe, before: Universe) -> list[int | None]:
-    """Each rank of ``after`` in the numbering of ``before`` (``None``: it joined), through the lineages between."""
+def _chain(after: Universe, before: Universe) -> list[Universe]:
+    """The universes from ``after`` up to (not including) ``before``, each made from the next by one change."""
     chain = []
     universe = after
     while universe is not before and universe.lineage is not None and universe.id != before.id:
@@ -181,10 +206,23 @@ def _old_ranks(after: Universe, before: Universe) -> list[int | None]:
         raise ValueError(f"the universe after the loss ({after!r}) does not descend from the one before it "
                          f"({before!r}): make the meshes after with fmesh.without, fmesh.resize or "
                          "fmesh.elastic.shrink from the meshes before")
-    ranks: list[int | None] = list(range(after.world_size))
-    for step in chain:
-        ranks = [None if r is None else old_rank(step, r) for r in ranks]
-    return ranks
+    return chain
+
+
+def _old_ranks(after: Universe, before: Universe, ranks: Iterable[int] | None = None) -> list[int | None]:
+    """Ranks of ``after`` (default: all) in the numbering of ``before`` (``None``: joined), through the lineages."""
+    found: list[int | None] = list(range(after.world_size) if ranks is None else ranks)
+    for step in _chain(after, before):
+        found = [None if r is None else old_rank(step, r) for r in found]
+    return found
+
+
+def _new_rank(chain: Sequence[Universe], rank: int) -> int | None:
+    """Old ``rank`` in the numbering at the start of ``chain`` (``None``: it is no longer in the job)."""
+    found: int | None = rank
+    for step in reversed(chain):
+        found = None if found is None else new_rank(step, found)
+    return found
 
 
 def _match(request: Request, groups: Sequence[tuple[int | None, ...]], alive: bytearray) -> int | None:
@@ -213,7 +251,7 @@ def _plan(before: Sequence[Request], after: Sequence[Request], can: bool) -> Rec
         if rank is not None:
             alive[rank] = 1
     old_plan, new_plan = plan_communicators(before), plan_communicators(after)
-    old = [(OldCommunicator(order, tuple(r.label for r in c.requests), c.size, c.num_groups), c.first)
+    old = [OldCommunicator(order, tuple(r.label for r in c.requests), c.size, c.num_groups, c.first)
            for order, c in enumerate(c for c in old_plan.communicators if c.size > 1)]
     used: set[int] = set()
     found = []
@@ -222,11 +260,11 @@ def _plan(before: Sequence[Request], after: Sequence[Request], can: bool) -> Rec
         groups = [tuple(to_old[r] for r in group) for group in first.mesh.groups(first.axes)]
         action, source, shrunk = CREATE, None, 0
         # An old communicator of the same size can only be kept: try those first, so a keep wins over a shrink.
-        for candidate, request in sorted(old, key=lambda found: found[0].size != communicator.size):
+        for candidate in sorted(old, key=lambda found: found.size != communicator.size):
             if candidate.size < communicator.size:
                 continue
-            matched = _match(request, groups[:1], alive)  # the first group rules out most candidates at once
-            matched = None if matched is None else _match(request, groups, alive)
+            matched = _match(candidate.request, groups[:1], alive)  # the first group rules out most at once
+            matched = None if matched is None else _match(candidate.request, groups, alive)
             if matched is not None:
                 source, shrunk = candidate, matched
                 action = KEEP if matched == 0 else SHRINK if can else CREATE
@@ -234,10 +272,10 @@ def _plan(before: Sequence[Request], after: Sequence[Request], can: bool) -> Rec
         if action != CREATE and source is not None:
             used.add(source.order)
         found.append(RecoveredCommunicator(order, tuple(r.label for r in communicator.requests), communicator.size,
-                                           len(groups), action, source, shrunk))
+                                           len(groups), action, source, shrunk, first))
     trivial = tuple(r.label for c in new_plan.communicators if c.size == 1 for r in c.requests)
     return RecoveryPlan((old_universe.world_size, new_universe.world_size), can, tuple(found),
-                        tuple(c for c, _ in old if c.order not in used), trivial)
+                        tuple(c for c in old if c.order not in used), trivial)
 
 
 # ------------------------------------------------------------------------------------------ the data that moves
@@ -399,8 +437,9 @@ def recover_job(dims: ParallelDims, lost: Iterable[int], *, axes: Sequence[str] 
     >>> job.axis, job.after.world_size, job.plan.counts, job.load(3).moves
     ('dp_replicate', 8, {'keep': 2, 'shrink': 0, 'create': 0, 'dropped': 2}, False)
     """
-    after = shrink_job(dims, lost, axes=axes)
-    lost = tuple(sorted(set(lost)))
+    ranks = list(lost) if isinstance(lost, Iterable) and not isinstance(lost, (str, bytes)) else lost  # read once
+    after = shrink_job(dims, ranks, axes=axes)
+    lost = tuple(sorted(set(ranks)))
     lineage = after.world_mesh.universe.lineage
     assert lineage is not None  # shrink always changes one axis
     plan = _plan(job_requests(dims), job_requests(after), shrink_groups)

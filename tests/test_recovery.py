@@ -82,6 +82,15 @@ def test_the_counts_of_a_job_recovery_equal_brute_force_over_every_group(data: s
                                                    and communicator.groups_shrunk == 0), communicator
         if communicator.action == "keep":
             assert communicator.source is not None and communicator.source.size == communicator.size
+        if communicator.action == "shrink":  # what shrink_group leaves of each old group is the new group
+            assert communicator.source is not None
+            old_request, new_request = communicator.source.request, communicator.request
+            for rank in range(after.world_size):
+                gone = job.plan.to_exclude(communicator, rank)
+                old_group = old_request.mesh.group(fmesh.old_rank(after.world_mesh, rank), old_request.axes)
+                left = tuple(fmesh.new_rank(after.world_mesh, r) for i, r in enumerate(old_group) if i not in gone)
+                assert left == new_request.mesh.group(rank, new_request.axes)
+                assert all(fmesh.new_rank(after.world_mesh, old_group[i]) is None for i in gone)
 
 
 @given(st.data())
@@ -210,6 +219,9 @@ ERRORS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ("wrong B", lambda: recovery.recover_manifests(plan_manifest(16, 8, dp_replicate=2, tp=2), plan_manifest(
         8, 8, dp_shard=2, tp=4), [9]), ValueError, "is not the job A becomes after losing ranks [9]: that job has "
                                                    "pp=1 dp_replicate=1 dp_shard=4"),
+    ("exclude from a keep", lambda: (lambda plan: plan.to_exclude(plan.communicators[0], 0))(
+        recovery.recover_job(DIMS, [9]).plan), ValueError,
+     "to_exclude answers for a communicator to shrink, but ('pp',) is to keep"),
     ("torch as text", lambda: recovery.can_shrink("nccl", "2.13", (2, 27)), TypeError,  # type: ignore[arg-type]
      "expected the torch release as (major, minor) such as (2, 13), but got '2.13'"),
     ("backend not text", lambda: recovery.can_shrink(None, (2, 13)), TypeError,  # type: ignore[arg-type]
