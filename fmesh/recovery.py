@@ -312,6 +312,9 @@ class Resharding:
     @classmethod
     def even(cls, old_shards: int, new_shards: int) -> Resharding:
         """Shards of even length before (``old_shards``) and after (``new_shards``)."""
+        for count in (old_shards, new_shards):
+            if not is_int(count) or count < 1:
+                raise ValueError(f"expected shard counts as positive ints, but got {old_shards!r} -> {new_shards!r}")
         pieces = []
         for j in range(new_shards):
             low, high = Fraction(j, new_shards), Fraction(j + 1, new_shards)
@@ -359,6 +362,10 @@ class ShardLoad:
         return self.pieces != (ShardPiece(self.old_shard, Fraction(0), Fraction(1)),)
 
 
+def _stages(count: int) -> str:
+    return f"{count} stage" + ("s" if count > 1 else "")
+
+
 _WHY = {
     "dp_replicate": "dropping a replica loses no state: every other replica holds a full copy of the sharded "
                     "model and optimizer, and the replicas that remain keep their shards",
@@ -392,7 +399,7 @@ class JobRecovery:
         """
         if self.resharding is None:
             raise ValueError(f"pp absorbed the loss of {list(self.lost)}: the layers are re-split over "
-                             f"{self.after.pp} stages, so ranks load layers from a checkpoint, not shards")
+                             f"{_stages(self.after.pp)}, so ranks load layers from a checkpoint, not shards")
         self.after.world_mesh.universe.check_rank(rank)
         old = old_rank(self.after.world_mesh, rank)
         assert old is not None  # a shrink adds no rank
@@ -512,8 +519,8 @@ the parameters and optimizer state are resharded over fewer ranks
 def _format_data(job: JobRecovery) -> list[str]:
     resharding = job.resharding
     if resharding is None:
-        stages = f"{job.after.pp} stage" + ("s" if job.after.pp > 1 else "")
-        return [f"data: the layers are re-split over {stages}; each rank loads its stage's layers from a checkpoint"]
+        return [f"data: the layers are re-split over {_stages(job.after.pp)}; each rank loads its stage's layers "
+                "from a checkpoint"]
     ranks = job.after.world_size // resharding.new_shards
     if resharding.identity:  # only dp_replicate keeps the shard count, and then every rank keeps its shard index
         return [f"data: nothing moves: every rank keeps its old rank's shard ({resharding.old_shards} shards "

@@ -222,6 +222,8 @@ ERRORS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ("exclude from a keep", lambda: (lambda plan: plan.to_exclude(plan.communicators[0], 0))(
         recovery.recover_job(DIMS, [9]).plan), ValueError,
      "to_exclude answers for a communicator to shrink, but ('pp',) is to keep"),
+    ("no shards", lambda: recovery.Resharding.even(4, 0), ValueError,
+     "expected shard counts as positive ints, but got 4 -> 0"),
     ("torch as text", lambda: recovery.can_shrink("nccl", "2.13", (2, 27)), TypeError,  # type: ignore[arg-type]
      "expected the torch release as (major, minor) such as (2, 13), but got '2.13'"),
     ("backend not text", lambda: recovery.can_shrink(None, (2, 13)), TypeError,  # type: ignore[arg-type]
