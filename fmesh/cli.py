@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
 from fmesh.costs import H100_IB, LOOPBACK, Links
+from fmesh.elastic import ELASTIC_AXES
 from fmesh.errors import CommandLineError
 from fmesh.manifest import Manifest, dump_manifest, load_manifest, plan_manifest
 from fmesh.manifest_diff import compare
@@ -86,6 +87,17 @@ def parse_ranks(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in parts)
 
 
+def _parse_axes(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(","))
+
+
+def _add_lose_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--lose", metavar="RANKS", type=parse_ranks, help=what)
+    parser.add_argument("--absorb", metavar="AXES", type=_parse_axes,
+                        help="with --lose: the axes that may absorb the loss, in the order tried (default "
+                             f"{','.join(ELASTIC_AXES)}; pp may be added)")
+
+
 def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--world-size", type=int, required=True, help="total number of ranks")
     plan.add_argument("--gpus-per-node", type=int, required=True, help="ranks per host")
@@ -115,8 +127,7 @@ def _parser() -> _Parser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     plan = sub.add_parser("plan", help="print the meshes of a training job before launching it")
     _add_plan_arguments(plan)
-    plan.add_argument("--lose", metavar="RANKS", type=parse_ranks,
-                      help="print the recovery plan after losing these ranks (e.g. 5,9) instead")
+    _add_lose_arguments(plan, "print the recovery plan after losing these ranks (e.g. 5,9) instead")
     diff = sub.add_parser(
         "diff",
         help="compare two plans: communicators shared, added, removed, and the ranks that change group",
@@ -126,9 +137,8 @@ def _parser() -> _Parser:
     diff.add_argument("a", help="a manifest file, or quoted plan flags starting with --")
     diff.add_argument("b", help="a manifest file, or quoted plan flags starting with --")
     diff.add_argument("--json", action="store_true", help="print JSON for scripts")
-    diff.add_argument("--lose", metavar="RANKS", type=parse_ranks,
-                      help="B is A after losing these ranks (e.g. 5,9): also print which communicators are kept, "
-                           "shrunk or created")
+    _add_lose_arguments(diff, "B is A after losing these ranks (e.g. 5,9): also print which communicators are "
+                              "kept, shrunk or created")
     return parser
 
 
@@ -180,6 +190,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         if args.command is None:
             print(demo(), file=out)
             return 0
+        if args.absorb is not None and args.lose is None:
+            raise CommandLineError("--absorb says which axes absorb a loss, so it goes with --lose RANKS")
         if args.command == "diff":
             return _diff(args, out)
         if args.lose is not None:
@@ -202,7 +214,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
 def _diff(args: argparse.Namespace, out: TextIO) -> int:
     a, b = _side(args.a, "A"), _side(args.b, "B")
     diff = compare(a, b)
-    recovery = None if args.lose is None else recover_manifests(a, b, args.lose, shrink_groups=b.backend == "nccl")
+    recovery = None if args.lose is None else recover_manifests(a, b, args.lose, axes=args.absorb or ELASTIC_AXES,
+                                                                shrink_groups=b.backend == "nccl")
     if args.json:
         found = diff.to_json()
         if recovery is not None:
@@ -221,7 +234,8 @@ def _lose(args: argparse.Namespace, out: TextIO) -> int:
         raise CommandLineError("--lose prints the recovery plan and writes no manifest; write each job's manifest "
                                "with its own plan --manifest, and compare them with diff --lose")
     dims, _ = job(args.world_size, args.gpus_per_node, rank_order=args.rank_order, **_degrees(args))
-    recovery: JobRecovery = recover_job(dims, args.lose, shrink_groups=args.backend == "nccl")
+    recovery: JobRecovery = recover_job(dims, args.lose, axes=args.absorb or ELASTIC_AXES,
+                                        shrink_groups=args.backend == "nccl")
     print(json.dumps(recovery.to_json(), indent=2) if args.json else format_recovery(recovery, args.backend),
           file=out)
     return 0

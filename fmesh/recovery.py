@@ -454,10 +454,11 @@ def recover_job(dims: ParallelDims, lost: Iterable[int], *, axes: Sequence[str] 
     return JobRecovery(dims, after, lost, lineage.axis, _reason(dims, lost, lineage.axis, axes), plan, resharding)
 
 
-def recover_manifests(a: Manifest, b: Manifest, lost: Iterable[int], *, shrink_groups: bool = False
-                      ) -> JobRecovery:
+def recover_manifests(a: Manifest, b: Manifest, lost: Iterable[int], *, axes: Sequence[str] = ELASTIC_AXES,
+                      shrink_groups: bool = False) -> JobRecovery:
     """The recovery from the job of manifest ``a`` to that of ``b`` after ranks ``lost``. Manifests carry no
-    lineage, so ``a``'s job is rebuilt from its degrees, :func:`recover_job` loses ``lost`` from it, and ``b`` must
+    lineage, so ``a``'s job is rebuilt from its degrees, :func:`recover_job` loses ``lost`` from it (``axes`` in
+    order), and ``b`` must
     have the degrees of the job that leaves (``ValueError`` naming both otherwise).
 
     >>> from fmesh.manifest import plan_manifest
@@ -466,7 +467,7 @@ def recover_manifests(a: Manifest, b: Manifest, lost: Iterable[int], *, shrink_g
     """
     degrees = {name: a.degrees[name] for name in DEGREE_NAMES if name in a.degrees}
     dims, _ = job(a.world_size, a.gpus_per_node, rank_order=a.rank_order, **degrees)
-    recovery = recover_job(dims, lost, shrink_groups=shrink_groups)
+    recovery = recover_job(dims, lost, axes=axes, shrink_groups=shrink_groups)
     expected = job_degrees(recovery.after)
     if {name: b.degrees.get(name) for name in expected} != expected:
         shown = " ".join(f"{n}={v}" for n, v in expected.items())

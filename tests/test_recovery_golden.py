@@ -25,6 +25,7 @@ COMMANDS = (
     f"plan {HSDP} --lose 1,9 --backend gloo",
     "plan --world-size 64 --gpus-per-node 8 --dp-replicate 2 --cp 2 --tp 4 --lose 5,37",
     "plan --world-size 48 --gpus-per-node 4 --dp-replicate 3 --tp 2 --ep 4 --lose 7",
+    "plan --world-size 16 --gpus-per-node 8 --pp 2 --tp 8 --lose 3 --absorb dp_replicate,dp_shard,pp",
 )
 DIFFS = ((HSDP, SMALLER, "1,9", ()), (HSDP, SMALLER, "1,9", ("--json",)))
 
@@ -66,12 +67,14 @@ BAD = [
      "only when axes names it; tp and cp cannot absorb a change"),
     (f"plan {HSDP} --lose 5,x", "fmesh plan: error: argument --lose: expected ranks as comma-separated ints such as "
                                 "5,9, but got '5,x'"),
+    (f"plan {HSDP} --lose 9 --absorb tp", "fmesh plan: error: axes names 'tp': tp and cp cannot absorb a change"),
+    (f"plan {HSDP} --absorb pp", "fmesh plan: error: --absorb says which axes absorb a loss, so it goes with --lose"),
     (f"plan {HSDP} --lose 9 --manifest m.json", "fmesh plan: error: --lose prints the recovery plan and writes no "
                                                 "manifest"),
 ]
 
 
-@pytest.mark.parametrize(("command", "message"), BAD, ids=[b[0].split("--lose ")[-1] for b in BAD])
+@pytest.mark.parametrize(("command", "message"), BAD, ids=[b[0].split("--tp 2 ")[-1] for b in BAD])
 def test_bad_input_is_one_line_and_exit_2(command: str, message: str) -> None:
     out, err = io.StringIO(), io.StringIO()
     assert main(command.split(), stdout=out, stderr=err) == 2
