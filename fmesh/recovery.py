@@ -156,7 +156,8 @@ class RecoveryPlan:
                              f"{communicator.action}")
         after, before = communicator.request.mesh.universe, source.request.mesh.universe
         old = _old_ranks(after, before, [rank])[0]
-        assert old is not None  # a communicator with a source has no rank that joined
+        if old is None:  # not for a plan's own communicators: every group with a source is made of old ranks
+            raise ValueError(f"rank {rank} joined after the loss, so it has no old group to shrink")
         group = source.request.mesh.group(old, source.request.axes)
         chain = _chain(after, before)
         return tuple(i for i, member in enumerate(group) if _new_rank(chain, member) is None)
@@ -402,7 +403,8 @@ class JobRecovery:
                              f"{_stages(self.after.pp)}, so ranks load layers from a checkpoint, not shards")
         self.after.world_mesh.universe.check_rank(rank)
         old = old_rank(self.after.world_mesh, rank)
-        assert old is not None  # a shrink adds no rank
+        if old is None:  # not after a shrink, which adds no rank
+            raise ValueError(f"rank {rank} joined after the loss, so it held no shard")
         fsdp_before, fsdp_after = self.before.mesh("dp_shard_cp"), self.after.mesh("dp_shard_cp")
         shard = (fsdp_after.coordinate(rank) or (0,))[0]
         own = (fsdp_before.coordinate(old) or (0,))[0]
@@ -447,11 +449,10 @@ def recover_job(dims: ParallelDims, lost: Iterable[int], *, axes: Sequence[str] 
     ranks = list(lost) if isinstance(lost, Iterable) and not isinstance(lost, (str, bytes)) else lost  # read once
     after = shrink_job(dims, ranks, axes=axes)
     lost = tuple(sorted(set(ranks)))
-    lineage = after.world_mesh.universe.lineage
-    assert lineage is not None  # shrink always changes one axis
+    axis = next(name for name in axes if getattr(after, name) != getattr(dims, name))  # shrink changed this one
     plan = _plan(job_requests(dims), job_requests(after), shrink_groups)
-    resharding = None if lineage.axis == "pp" else Resharding.even(dims.dp_shard * dims.cp, after.dp_shard * after.cp)
-    return JobRecovery(dims, after, lost, lineage.axis, _reason(dims, lost, lineage.axis, axes), plan, resharding)
+    resharding = None if axis == "pp" else Resharding.even(dims.dp_shard * dims.cp, after.dp_shard * after.cp)
+    return JobRecovery(dims, after, lost, axis, _reason(dims, lost, axis, axes), plan, resharding)
 
 
 def recover_manifests(a: Manifest, b: Manifest, lost: Iterable[int], *, axes: Sequence[str] = ELASTIC_AXES,
