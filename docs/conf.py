@@ -62,6 +62,7 @@ nitpick_ignore_regex = [
     ("py:.*", r"attrs?(\..*)?"),
     ("py:.*", r"numpy(\..*)?|np\..*"),
     ("py:.*", r"(collections\.abc|typing|typing_extensions|datetime|types|enum|pathlib|concurrent\.futures)\..*"),
+    ("py:class", r"fractions\.Fraction"),
     ("py:class", r"timedelta"),  # datetime.timedelta, as annotated
     ("py:.*", r"(IPython|nbformat)(\..*)?"),
 ]

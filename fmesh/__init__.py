@@ -9,7 +9,7 @@ The package is layered, each layer importing only from those below it:
 * :mod:`fmesh.layout`: the CuTe-style layout algebra over tuples of ints;
 * :mod:`fmesh.mesh`: ``Universe``, ``Mesh`` and the pure transforms;
 * recipes: :mod:`fmesh.parallel`, :mod:`fmesh.elastic`, :mod:`fmesh.topology`, :mod:`fmesh.costs`,
-  :mod:`fmesh.planning`, :mod:`fmesh.manifest`, :mod:`fmesh.rendering`;
+  :mod:`fmesh.planning`, :mod:`fmesh.manifest`, :mod:`fmesh.recovery`, :mod:`fmesh.rendering`;
 * :mod:`fmesh.context`: the only code that touches ``torch.distributed``;
 * :mod:`fmesh.cli`: ``python -m fmesh``.
 
@@ -23,7 +23,7 @@ Only the context needs torch; it is imported on first use of one of its names.
 
 from typing import TYPE_CHECKING, Any
 
-from fmesh import costs, elastic, manifest, parallel, planning, rendering, topology
+from fmesh import costs, elastic, manifest, parallel, planning, recovery, rendering, topology
 from fmesh.costs import Links, cost
 from fmesh.errors import (
     CommandLineError,
@@ -149,6 +149,7 @@ __all__ = [
     "old_rank",
     "parallel",
     "planning",
+    "recovery",
     "rename",
     "render",
     "rendering",

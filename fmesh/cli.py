@@ -1,9 +1,10 @@
 """``python -m fmesh``: a short demo; ``python -m fmesh plan``: the meshes of a job before launching it
-(``--manifest FILE`` also writes its communicator manifest); ``python -m fmesh diff A B``: two plans compared.
+(``--manifest FILE`` also writes its communicator manifest; ``--lose RANKS`` prints the recovery plan after losing
+those ranks instead); ``python -m fmesh diff A B``: two plans compared (``--lose RANKS``: B is A after that loss).
 
 Argument parsing and printing only; the plan is :mod:`fmesh.planning`, the manifest :mod:`fmesh.manifest`, the
-diff :mod:`fmesh.manifest_diff`, their text :mod:`fmesh.manifest_format`, the costs :mod:`fmesh.costs`. Nothing
-here needs torch or creates a process group.
+diff :mod:`fmesh.manifest_diff`, their text :mod:`fmesh.manifest_format`, the costs :mod:`fmesh.costs`, the
+recovery plan :mod:`fmesh.recovery`. Nothing here needs torch or creates a process group.
 
 >>> import io; out = io.StringIO()
 >>> main(["plan", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8"], stdout=out)
@@ -22,15 +23,17 @@ from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
 from fmesh.costs import H100_IB, LOOPBACK, Links
+from fmesh.elastic import ELASTIC_AXES
 from fmesh.errors import CommandLineError
 from fmesh.manifest import Manifest, dump_manifest, load_manifest, plan_manifest
 from fmesh.manifest_diff import compare
 from fmesh.manifest_format import format_diff, format_manifest
 from fmesh.mesh import make_mesh
 from fmesh.parallel import DEGREE_NAMES
-from fmesh.planning import DEFAULT_COST_BYTES, build_plan, format_plan
+from fmesh.planning import DEFAULT_COST_BYTES, build_plan, format_plan, job
+from fmesh.recovery import JobRecovery, format_recovery, recover_job, recover_manifests
 
-__all__ = ["LINKS", "demo", "main", "parse_bytes"]
+__all__ = ["LINKS", "demo", "main", "parse_bytes", "parse_ranks"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,6 +75,29 @@ def parse_bytes(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+def parse_ranks(text: str) -> tuple[int, ...]:
+    """``"5,9"``: the ranks ``--lose`` names.
+
+    >>> parse_ranks("5,9"), parse_ranks(" 3 ")
+    ((5, 9), (3,))
+    """
+    parts = [part.strip() for part in text.split(",")]
+    if not all(re.fullmatch(r"-?[0-9]+", part) for part in parts):
+        raise argparse.ArgumentTypeError(f"expected ranks as comma-separated ints such as 5,9, but got {text!r}")
+    return tuple(int(part) for part in parts)
+
+
+def _parse_axes(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(","))
+
+
+def _add_lose_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--lose", metavar="RANKS", type=parse_ranks, help=what)
+    parser.add_argument("--absorb", metavar="AXES", type=_parse_axes,
+                        help="with --lose: the axes that may absorb the loss, in the order tried (default "
+                             f"{','.join(ELASTIC_AXES)}; pp may be added)")
+
+
 def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--world-size", type=int, required=True, help="total number of ranks")
     plan.add_argument("--gpus-per-node", type=int, required=True, help="ranks per host")
@@ -99,7 +125,9 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
 def _parser() -> _Parser:
     parser = _Parser(prog="python -m fmesh", description="Functional device meshes for PyTorch.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    _add_plan_arguments(sub.add_parser("plan", help="print the meshes of a training job before launching it"))
+    plan = sub.add_parser("plan", help="print the meshes of a training job before launching it")
+    _add_plan_arguments(plan)
+    _add_lose_arguments(plan, "print the recovery plan after losing these ranks (e.g. 5,9) instead")
     diff = sub.add_parser(
         "diff",
         help="compare two plans: communicators shared, added, removed, and the ranks that change group",
@@ -109,6 +137,8 @@ def _parser() -> _Parser:
     diff.add_argument("a", help="a manifest file, or quoted plan flags starting with --")
     diff.add_argument("b", help="a manifest file, or quoted plan flags starting with --")
     diff.add_argument("--json", action="store_true", help="print JSON for scripts")
+    _add_lose_arguments(diff, "B is A after losing these ranks (e.g. 5,9): also print which communicators are "
+                              "kept, shrunk or created")
     return parser
 
 
@@ -160,10 +190,12 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         if args.command is None:
             print(demo(), file=out)
             return 0
+        if args.absorb is not None and args.lose is None:
+            raise CommandLineError("--absorb says which axes absorb a loss, so it goes with --lose RANKS")
         if args.command == "diff":
-            diff = compare(_side(args.a, "A"), _side(args.b, "B"))
-            print(json.dumps(diff.to_json(), indent=2) if args.json else format_diff(diff), file=out)
-            return 0
+            return _diff(args, out)
+        if args.lose is not None:
+            return _lose(args, out)
         plan = build_plan(args.world_size, args.gpus_per_node, rank_order=args.rank_order,
                           cost_bytes=args.cost_bytes, links=LINKS[args.links], **_degrees(args))
         manifest = _manifest_of(args) if args.manifest else None
@@ -176,6 +208,36 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     print(json.dumps(plan.to_json(), indent=2) if args.json else format_plan(plan), file=out)
     if manifest is not None and not args.json:
         print(f"\nmanifest written to {args.manifest}:\n{format_manifest(manifest)}", file=out)
+    return 0
+
+
+def _diff(args: argparse.Namespace, out: TextIO) -> int:
+    a, b = _side(args.a, "A"), _side(args.b, "B")
+    diff = compare(a, b)
+    recovery = None if args.lose is None else recover_manifests(a, b, args.lose, axes=args.absorb or ELASTIC_AXES,
+                                                                shrink_groups=b.backend == "nccl")
+    if args.json:
+        found = diff.to_json()
+        if recovery is not None:
+            found["recovery"] = recovery.to_json()
+        print(json.dumps(found, indent=2), file=out)
+    else:
+        print(format_diff(diff), file=out)
+        if recovery is not None:
+            print(f"\nrecovery (B is A after losing ranks {list(recovery.lost)}):\n"
+                  f"{format_recovery(recovery, b.backend)}", file=out)
+    return 0
+
+
+def _lose(args: argparse.Namespace, out: TextIO) -> int:
+    if args.manifest:
+        raise CommandLineError("--lose prints the recovery plan and writes no manifest; write each job's manifest "
+                               "with its own plan --manifest, and compare them with diff --lose")
+    dims, _ = job(args.world_size, args.gpus_per_node, rank_order=args.rank_order, **_degrees(args))
+    recovery: JobRecovery = recover_job(dims, args.lose, axes=args.absorb or ELASTIC_AXES,
+                                        shrink_groups=args.backend == "nccl")
+    print(json.dumps(recovery.to_json(), indent=2) if args.json else format_recovery(recovery, args.backend),
+          file=out)
     return 0
 
 

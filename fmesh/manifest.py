@@ -52,12 +52,11 @@ from typing import Any
 
 import attrs
 
-from fmesh.communicators import Communicator, Request, plan_communicators
+from fmesh.communicators import Communicator, plan_communicators
 from fmesh.errors import ManifestError
 from fmesh.layout.int_tuple import is_int, product
 from fmesh.layout.layout import Modes, complement_modes
-from fmesh.mesh import Mesh
-from fmesh.planning import job, job_degrees, job_meshes
+from fmesh.planning import job, job_degrees, job_requests
 from fmesh.topology import ORDERS, Topology
 
 __all__ = ["BACKENDS", "SCHEMA", "Manifest", "ManifestCommunicator", "NcclMemory", "build_manifest",
@@ -216,10 +215,6 @@ class Manifest:
                    trivial=tuple(data["trivial"]), memory_model=dict(data["memory_model"]))
 
 
-def _names(name: str, mesh: Mesh, axis: str) -> str:
-    return name if mesh.ndim == 1 else f"{name}.{axis}"
-
-
 def _entry(order: int, communicator: Communicator, topology: Topology, memory: NcclMemory | None
            ) -> ManifestCommunicator:
     """A communicator as the manifest lists it (``memory`` None: gloo, no GPU memory)."""
@@ -253,13 +248,11 @@ def plan_manifest(
     model = NcclMemory() if memory is None else memory
     dims, topology = job(world_size, gpus_per_node, rank_order=rank_order, **degrees)
     universe = dims.world_mesh.universe
-    requests = []
-    for name, mesh in job_meshes(dims):
-        for axis in mesh.axis_names:  # the Context plans a mesh axis by axis, in order
-            label = _names(name, mesh, axis)
-            if mesh.frame:
-                raise ValueError(f"{label} re-indexes its universe (an uneven unflatten): a manifest cannot list it")
-            requests.append(Request(mesh, (axis,), label))
+    requests = job_requests(dims)  # the Context plans a mesh axis by axis, in order
+    for request in requests:
+        if request.mesh.frame:
+            raise ValueError(f"{request.label} re-indexes its universe (an uneven unflatten): a manifest cannot "
+                             "list it")
     plan = plan_communicators(requests)
     trivial = tuple(r.label for c in plan.communicators if c.size == 1 for r in c.requests)
     communicators = tuple(_entry(order, c, topology, model if backend == "nccl" else None)

@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from fmesh.communicators import Request
 from fmesh.costs import Estimate, Links, as_links, estimate_span, format_bytes, format_seconds
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
@@ -23,7 +24,7 @@ from fmesh.parallel import DEGREE_NAMES, WORLD_AXES, ParallelDims
 from fmesh.topology import HUNGRY_AXES, AxisSpan, Topology, check_placement
 
 __all__ = ["DEFAULT_COST_BYTES", "REPRESENTATIVE", "Plan", "PlannedMesh", "build_plan", "format_plan",
-           "format_table", "job", "job_degrees", "job_meshes"]
+           "format_table", "job", "job_degrees", "job_meshes", "job_requests"]
 
 _HEAD = 6  # ranks shown before an ellipsis
 _FULL = 12  # groups up to this size are shown whole
@@ -134,6 +135,17 @@ def job_meshes(dims: ParallelDims) -> list[tuple[str, Mesh]]:
     if dims.ep_enabled:
         rows.append(("expert_fsdp_mesh", dims.expert_fsdp_mesh()))
     return rows
+
+
+def job_requests(dims: ParallelDims) -> list[Request]:
+    """Every mesh of :func:`job_meshes`, axis by axis, as the requests a :class:`~fmesh.Context` plans in that
+    order; each is labelled ``mesh`` (a 1-D mesh) or ``mesh.axis``, the names the manifest lists.
+
+    >>> [r.label for r in job_requests(ParallelDims(8, dp_replicate=2, tp=2))][-3:]
+    ['dp_cp', 'fsdp_mesh.dp_replicate', 'fsdp_mesh.dp_shard_cp']
+    """
+    return [Request(mesh, (axis,), name if mesh.ndim == 1 else f"{name}.{axis}")
+            for name, mesh in job_meshes(dims) for axis in mesh.axis_names]
 
 
 def _crossing_warnings(spans: dict[str, AxisSpan], gpus_per_node: int, nbytes: int, links: Links) -> list[str]:

@@ -1,7 +1,7 @@
 """Reads the ``fmesh`` source tree with ``ast`` and lists what breaks the package's architecture rules.
 
 * **Layers**: a module imports only from its own layer or below (errors <- layout <- mesh <- the recipes, in
-  their order: communicators <- topology <- parallel <- rendering <- costs <- planning <- manifest, then
+  their order: communicators <- topology <- parallel <- rendering <- costs <- planning <- manifest <- recovery, then
   context <- cli <- bench);
   ``fmesh/__init__.py`` is the facade.
 * **No cycles**: no two modules import each other, even through imports inside functions.
@@ -41,6 +41,7 @@ _ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("recipes: manifest", ("fmesh.manifest",)),
     ("recipes: manifest diff", ("fmesh.manifest_diff",)),
     ("recipes: manifest format", ("fmesh.manifest_format",)),
+    ("recipes: recovery", ("fmesh.recovery",)),
     ("context", ("fmesh.context",)),
     ("cli", ("fmesh.cli", "fmesh.__main__")),
     ("bench", ("bench",)),
