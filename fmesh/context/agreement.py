@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -53,7 +54,8 @@ LOST = "lost"  # a verdict: a member failed instead of coming
 TIMEOUT = "timeout"  # a verdict: members never came within the creation timeout
 FAILED = "failed"  # a status: this rank raised
 CLOSED = "closed"  # a status: this rank closed (or aborted) its context
-FINAL_STATES = (FAILED, CLOSED)  # a member in one of these will never come: a wait for it ends at once
+EXITED = "exited"  # a status: this rank's process ended (at interpreter exit) without closing its context
+FINAL_STATES = (FAILED, CLOSED, EXITED)  # a member in one of these will never come: a wait for it ends at once
 GRACE_SECONDS = 1.0  # creation normally completes in milliseconds; slower is worth a look
 MAX_POLL_SECONDS = 8.0  # the longest pause between two looks at the missing members
 POLL_FIRST_SECONDS = 0.001  # the first pause between two checks of the verdict
@@ -92,6 +94,10 @@ def describe_status(rank: int, status: dict[str, Any]) -> str:
     if state == CLOSED:
         failure = f" after it failed: {status['error']}" if status.get("error") else ""
         return f"rank {rank} {'aborted' if status.get('aborted') else 'closed'} its context{failure}"
+    if state == EXITED:
+        failure = f" after an uncaught {status['error']}" if status.get("error") else ""
+        return (f"rank {rank} exited without closing its Context{failure} (its process ended: it returned from "
+                "main, called sys.exit or raised; close the Context, or use `with fmesh.Context(...) as ctx:`)")
     if state == "running":
         return f"rank {rank} is not creating a group (busy elsewhere, or it took another path)"
     return f"rank {rank} never posted a status (its context did not start, or it crashed)"
@@ -119,7 +125,7 @@ class Agreement:
         return f"{self.prefix}/status/{rank}"
 
     def post(self, state: str, **fields: Any) -> None:
-        """Post this rank's status (``running``, ``waiting``, ``failed``, ``closed``)."""
+        """Post this rank's status (``running``, ``waiting``, ``failed``, ``closed``, ``exited``)."""
         self.store.set(self._status_key(self.rank), json.dumps({"state": state, **fields}))
 
     def statuses(self, ranks: Sequence[int]) -> dict[int, dict[str, Any]]:
@@ -145,6 +151,12 @@ class Agreement:
             failure = {k: last[k] for k in ("error", "kind") if k in last} if last.get("state") == FAILED else {}
             aborted = aborted or self.connections.halted.is_set()
             self.post(CLOSED, aborted=aborted, **failure)
+
+    def exited(self) -> None:
+        """Post, at interpreter exit, that this rank's process ended without closing its context (the Context
+        registers this with ``atexit`` while it is open), with the uncaught exception that ended it, if any."""
+        error = getattr(sys, "last_value", None)  # where the interpreter keeps the exception that ended the program
+        self.post_quietly(EXITED, **({"error": f"{type(error).__name__}: {error}"[:2000]} if error is not None else {}))
 
     def post_quietly(self, state: str, **fields: Any) -> None:
         """:meth:`post`, on a way out: a store that is gone (its host died) is no reason to raise."""
