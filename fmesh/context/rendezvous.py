@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping
 from datetime import timedelta
 
+import attrs
 import torch.distributed as dist
 
 from fmesh.errors import GroupTimeoutError, RankLostError
@@ -123,31 +124,50 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
 
 def _reported(store: dist.Store, rank: int, world_size: int, hosts: bool) -> RankLostError:
     """The error of a waiting rank that found a bad rank's report (having said it read it)."""
-    report = _loads(store.get(FAILED))
+    report = Report.loads(store.get(FAILED))
     store.add(SEEN, 1)
     if hosts:  # the others read the report through this process (those still starting too): wait until they have
         _linger(store, world_size - 1, HOST_LINGER_SECONDS)
-    read = ", ".join(f"{name}={value!r}" for name, value in report.get("environment", {}).items())
-    return RankLostError(
-        f"on rank {rank}: a process of this job could not start, so the job's default group can never form: "
-        f"{report.get('error', '?')} (it read {read or 'no launcher variables'}; host {report.get('host', '?')}, "
-        f"pid {report.get('pid', '?')}). Fix how that process was started")
+    return RankLostError(f"on rank {rank}: a process of this job could not start, so the job's default group can "
+                         f"never form: {report.describe()}. Fix how that process was started")
 
 
-def _loads(raw: bytes) -> dict[str, object]:
-    with contextlib.suppress(ValueError, UnicodeDecodeError):
-        value = json.loads(bytes(raw).decode())
-        if isinstance(value, dict):
-            return value
-    return {}
+@attrs.frozen
+class Report:
+    """What a process that cannot start posts: its error, the launcher variables it read, its host and pid.
+
+    >>> Report.loads(Report("ValueError: bad", (("RANK", "abc"),), "node7", 42).dumps()).describe()
+    "ValueError: bad (it read RANK='abc'; host node7, pid 42)"
+    """
+
+    error: str
+    environment: tuple[tuple[str, str], ...]
+    host: str
+    pid: int
+
+    def dumps(self) -> str:
+        return json.dumps(attrs.asdict(self))
+
+    @classmethod
+    def loads(cls, raw: bytes | str) -> Report:
+        """The report in ``raw``; an unreadable one says so (it still means a process could not start)."""
+        with contextlib.suppress(ValueError, TypeError, UnicodeDecodeError):
+            fields = json.loads(raw)
+            return cls(str(fields["error"]), tuple((str(k), str(v)) for k, v in fields["environment"]),
+                       str(fields["host"]), int(fields["pid"]))
+        return cls("an unreadable report", (), "?", 0)
+
+    def describe(self) -> str:
+        read = ", ".join(f"{name}={value!r}" for name, value in self.environment) or "no launcher variables"
+        return f"{self.error} (it read {read}; host {self.host}, pid {self.pid})"
 
 
 def post_failure(store: dist.Store, environment: Mapping[str, str], error: BaseException) -> None:
     """Post that this process cannot start, with ``error`` and the launcher ``environment`` it read (the first
     report stays)."""
-    report = json.dumps({"error": f"{type(error).__name__}: {error}"[:2000], "environment": dict(environment),
-                         "host": socket.gethostname(), "pid": os.getpid()})
-    store.compare_set(FAILED, "", report)
+    report = Report(f"{type(error).__name__}: {error}"[:2000], tuple(environment.items()), socket.gethostname(),
+                    os.getpid())
+    store.compare_set(FAILED, "", report.dumps())
 
 
 def _reachable(address: str, port: int, seconds: float) -> bool:
