@@ -19,7 +19,8 @@ a constant number of store operations and bytes, whatever the group size:
 Full descriptions are read only to write an error. Past a grace period, one waiter (elected with
 ``add``) now and then reads the statuses of the members (one ``multi_get``) and follows the
 members that have not arrived to what each is waiting for. A member whose status is final (it failed,
-closed or aborted its context) will never come: the wait ends with its error. A cycle
+closed or aborted its context, or its process exited without closing it) will never come: the wait ends with
+its error. A cycle
 (rank 0 waits here for rank 1, which waits elsewhere for rank 0) can never complete: it is a
 disagreement, reported as :class:`~fmesh.MeshMismatchError` on every rank of the cycle within
 seconds. A member that failed is reported with its own error (a mismatch stays a mismatch, anything
@@ -204,7 +205,7 @@ class Agreement:
         # handler and cannot be woken by `abort()`. The pause between polls doubles up to POLL_MAX_SECONDS, so a
         # group made in milliseconds costs a few checks. Past the grace period one waiter (elected with `add`)
         # looks now and then at the missing members and writes the verdict of a cycle or of a member that will
-        # never come (failed, closed); any waiter past the creation timeout writes the timeout.
+        # never come (failed, closed, exited); any waiter past the creation timeout writes the timeout.
         started = time.monotonic()
         deadline = started + self.creation_timeout.total_seconds()
         done = f"{base}/done"
