@@ -379,7 +379,7 @@ import json, os, sys, time
 import torch, fmesh
 
 def report(started, kind, message=""):
-    print(json.dumps([os.environ.get("RANK"), kind, message, time.monotonic() - started]), flush=True)
+    print("outcome", json.dumps([os.environ.get("RANK"), kind, message, time.monotonic() - started]), flush=True)
 
 def main():
     started = time.monotonic()
@@ -421,8 +421,10 @@ def start_job(tmp_path: Any, environs: list[dict[str, str]], mode: str = "start"
     try:
         for process in processes:
             out, _ = process.communicate(timeout=timeout)
-            for line in out.splitlines()[-1:]:
-                rank, kind, message, seconds = json.loads(line)
+            for line in out.splitlines():  # torch 2.10's gloo prints lines of its own
+                if not line.startswith("outcome "):
+                    continue
+                rank, kind, message, seconds = json.loads(line.removeprefix("outcome "))
                 outcomes[str(rank)] = (kind, seconds, message)
     finally:
         for process in processes:
