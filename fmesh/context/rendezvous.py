@@ -46,9 +46,13 @@ POLL_FIRST_SECONDS = 0.001
 POLL_MAX_SECONDS = 0.1
 
 
-def agent_store(environ: Mapping[str, str]) -> bool:
-    """Whether torchrun's agent hosts the store (then every rank is a client), as torch reads it."""
-    return environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+def hosts_store(environ: Mapping[str, str], rank: int) -> bool:
+    """Whether ``rank`` hosts the job's store: rank 0 does, unless torchrun's agent hosts it (as torch reads it).
+
+    >>> hosts_store({}, 0), hosts_store({"TORCHELASTIC_USE_AGENT_STORE": "True"}, 0), hosts_store({}, 1)
+    (True, False, False)
+    """
+    return rank == 0 and environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True)
 
 
 def _launcher_value(environ: Mapping[str, str], name: str, given: int | None) -> int:
@@ -72,7 +76,7 @@ def open_store(environ: Mapping[str, str], rank: int | None, world_size: int | N
         raise ValueError("the launcher's MASTER_ADDR is not set: an env:// start needs RANK, WORLD_SIZE, MASTER_ADDR "
                          "and MASTER_PORT (torchrun sets them); check how this process was started")
     port = _launcher_value(environ, "MASTER_PORT", None)
-    hosts = rank == 0 and not agent_store(environ)
+    hosts = hosts_store(environ, rank)
     if not hosts and not _reachable(address, port, timeout.total_seconds()):  # quietly: torch logs each try
         raise GroupTimeoutError(f"on rank {rank}: nothing listens at MASTER_ADDR:MASTER_PORT ({address}:{port}) "
                                 f"within {timeout.total_seconds():g}s: the store's host (rank 0, or torchrun's "
@@ -94,8 +98,8 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     base = f"{START}/{generation}"
     first = store.compare_set(f"{base}/world_size", "", str(world_size)).decode()
     if first != str(world_size):
-        error = ValueError(f"rank {rank} started with WORLD_SIZE={world_size}, but another rank of this job with "
-                           f"WORLD_SIZE={first}; every rank must be started with the same WORLD_SIZE")
+        error = ValueError(f"rank {rank} started with WORLD_SIZE={world_size}, but another rank of this job started "
+                           f"with WORLD_SIZE={first}; expected every rank to be started with the same WORLD_SIZE")
         post_failure(store, {"RANK": str(rank), "WORLD_SIZE": str(world_size)}, error)
         if hosts:
             _linger(store, world_size - 1, HOST_LINGER_SECONDS)
@@ -199,7 +203,7 @@ def report_bad_environment(environ: Mapping[str, str], error: BaseException,
         return False
     port = int(port_text)
     environment = {name: environ[name] for name in ENVIRONMENT if name in environ}
-    hosts = environ.get("RANK") == "0" and not agent_store(environ)
+    hosts = environ.get("RANK") == "0" and hosts_store(environ, 0)
     try:
         if hosts:
             store = dist.TCPStore(address, port, None, is_master=True, timeout=timedelta(seconds=seconds),

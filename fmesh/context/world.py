@@ -118,8 +118,8 @@ def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None,
     except ValueError as error:
         rendezvous.report_bad_environment(environ, error)
         raise
-    hosts = rank == 0 and not rendezvous.agent_store(environ)
-    rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout, hosts=hosts)
+    rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout,
+                    hosts=rendezvous.hosts_store(environ, rank))
     return store, rank, world_size
 
 
