@@ -158,3 +158,12 @@ def test_an_exit_hook_posts_exited_for_an_open_context_only(tmp_path: Any) -> No
     states = {name: Agreement(store, f"fmesh/{name}/0", 0, timedelta(seconds=5)).statuses([0])[0]["state"]
               for name in ("closed", "left")}
     assert states == {"closed": "closed", "left": "exited"}
+
+
+def test_a_forked_child_that_exits_posts_nothing_for_its_parents_rank(monkeypatch: Any) -> None:
+    store = dist.HashStore()
+    agreement = Agreement(store, "test", 1, timedelta(seconds=60))
+    agreement.post("running")
+    monkeypatch.setattr("os.getpid", lambda: agreement.pid + 1)  # the hook runs in a child the rank forked
+    agreement.exited()
+    assert agreement.statuses([1])[1] == {"state": "running"}

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -61,6 +62,7 @@ GRACE_SECONDS = 1.0  # creation normally completes in milliseconds; slower is wo
 MAX_POLL_SECONDS = 8.0  # the longest pause between two looks at the missing members
 POLL_FIRST_SECONDS = 0.001  # the first pause between two checks of the verdict
 POLL_MAX_SECONDS = 0.1  # the longest: how late a waiter learns the verdict, or that its context was aborted
+EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits to post that it exited
 MAX_GROUPS_FOLLOWED = 64  # bounds the work of one diagnosis
 
 
@@ -119,6 +121,8 @@ class Agreement:
     grace: float = GRACE_SECONDS  # how long a waiter waits before it looks at what the missing ones do
     # The Context's groups' sockets, and whether it was aborted (then every wait ends at its next poll).
     connections: Connections = attrs.field(factory=Connections, eq=False, repr=False)
+    # The process this rank is: a child it forks inherits the exit hook, and its exit is not this rank's.
+    pid: int = attrs.field(factory=os.getpid, eq=False, repr=False)
 
     # ------------------------------------------------------------ statuses
 
@@ -156,7 +160,11 @@ class Agreement:
     def exited(self) -> None:
         """Post, at interpreter exit, that this rank's process ended without closing its context (the Context
         registers this with ``atexit`` while it is open), with the uncaught exception that ended it, if any."""
+        if os.getpid() != self.pid:
+            return
         error = getattr(sys, "last_value", None)  # where the interpreter keeps the exception that ended the program
+        with contextlib.suppress(Exception):  # a store that stopped answering must not hold the exit for long
+            self.store.set_timeout(EXIT_POST_TIMEOUT)
         self.post_quietly(EXITED, **({"error": f"{type(error).__name__}: {error}"[:2000]} if error is not None else {}))
 
     def post_quietly(self, state: str, **fields: Any) -> None:
