@@ -3,11 +3,14 @@ it reports when members disagree, wait in a cycle, fail or never come."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import torch.distributed as dist
 from support import CountingStore
 
@@ -124,3 +127,43 @@ def test_a_close_after_an_abort_still_tells_the_abort() -> None:
     aborting.connections.halted.set()
     aborting.close_quietly(aborted=False)
     assert describe_status(0, aborting.statuses([0])[0]) == "rank 0 aborted its context"
+
+
+def test_a_member_that_exited_without_closing_is_named_with_what_ended_it(monkeypatch: Any) -> None:
+    store = CountingStore()
+    monkeypatch.setattr("sys.last_value", KeyError("lost batch"), raising=False)  # as after an uncaught exception
+    Agreement(store, "test", 1, timedelta(seconds=60)).exited()
+    outcome = members_agree(store, [0, 1], lambda r: "g", lambda r: "Mesh(x)", who=[0])
+    assert isinstance(outcome[0], fmesh.RankLostError), outcome
+    assert "rank 1 exited without closing its Context after an uncaught KeyError: 'lost batch'" in str(outcome[0])
+
+
+EXIT_RUN = """
+import sys, torch.distributed as dist, fmesh
+store = dist.FileStore(sys.argv[1], 100)  # more users than it will have: the file outlives the process
+closed = fmesh.Context(backend="gloo", rank=0, world_size=1, store=store, name="closed")
+left = fmesh.Context(backend="gloo", rank=0, world_size=1, name="left")  # joins the default group
+closed.close()
+"""
+
+
+@pytest.mark.slow
+def test_an_exit_hook_posts_exited_for_an_open_context_only(tmp_path: Any) -> None:
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_RUN)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "store")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    store = dist.PrefixStore("0/", dist.FileStore(str(tmp_path / "store"), 100))  # the default group's prefix
+    states = {name: Agreement(store, f"fmesh/{name}/0", 0, timedelta(seconds=5)).statuses([0])[0]["state"]
+              for name in ("closed", "left")}
+    assert states == {"closed": "closed", "left": "exited"}
+
+
+def test_a_forked_child_that_exits_posts_nothing_for_its_parents_rank(monkeypatch: Any) -> None:
+    store = dist.HashStore()
+    agreement = Agreement(store, "test", 1, timedelta(seconds=60))
+    agreement.post("running")
+    monkeypatch.setattr("os.getpid", lambda: agreement.pid + 1)  # the hook runs in a child the rank forked
+    agreement.exited()
+    assert agreement.statuses([1])[1] == {"state": "running"}

@@ -53,3 +53,14 @@ def test_more_local_processes_than_gpus_is_one_clear_error() -> None:
                                              r"visible \(CUDA_VISIBLE_DEVICES=0\).*--nproc-per-node 1.*'gloo'"):
             local_gpu({"LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "0"}, count=1)
 
+
+
+def test_each_rank_may_name_its_own_gpu_and_none_past_the_visible_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fmesh.context.world import check_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert [check_device(f"cuda:{rank}") for rank in (0, 1)] == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert check_device("cuda") == torch.device("cuda", 1)  # no index: the current device, made explicit
+    with pytest.raises(ValueError, match=r"'cuda:2', but this process sees 2 CUDA devices; .* cuda:0 to cuda:1"):
+        check_device("cuda:2")

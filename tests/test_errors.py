@@ -34,6 +34,8 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], tuple[str, ...]]] = [
      ValueError, ("9", "range(0, 4)")),
     ("rank map non-int", lambda: fmesh.make_mesh((2,), ("a",), rank_map=[0, "1"]), TypeError, ("'1'", "ints")),
     ("bad device type", lambda: fmesh.make_mesh((2,), ("a",), device_type=""), TypeError, ("''", "'cuda'")),
+    ("a device, not a type", lambda: fmesh.make_mesh((2,), ("a",), device_type="cuda:1"), ValueError,
+     ("'cuda:1'", "without an index", "Context(device='cuda:1')", "device_type='cuda'")),
     ("world size zero", lambda: Universe(0), ValueError, ("0", "positive integer")),
     ("unknown axis in slice", lambda: fmesh.slice(MESH, "pp"), KeyError, ("'pp'", "('dp', 'cp', 'tp')")),
     ("slice nothing", lambda: fmesh.slice(MESH), ValueError, ("at least one", "('dp', 'cp', 'tp')")),

@@ -9,6 +9,7 @@ asserted here.
 from __future__ import annotations
 
 import importlib
+import json
 import multiprocessing
 import os
 import resource
@@ -26,6 +27,8 @@ import torch
 
 import fmesh
 from fmesh import AxisOptions, Context
+from fmesh.context.launch import free_port
+from fmesh.context.rendezvous import FAILED, Report
 from fmesh.context.world import check_launcher_environment
 
 Outcome = tuple[str, float, str]  # (what happened: an error's class name or "ok", seconds it took, message)
@@ -368,6 +371,97 @@ def test_two_hundred_contexts_leave_threads_fds_and_memory_as_they_were() -> Non
         assert end[2] <= start[2] * 1.05, message
 
 
+# ------------------------------------------------------------------------------ processes started by hand
+
+
+JOB_RUN = """
+import json, os, sys, time
+import torch, fmesh
+
+def report(started, kind, message=""):
+    print("outcome", json.dumps([os.environ.get("RANK"), kind, message, time.monotonic() - started]), flush=True)
+
+def main():
+    started = time.monotonic()
+    try:
+        ctx = fmesh.Context(backend="gloo", timeout=60, creation_timeout=30)  # env://, as under torchrun
+    except Exception as error:
+        return report(started, type(error).__name__, str(error))
+    if sys.argv[1] == "leave" and ctx.rank == 1:
+        {leave}
+    started = time.monotonic()
+    try:
+        ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("dp",)), "dp")
+    except Exception as error:
+        return report(started, type(error).__name__, str(error))
+    ctx.close()
+    report(started, "ok")
+
+main()
+"""
+
+
+def start_job(tmp_path: Any, environs: list[dict[str, str]], mode: str = "start", leave: str = "return",
+              agent: bool = False, timeout: float = 40) -> dict[str, Outcome]:
+    """Each process's outcome of :data:`JOB_RUN` (keyed by its RANK variable), the processes started by hand
+    with ``environs`` (on top of a launcher environment with a free MASTER_PORT), as a launcher would; with
+    ``agent``, this process hosts the store, as torchrun's agent does."""
+    script = tmp_path / "job.py"
+    script.write_text(JOB_RUN.replace("{leave}", leave))
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                                            "LOCAL_RANK", "TORCHELASTIC_USE_AGENT_STORE")}
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False) if agent else None
+    processes = [subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True,
+                                  env={**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                       "OMP_NUM_THREADS": "1", "TORCHELASTIC_USE_AGENT_STORE": str(agent), **environ})
+                 for environ in environs]
+    outcomes: dict[str, Outcome] = {}
+    try:
+        for process in processes:
+            out, _ = process.communicate(timeout=timeout)
+            for line in out.splitlines():  # torch 2.10's gloo prints lines of its own
+                if not line.startswith("outcome "):
+                    continue
+                rank, kind, message, seconds = json.loads(line.removeprefix("outcome "))
+                outcomes[str(rank)] = (kind, seconds, message)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.communicate()
+        del store
+    return outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("bad", "world", "agent", "expected"), [
+    ({"RANK": "abc", "WORLD_SIZE": "2"}, 2, True, "RANK='abc' is not an int >= 0"),  # torchrun's agent hosts the store
+    ({"RANK": "abc", "WORLD_SIZE": "3"}, 3, False, "RANK='abc' is not an int >= 0"),  # rank 0 hosts it, rank 1 reads
+    ({"RANK": "0", "WORLD_SIZE": "-3"}, 2, False, "WORLD_SIZE='-3' is not an int >= 1"),  # it would host the store
+])
+def test_a_rank_with_a_bad_launcher_environment_ends_its_peers_wait_in_seconds(
+        tmp_path: Any, bad: dict[str, str], world: int, agent: bool, expected: str) -> None:
+    healthy = [{"RANK": str(r), "WORLD_SIZE": str(world)} for r in range(world) if str(r) != bad["RANK"]][:world - 1]
+    outcomes = start_job(tmp_path, [bad, *healthy], agent=agent)
+    assert outcomes[bad["RANK"]][0] == "ValueError" and expected in outcomes[bad["RANK"]][2], outcomes
+    for environ in healthy:
+        kind, seconds, message = outcomes[environ["RANK"]]
+        assert kind == "RankLostError" and "could not start" in message and expected in message, outcomes
+        assert f"RANK={bad['RANK']!r}" in message and seconds < 10, outcomes  # not torch's 10 minutes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("leave", ["return", "raise KeyError('lost batch')"])
+def test_a_peer_that_exits_without_closing_its_context_is_named_in_seconds(tmp_path: Any, leave: str) -> None:
+    outcomes = start_job(tmp_path, [{"RANK": str(r), "WORLD_SIZE": "2"} for r in range(2)], "leave", leave)
+    kind, seconds, message = outcomes["0"]
+    assert kind == "RankLostError" and "rank 1 exited without closing its Context" in message, outcomes
+    assert ("KeyError: 'lost batch'" in message) == leave.startswith("raise"), outcomes
+    assert seconds < 5, outcomes  # not the 30 s creation timeout
+
+
 # ----------------------------------------------------------------------------------------------- quiet
 
 
@@ -478,12 +572,16 @@ def test_a_bad_launcher_environment_fails_at_once(environ: dict[str, str], expec
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match=expected):
         check_launcher_environment(environ)
-    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", **environ}.items():
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # torchrun's agent's
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+                        **environ}.items():
         monkeypatch.setenv(name, value)
     started = time.monotonic()
     with pytest.raises(ValueError, match=expected):
         Context.from_env(backend="gloo")
     assert time.monotonic() - started < 1 and not torch.distributed.is_initialized()
+    assert expected in Report.loads(store.get(FAILED)).describe()  # its peers stop waiting: see below
 
 
 def test_a_users_mistake_carries_no_internal_exception() -> None:

@@ -4,6 +4,7 @@ Modules, one concept each:
 
 * ``context``: :class:`Context`, the thin owner of the rooms below and the public API;
 * ``world``: this process, its device and the default process group;
+* ``rendezvous``: how the job's processes meet before the default group exists (a bad one ends the wait);
 * ``options``: what makes two groups the same (:class:`AxisOptions`, group specs);
 * ``groups``: the registry of process groups and their creation;
 * ``agreement``: the cross-rank check that members mean the same group;

@@ -19,7 +19,8 @@ a constant number of store operations and bytes, whatever the group size:
 Full descriptions are read only to write an error. Past a grace period, one waiter (elected with
 ``add``) now and then reads the statuses of the members (one ``multi_get``) and follows the
 members that have not arrived to what each is waiting for. A member whose status is final (it failed,
-closed or aborted its context) will never come: the wait ends with its error. A cycle
+closed or aborted its context, or its process exited without closing it) will never come: the wait ends with
+its error. A cycle
 (rank 0 waits here for rank 1, which waits elsewhere for rank 0) can never complete: it is a
 disagreement, reported as :class:`~fmesh.MeshMismatchError` on every rank of the cycle within
 seconds. A member that failed is reported with its own error (a mismatch stays a mismatch, anything
@@ -36,6 +37,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import sys
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -53,11 +56,13 @@ LOST = "lost"  # a verdict: a member failed instead of coming
 TIMEOUT = "timeout"  # a verdict: members never came within the creation timeout
 FAILED = "failed"  # a status: this rank raised
 CLOSED = "closed"  # a status: this rank closed (or aborted) its context
-FINAL_STATES = (FAILED, CLOSED)  # a member in one of these will never come: a wait for it ends at once
+EXITED = "exited"  # a status: this rank's process ended (at interpreter exit) without closing its context
+FINAL_STATES = (FAILED, CLOSED, EXITED)  # a member in one of these will never come: a wait for it ends at once
 GRACE_SECONDS = 1.0  # creation normally completes in milliseconds; slower is worth a look
 MAX_POLL_SECONDS = 8.0  # the longest pause between two looks at the missing members
 POLL_FIRST_SECONDS = 0.001  # the first pause between two checks of the verdict
 POLL_MAX_SECONDS = 0.1  # the longest: how late a waiter learns the verdict, or that its context was aborted
+EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits to post that it exited
 MAX_GROUPS_FOLLOWED = 64  # bounds the work of one diagnosis
 
 
@@ -92,6 +97,10 @@ def describe_status(rank: int, status: dict[str, Any]) -> str:
     if state == CLOSED:
         failure = f" after it failed: {status['error']}" if status.get("error") else ""
         return f"rank {rank} {'aborted' if status.get('aborted') else 'closed'} its context{failure}"
+    if state == EXITED:
+        failure = f" after an uncaught {status['error']}" if status.get("error") else ""
+        return (f"rank {rank} exited without closing its Context{failure} (its process ended: it returned from "
+                "main, called sys.exit or raised; close the Context, or use `with fmesh.Context(...) as ctx:`)")
     if state == "running":
         return f"rank {rank} is not creating a group (busy elsewhere, or it took another path)"
     return f"rank {rank} never posted a status (its context did not start, or it crashed)"
@@ -112,6 +121,8 @@ class Agreement:
     grace: float = GRACE_SECONDS  # how long a waiter waits before it looks at what the missing ones do
     # The Context's groups' sockets, and whether it was aborted (then every wait ends at its next poll).
     connections: Connections = attrs.field(factory=Connections, eq=False, repr=False)
+    # The process this rank is: a child it forks inherits the exit hook, and its exit is not this rank's.
+    pid: int = attrs.field(factory=os.getpid, eq=False, repr=False)
 
     # ------------------------------------------------------------ statuses
 
@@ -119,7 +130,7 @@ class Agreement:
         return f"{self.prefix}/status/{rank}"
 
     def post(self, state: str, **fields: Any) -> None:
-        """Post this rank's status (``running``, ``waiting``, ``failed``, ``closed``)."""
+        """Post this rank's status (``running``, ``waiting``, ``failed``, ``closed``, ``exited``)."""
         self.store.set(self._status_key(self.rank), json.dumps({"state": state, **fields}))
 
     def statuses(self, ranks: Sequence[int]) -> dict[int, dict[str, Any]]:
@@ -145,6 +156,16 @@ class Agreement:
             failure = {k: last[k] for k in ("error", "kind") if k in last} if last.get("state") == FAILED else {}
             aborted = aborted or self.connections.halted.is_set()
             self.post(CLOSED, aborted=aborted, **failure)
+
+    def exited(self) -> None:
+        """Post, at interpreter exit, that this rank's process ended without closing its context (the Context
+        registers this with ``atexit`` while it is open), with the uncaught exception that ended it, if any."""
+        if os.getpid() != self.pid:
+            return
+        error = getattr(sys, "last_value", None)  # where the interpreter keeps the exception that ended the program
+        with contextlib.suppress(Exception):  # a store that stopped answering must not hold the exit for long
+            self.store.set_timeout(EXIT_POST_TIMEOUT)
+        self.post_quietly(EXITED, **({"error": f"{type(error).__name__}: {error}"[:2000]} if error is not None else {}))
 
     def post_quietly(self, state: str, **fields: Any) -> None:
         """:meth:`post`, on a way out: a store that is gone (its host died) is no reason to raise."""
@@ -192,7 +213,7 @@ class Agreement:
         # handler and cannot be woken by `abort()`. The pause between polls doubles up to POLL_MAX_SECONDS, so a
         # group made in milliseconds costs a few checks. Past the grace period one waiter (elected with `add`)
         # looks now and then at the missing members and writes the verdict of a cycle or of a member that will
-        # never come (failed, closed); any waiter past the creation timeout writes the timeout.
+        # never come (failed, closed, exited); any waiter past the creation timeout writes the timeout.
         started = time.monotonic()
         deadline = started + self.creation_timeout.total_seconds()
         done = f"{base}/done"

@@ -24,6 +24,7 @@ Rules for group creation (what every rank must do):
 
 from __future__ import annotations
 
+import atexit
 import gc
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -99,6 +100,9 @@ class Context:
             self._agreement = Agreement(_torch.store_client(world.store()), f"fmesh/{world.name}/{world.epoch}",
                                     world.rank, self._settings.creation_timeout)
             self._agreement.post("running")
+            # A process that ends without closing this context tells its peers so at interpreter exit, instead of
+            # leaving them to wait for it; close() withdraws this.
+            atexit.register(self._agreement.exited)
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._groups = GroupRegistry(world, self._settings, agreement=self._agreement, ascending_only=simulated)
         self._exports = Exporter(world.device.type)
@@ -586,6 +590,7 @@ class Context:
         if abort:  # first, before any store operation: ends this rank's waits and frees the peers blocked with it
             self._groups.halt()
         if self._agreement is not None:  # tell peers waiting for this rank why it will not come
+            atexit.unregister(self._agreement.exited)
             if error is not None:
                 self._agreement.failed(error)
             else:

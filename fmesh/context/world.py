@@ -23,7 +23,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from fmesh.context import _torch
+from fmesh.context import _torch, rendezvous
 from fmesh.context.options import DEFAULT_TIMEOUT, normalize_backend
 from fmesh.layout.int_tuple import is_int
 
@@ -95,6 +95,32 @@ def check_launcher_environment(environ: Mapping[str, str]) -> None:
     if world is not None and rank is not None and rank >= world:
         raise ValueError(f"the launcher's RANK={rank} is outside WORLD_SIZE={world}: valid ranks are 0..{world - 1}; "
                          "check how this process was started")
+
+
+def checked_launch(environ: Mapping[str, str]) -> None:
+    """:func:`check_launcher_environment`; a bad environment is also reported to the job's other processes
+    through its store, when ``MASTER_ADDR`` and ``MASTER_PORT`` reach it, so that they stop waiting for this one.
+
+    >>> checked_launch({"RANK": "1", "WORLD_SIZE": "2"})
+    """
+    try:
+        check_launcher_environment(environ)
+    except ValueError as error:
+        rendezvous.report_bad_environment(environ, error)
+        raise
+
+
+def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None,
+         timeout: timedelta) -> tuple[dist.Store, int, int]:
+    """The job's store, this rank and the world size, once every rank has come (``env://``)."""
+    try:
+        store, rank, world_size = rendezvous.open_store(environ, rank, world_size, timeout)
+    except ValueError as error:
+        rendezvous.report_bad_environment(environ, error)
+        raise
+    rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout,
+                    hosts=rendezvous.hosts_store(environ, rank))
+    return store, rank, world_size
 
 
 def local_gpu(environ: Mapping[str, str], count: int | None = None) -> torch.device:
@@ -172,9 +198,16 @@ class World:
         if world_size is not None and rank is not None and rank >= world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}: valid ranks are 0..{world_size - 1}")
         checked_device = check_device(device, dry_run=backend == "fake")
-        if init_method == "env://" or (init_method is None and store is None and rank is None):
-            check_launcher_environment(os.environ)
+        launched = store is None and init_method in (None, "env://")  # torch's default: env://
+        if init_method == "env://" or (launched and rank is None):
+            checked_launch(os.environ)
         owns = not dist.is_initialized()
+        if owns and launched and backend != "fake":
+            # fmesh's own env:// rendezvous: the ranks meet in the store by polling, so that a rank that cannot
+            # start ends its peers' wait at once; torch's then runs with every rank present.
+            store, rank, world_size = _met(os.environ, rank, world_size, timeout)
+            store = dist.PrefixStore("default_pg", store)  # the namespace torch's env:// rendezvous gives it
+            init_method = None
         if owns:
             dist.init_process_group(
                 backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"),
@@ -214,12 +247,14 @@ class World:
         missing = [v for v in LAUNCHER_VARIABLES if v not in os.environ]
         alone = len(missing) == len(LAUNCHER_VARIABLES) and not dist.is_initialized()
         if missing and not alone and not dist.is_initialized():
-            raise ValueError(
+            error = ValueError(
                 f"Context.from_env needs the launcher's environment variables {missing}, or none of "
                 f"{list(LAUNCHER_VARIABLES)} for a world of one; start the program with torchrun (e.g. torchrun "
                 "--nproc-per-node 4 train.py), with plain python, or use Context(...) explicitly"
             )
-        check_launcher_environment(os.environ)
+            rendezvous.report_bad_environment(os.environ, error)
+            raise error
+        checked_launch(os.environ)
         backend = normalize_backend(backend) or ("nccl" if torch.cuda.is_available() else "gloo")
         device: torch.device | None = None
         if backend == "nccl":

@@ -21,6 +21,12 @@ def _positive_int(instance: object, attribute: attrs.Attribute[Any], value: obje
 def _device_type(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, str) or not value:
         raise TypeError(f"device_type must be a non-empty string such as 'cpu' or 'cuda', got {value!r}")
+    if ":" in value:  # 'cuda:{rank}' would make every rank's mesh a different value: a mismatch at the first group
+        raise ValueError(
+            f"device_type must be a device type without an index, such as 'cpu' or 'cuda', but got {value!r}: a mesh "
+            "is the same value on every rank, while each rank's device differs; give the device to the Context "
+            f"(Context(device={value!r}), or cuda:LOCAL_RANK as Context.from_env chooses) and "
+            f"device_type={value.split(':')[0]!r} to the mesh")
 
 
 def canonical_rank_map(world_size: int, rank_map: Any) -> tuple[int, ...] | None:

@@ -1,0 +1,234 @@
+"""How the processes of a job meet before the default process group exists (fmesh's ``env://`` rendezvous).
+
+torch's ``env://`` rendezvous blocks in C++ until every rank has come (rank 0's store waits for its workers, gloo
+for every rank's address), so a rank that cannot start (``RANK=abc``, ``WORLD_SIZE=-3``) leaves its peers waiting
+torch's timeout (10 minutes by default), and a thread blocked there can be told nothing. fmesh makes the store as
+torch does (rank 0 hosts it, or torchrun's agent does), then the ranks meet in it by polling, before torch's own
+rendezvous, in constant work per rank:
+
+1. ``add(fmesh/start/inits/<rank>, 1)``: this rank's n-th start, the n-th on every rank (SPMD order);
+2. ``compare_set(fmesh/start/<n>/world_size, "", mine)``: every rank means the same ``WORLD_SIZE``;
+3. ``add(fmesh/start/<n>/arrived, 1)``: the rank that brings the count to the world size writes ``.../all``;
+4. ``check`` for ``.../all`` and for ``fmesh/start/failed``, pausing 1 ms, then 2, 4, ... up to 0.1 s.
+
+A rank whose launcher environment is bad posts its error and the variables it read under ``fmesh/start/failed``
+(:func:`report_bad_environment`, when ``MASTER_ADDR`` and ``MASTER_PORT`` reach the store), and every rank
+waiting at step 4 raises :class:`~fmesh.RankLostError` naming it within 0.1 s. torch's ``init_process_group``
+then runs on this store with every rank present: milliseconds.
+
+>>> import torch.distributed as dist
+>>> from datetime import timedelta
+>>> meet(dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=5))  # alone: met at once
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+
+import attrs
+import torch.distributed as dist
+
+from fmesh.errors import GroupTimeoutError, RankLostError
+
+START = "fmesh/start"
+FAILED = f"{START}/failed"  # a bad rank's report: JSON with its error, the variables it read, host and pid
+SEEN = f"{START}/failed/seen"  # how many waiting ranks read the report (its host stays up until they all have)
+ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+REPORT_CONNECT_SECONDS = 3.0  # how long a bad rank tries to reach the store to report (then it only raises)
+HOST_LINGER_SECONDS = 3.0  # how long a store host that is about to fail waits for its peers to read why
+POLL_FIRST_SECONDS = 0.001
+POLL_MAX_SECONDS = 0.1
+
+
+def hosts_store(environ: Mapping[str, str], rank: int) -> bool:
+    """Whether ``rank`` hosts the job's store: rank 0 does, unless torchrun's agent hosts it (as torch reads it).
+
+    >>> hosts_store({}, 0), hosts_store({"TORCHELASTIC_USE_AGENT_STORE": "True"}, 0), hosts_store({}, 1)
+    (True, False, False)
+    """
+    return rank == 0 and environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True)
+
+
+def _launcher_value(environ: Mapping[str, str], name: str, given: int | None) -> int:
+    if given is not None:
+        return given
+    if name not in environ:
+        raise ValueError(f"the launcher's {name} is not set: an env:// start needs RANK, WORLD_SIZE, MASTER_ADDR and "
+                         "MASTER_PORT (torchrun sets them); check how this process was started")
+    return int(environ[name])  # check_launcher_environment read it already
+
+
+def open_store(environ: Mapping[str, str], rank: int | None, world_size: int | None,
+               timeout: timedelta) -> tuple[dist.Store, int, int]:
+    """The job's store (hosted by rank 0, or by torchrun's agent), this rank and the world size, as torch's
+    ``env://`` rendezvous reads them (``rank`` and ``world_size`` given override the environment); unlike
+    torch's, the host does not block until every rank has connected: :func:`meet` waits instead."""
+    rank = _launcher_value(environ, "RANK", rank)
+    world_size = _launcher_value(environ, "WORLD_SIZE", world_size)
+    address = environ.get("MASTER_ADDR")
+    if not address:
+        raise ValueError("the launcher's MASTER_ADDR is not set: an env:// start needs RANK, WORLD_SIZE, MASTER_ADDR "
+                         "and MASTER_PORT (torchrun sets them); check how this process was started")
+    port = _launcher_value(environ, "MASTER_PORT", None)
+    hosts = hosts_store(environ, rank)
+    if not hosts and not _reachable(address, port, timeout.total_seconds()):  # quietly: torch logs each try
+        raise GroupTimeoutError(f"on rank {rank}: nothing listens at MASTER_ADDR:MASTER_PORT ({address}:{port}) "
+                                f"within {timeout.total_seconds():g}s: the store's host (rank 0, or torchrun's "
+                                "agent) did not start, or is gone; see its error first")
+    store = dist.TCPStore(address, port, world_size, is_master=hosts, timeout=timeout, wait_for_workers=False,
+                          multi_tenant=hosts)
+    return store, rank, world_size
+
+
+def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, hosts: bool = False) -> None:
+    """Wait until all ``world_size`` ranks have come to ``store`` (steps 1-4 above).
+
+    :class:`~fmesh.RankLostError` as soon as a rank reports a bad launcher environment (naming what it read),
+    ``ValueError`` when ranks disagree about the world size, :class:`~fmesh.GroupTimeoutError` after ``timeout``.
+    ``hosts``: this rank hosts the store, so before raising it waits (a few seconds at most) until the waiting
+    ranks have read why.
+    """
+    generation = store.add(f"{START}/inits/{rank}", 1)
+    base = f"{START}/{generation}"
+    first = store.compare_set(f"{base}/world_size", "", str(world_size)).decode()
+    if first != str(world_size):
+        error = ValueError(f"rank {rank} started with WORLD_SIZE={world_size}, but another rank of this job started "
+                           f"with WORLD_SIZE={first}; expected every rank to be started with the same WORLD_SIZE")
+        post_failure(store, {"RANK": str(rank), "WORLD_SIZE": str(world_size)}, error)
+        if hosts:
+            _linger(store, world_size - 1, HOST_LINGER_SECONDS)
+        raise error
+    if store.add(f"{base}/arrived", 1) == world_size:
+        store.set(f"{base}/all", "1")
+    started = time.monotonic()
+    deadline, pause = started + timeout.total_seconds(), POLL_FIRST_SECONDS
+    while True:
+        try:
+            if store.check([f"{base}/all"]):
+                return
+            if store.check([FAILED]):
+                raise _reported(store, rank, world_size, hosts)
+        except dist.DistError as error:  # its host is gone: it failed to start, or died
+            raise RankLostError(f"on rank {rank}: the store this job meets in is unreachable while its processes "
+                                f"start (its host, rank 0 or torchrun's agent, is gone): {error}") from None
+        if time.monotonic() >= deadline:
+            came = store.add(f"{base}/arrived", 0)
+            raise GroupTimeoutError(
+                f"on rank {rank}: only {came} of the job's {world_size} processes started within "
+                f"{timeout.total_seconds():g}s; check that every rank was started, with the same WORLD_SIZE")
+        time.sleep(pause)
+        pause = min(pause * 2, POLL_MAX_SECONDS)
+
+
+def _reported(store: dist.Store, rank: int, world_size: int, hosts: bool) -> RankLostError:
+    """The error of a waiting rank that found a bad rank's report (having said it read it)."""
+    report = Report.loads(store.get(FAILED))
+    store.add(SEEN, 1)
+    if hosts:  # the others read the report through this process (those still starting too): wait until they have
+        _linger(store, world_size - 1, HOST_LINGER_SECONDS)
+    return RankLostError(f"on rank {rank}: a process of this job could not start, so the job's default group can "
+                         f"never form: {report.describe()}. Fix how that process was started")
+
+
+@attrs.frozen
+class Report:
+    """What a process that cannot start posts: its error, the launcher variables it read, its host and pid.
+
+    >>> Report.loads(Report("ValueError: bad", (("RANK", "abc"),), "node7", 42).dumps()).describe()
+    "ValueError: bad (it read RANK='abc'; host node7, pid 42)"
+    """
+
+    error: str
+    environment: tuple[tuple[str, str], ...]
+    host: str
+    pid: int
+
+    def dumps(self) -> str:
+        return json.dumps(attrs.asdict(self))
+
+    @classmethod
+    def loads(cls, raw: bytes | str) -> Report:
+        """The report in ``raw``; an unreadable one says so (it still means a process could not start)."""
+        with contextlib.suppress(ValueError, TypeError, UnicodeDecodeError):
+            fields = json.loads(raw)
+            return cls(str(fields["error"]), tuple((str(k), str(v)) for k, v in fields["environment"]),
+                       str(fields["host"]), int(fields["pid"]))
+        return cls("an unreadable report", (), "?", 0)
+
+    def describe(self) -> str:
+        read = ", ".join(f"{name}={value!r}" for name, value in self.environment) or "no launcher variables"
+        return f"{self.error} (it read {read}; host {self.host}, pid {self.pid})"
+
+
+def post_failure(store: dist.Store, environment: Mapping[str, str], error: BaseException) -> None:
+    """Post that this process cannot start, with ``error`` and the launcher ``environment`` it read (the first
+    report stays)."""
+    report = Report(f"{type(error).__name__}: {error}"[:2000], tuple(environment.items()), socket.gethostname(),
+                    os.getpid())
+    store.compare_set(FAILED, "", report.dumps())
+
+
+def _reachable(address: str, port: int, seconds: float) -> bool:
+    """Whether something listens at ``address:port`` within ``seconds`` (a plain socket: torch's store client
+    logs every failed try)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=max(0.05, deadline - time.monotonic())):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+
+def report_bad_environment(environ: Mapping[str, str], error: BaseException,
+                           seconds: float = REPORT_CONNECT_SECONDS) -> bool:
+    """Tell the job's other processes, through its store, that this one cannot start (``error``), so that they
+    stop waiting for it; whether the report was posted. Needs ``MASTER_ADDR`` and ``MASTER_PORT``; a process that
+    would host the store (``RANK=0`` without torchrun's agent) hosts it and stays until its peers have read the
+    report (a few seconds at most). Never raises: the caller raises ``error``.
+
+    >>> report_bad_environment({"RANK": "abc"}, ValueError("RANK='abc'"))  # no MASTER_ADDR: nowhere to report
+    False
+    """
+    address, port_text = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT", "")
+    if not address or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        return False
+    port = int(port_text)
+    environment = {name: environ[name] for name in ENVIRONMENT if name in environ}
+    hosts = environ.get("RANK") == "0" and hosts_store(environ, 0)
+    try:
+        if hosts:
+            store = dist.TCPStore(address, port, None, is_master=True, timeout=timedelta(seconds=seconds),
+                                  wait_for_workers=False)
+        elif _reachable(address, port, seconds):
+            store = dist.TCPStore(address, port, None, is_master=False, timeout=timedelta(seconds=seconds))
+        else:
+            return False
+        post_failure(store, environment, error)
+    except Exception:  # the report is a courtesy: this process's own error matters more
+        return False
+    if hosts:
+        _linger(store, None, seconds)
+    return True
+
+
+def _linger(store: dist.Store, readers: int | None, seconds: float) -> None:
+    """Keep the store this process hosts up until ``readers`` ranks have read the report, at most ``seconds``
+    (``None``: this process cannot tell the world size, so it takes the one the arriving ranks posted)."""
+    deadline = time.monotonic() + seconds
+    posted = f"{START}/1/world_size"  # a fresh store (this process hosts it): the ranks' first start
+    with contextlib.suppress(Exception):
+        while time.monotonic() < deadline:
+            if readers is None and store.check([posted]):
+                readers = int(store.get(posted).decode()) - 1
+            if readers is not None and store.add(SEEN, 0) >= readers:
+                return
+            time.sleep(0.02)
