@@ -4,7 +4,9 @@ torch's ``env://`` rendezvous blocks in C++ until every rank has come (rank 0's 
 for every rank's address), so a rank that cannot start (``RANK=abc``, ``WORLD_SIZE=-3``) leaves its peers waiting
 torch's timeout (10 minutes by default), and a thread blocked there can be told nothing. fmesh makes the store as
 torch does (rank 0 hosts it, or torchrun's agent does), then the ranks meet in it by polling, before torch's own
-rendezvous, in constant work per rank:
+rendezvous: three store operations per rank to arrive, then two ``check`` calls per poll while it waits (at most
+20 a second; a blocking ``wait`` would be one, but torch's store logs a warning at each expiry of a wait that
+wakes to look for a report):
 
 1. ``add(fmesh/start/inits/<rank>, 1)``: this rank's n-th start, the n-th on every rank (SPMD order);
 2. ``compare_set(fmesh/start/<n>/world_size, "", mine)``: every rank means the same ``WORLD_SIZE``;
