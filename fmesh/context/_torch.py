@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+import attrs
 import torch
 
 from fmesh.errors import UnsupportedTorchError
@@ -247,6 +248,78 @@ def abort_group(group: dist.ProcessGroup | None = None) -> None:
     """Tear ``group`` (``None``: every group, the default one too) down without waiting for peers."""
     if registered(group):
         c10d._abort_process_group(group)
+
+
+def abort_all() -> None:
+    """Tear down, in one torch call, the default group and every group torch still knows (NCCL's aborts run
+    inside one ``ncclGroupStart``/``End``: aborting communicators one at a time can hang, torch issue 173815)."""
+    if dist.is_initialized():
+        c10d._abort_process_group(None)
+
+
+@attrs.frozen
+class Detached:
+    """A group taken out of torch's registry (so that :func:`abort_all` leaves it alone), with what torch
+    knew of it; :func:`attach_group` puts it back under new global ranks."""
+
+    group: dist.ProcessGroup
+    entry: Any  # torch's (backend, store) of the group
+    name: str
+    config: Any
+    tag: str | None
+
+
+def detach_group(group: dist.ProcessGroup) -> Detached:
+    """Take ``group`` out of torch's registry (its connections stay open)."""
+    world = c10d._world
+    entry = world.pg_map.pop(group)
+    name = world.pg_names.pop(group)
+    world.pg_group_ranks.pop(group, None)
+    config = world.pg_backend_config.pop(group, None)
+    tag = world.pg_to_tag.pop(group, None)
+    if tag is not None and group in world.tags_to_pg.get(tag, []):
+        world.tags_to_pg[tag].remove(group)
+    c10d._unregister_process_group(name)
+    return Detached(group, entry, name, config, tag)
+
+
+def attach_group(detached: Detached, ranks: Sequence[int]) -> dist.ProcessGroup:
+    """Register a detached group again, its member ``i`` now global rank ``ranks[i]`` (of the new default
+    group): the gloo communicator keeps its own member numbering and connections, which the default group's
+    renewal does not touch."""
+    world, group = c10d._world, detached.group
+    world.pg_map[group] = detached.entry
+    world.pg_names[group] = detached.name
+    world.pg_group_ranks[group] = {rank: index for index, rank in enumerate(ranks)}
+    world.pg_backend_config[group] = detached.config
+    if detached.tag is not None:
+        world.pg_to_tag[group] = detached.tag
+        world.tags_to_pg.setdefault(detached.tag, []).append(group)
+    c10d._register_process_group(detached.name, group)
+    return group
+
+
+NCCL_SHRINK = (2, 27)  # ncclCommShrink
+
+
+def can_shrink(backend: str) -> bool:
+    """Whether a communicator of ``backend`` can drop lost members in place here: NCCL >= 2.27, with a torch
+    that has ``dist.shrink_group``. Gloo cannot (its ``shrink_group`` raises ``TypeError``)."""
+    if backend != "nccl" or not hasattr(dist, "shrink_group") or not torch.cuda.is_available():
+        return False
+    return tuple(torch.cuda.nccl.version()[:2]) >= NCCL_SHRINK
+
+
+def shrink_group(group: dist.ProcessGroup, exclude: Sequence[int]) -> dist.ProcessGroup:
+    """``group`` without its members ``exclude`` (indices in the group), ongoing work aborted; every
+    surviving member calls it."""
+    shrunk: dist.ProcessGroup = dist.shrink_group(list(exclude), group, shrink_flags=c10d.SHRINK_ABORT)
+    return shrunk
+
+
+def prefix_store(prefix: str, store: dist.Store) -> dist.Store:
+    """``store`` seen under ``prefix/``: a namespace of its own."""
+    return dist.PrefixStore(prefix, store)
 
 
 def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:

@@ -28,7 +28,8 @@ else is :class:`~fmesh.RankLostError`). A member that is simply elsewhere
 names the missing ranks and what each was last doing.
 
 The same statuses let the survivors of a failed collective name the ranks that are gone
-(:meth:`Agreement.roll_call`).
+(:meth:`Agreement.roll_call`), and the survivors that recover agree on the ranks lost
+(:meth:`Agreement.agree_on_loss`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import attrs
 import torch.distributed as dist
 
 from fmesh.context.connections import Connections
-from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
+from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError, RecoveryError
 
 OK = "ok"
 MISMATCH = "mismatch"  # a verdict: the members disagree
@@ -345,3 +346,44 @@ class Agreement:
                 break  # every member that has not answered failed or closed: none of them ever will
             time.sleep(0.05)
         return [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
+
+    # -------------------------------------------------------------- recovery
+
+    def post_loss(self, lost: Sequence[int], groups: Sequence[str]) -> None:
+        """Post the ranks this survivor recovers without, and the digests of the groups it holds."""
+        self.store.set(f"{self.prefix}/recovery/{self.rank}", json.dumps({"lost": sorted(lost),
+                                                                          "groups": sorted(groups)}))
+
+    def agree_on_loss(self, survivors: Sequence[int], lost: Sequence[int],
+                      groups: Sequence[str]) -> dict[int, frozenset[str]]:
+        """Post ``lost`` and ``groups`` (:meth:`post_loss`), wait for every one of ``survivors`` to post theirs,
+        and return the digests of the groups each holds. :class:`~fmesh.RecoveryError` as soon as one posts
+        other lost ranks (naming both sets), or when one has not come within the creation timeout."""
+        self.post_loss(lost, groups)
+        mine = sorted(lost)
+        keys = {rank: f"{self.prefix}/recovery/{rank}" for rank in survivors}
+        posted: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + self.creation_timeout.total_seconds()
+        pause = POLL_FIRST_SECONDS
+        while True:
+            for rank, key in keys.items():
+                if rank not in posted and self.store.check([key]):
+                    posted[rank] = _loads(self.store.get(key))
+                    if posted[rank].get("lost") != mine:
+                        raise RecoveryError(
+                            f"on rank {self.rank}: the survivors disagree about the ranks lost: rank {self.rank} says "
+                            f"{mine}, rank {rank} says {posted[rank].get('lost')}. Expected every survivor to "
+                            "recover without the same ranks; take them from one source (the launcher's, or the "
+                            "roll call of the failed collective)")
+            if len(posted) == len(keys):
+                return {rank: frozenset(posted[rank].get("groups", ())) for rank in survivors}
+            self.check_halted("agreeing on the ranks lost")
+            if time.monotonic() >= deadline:
+                missing = sorted(set(keys) - set(posted))
+                doing = "; ".join(describe_status(m, s) for m, s in self.statuses(missing[:8]).items())
+                raise RecoveryError(
+                    f"on rank {self.rank}: survivors {missing} did not come to recover without {mine} within "
+                    f"{self.creation_timeout.total_seconds():g}s ({doing}). Expected every rank not lost to call "
+                    "recover(); if those ranks are gone too, recover without them as well")
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX_SECONDS)

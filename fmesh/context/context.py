@@ -33,7 +33,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from fmesh.context import _torch, autograd, collectives, objects, permute
+from fmesh.context import _torch, autograd, collectives, objects, permute, recovery
 from fmesh.context.agreement import Agreement
 from fmesh.context.collectives import REDUCE_OPS
 from fmesh.context.export import Exporter
@@ -579,6 +579,86 @@ class Context:
         Context(rank=0, world=2, fake, closed)
         """
         self._end(abort=True, error=None)
+
+    def recover(self, lost: Sequence[int], mesh: Mesh | None = None) -> Context | None:
+        """The Context of the world without the ``lost`` ranks, for every survivor to call after a
+        :class:`~fmesh.RankLostError` (with the same ``lost``); this context is closed afterwards.
+
+        The new world is the survivors, renumbered ``0, 1, ...`` in ascending order of their old rank, as
+        :func:`fmesh.without` and :func:`fmesh.elastic.shrink` number the meshes to use in it; given
+        ``mesh`` (made from this world by :func:`fmesh.without`), the ranks it covers, and a survivor
+        outside it gets ``None``: it leaves the job. :func:`fmesh.old_rank` on the new meshes gives each
+        rank's old number.
+
+        The survivors first agree, through the store, on ``lost`` (:class:`~fmesh.RecoveryError` naming both
+        sets if they disagree, or naming the survivors that never came, after the creation timeout: never a
+        hang). Then each group is kept, shrunk or made again (:func:`fmesh.context.recovery.renewal`): a
+        group whose members all survive keeps its communicator (renumbered, no new rendezvous); an NCCL
+        group that lost members is shrunk in place where torch has ``shrink_group`` and NCCL is >= 2.27;
+        every other group, and the default group, is aborted, all in one torch call. The default group is
+        made again over the new world, in a namespace of the store of its own (no key of the old world is
+        met again), and the groups not kept are created in it when first needed. A kept group must be idle:
+        recover after the collective that failed, not while another runs.
+
+        >>> import fmesh, os, torch
+        >>> def job(ctx):
+        ...     mesh = fmesh.make_mesh((3,), ("dp",))
+        ...     ctx.all_reduce(torch.ones(1), mesh, "dp")
+        ...     if ctx.rank == 2:
+        ...         os._exit(1)
+        ...     try:
+        ...         ctx.all_reduce(torch.ones(1), mesh, "dp")
+        ...     except fmesh.RankLostError:
+        ...         with ctx.recover([2]) as smaller:
+        ...             mesh = fmesh.without(mesh, [2], "dp")
+        ...             return smaller.all_reduce(torch.ones(1), mesh, "dp").item()
+        >>> fmesh.launch(job, 3, on_rank_loss="continue")[:2]
+        [2.0, 2.0]
+        """
+        self._groups.enter("recover")
+        if self._agreement is None:
+            raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
+        gone = recovery.check_lost(lost, self.world_size, self.rank)
+        world = recovery.new_world(self.world_size, gone, mesh)
+        survivors = tuple(r for r in range(self.world_size) if r not in gone)
+        held = self._groups.held()
+        holding = self._agreement.agree_on_loss(survivors, gone, [spec.digest() for spec in held])
+        renumber = {old: new for new, old in enumerate(world)}
+        taken: list[tuple[Any, _torch.Detached, frozenset[Any]]] = []
+        # One order on every rank (a shrink is collective among the group's survivors).
+        for spec in sorted(held, key=lambda s: s.digest()):
+            choice = recovery.renewal(
+                spec.ranks, lost=gone, world=world, backend=spec.backend, shrinkable=_torch.can_shrink(spec.backend),
+                held_everywhere=all(spec.digest() in holding[m] for m in spec.ranks if m in holding))
+            group, members = held[spec], spec.ranks
+            if choice == recovery.CREATE:
+                continue
+            if choice == recovery.SHRINK:
+                group = _torch.shrink_group(group, [spec.ranks.index(r) for r in gone if r in spec.ranks])
+                members = tuple(r for r in spec.ranks if r not in gone)
+            sockets = self._agreement.connections.take(group.group_name)
+            taken.append((attrs.evolve(spec, ranks=tuple(renumber[m] for m in members)), _torch.detach_group(group),
+                          sockets))
+        base = self._world.store()
+        namespace = f"{self._agreement.prefix}/recovered"
+        old = self._world
+        self._agreement.close_quietly(aborted=True)
+        self._exports.clear()
+        self._groups.hand_over()
+        self._world = attrs.evolve(old, owns_default_group=False)  # this context no longer ends the default group
+        _torch.abort_all()  # the default group and every group not taken, at once
+        gc.collect()
+        if self.rank not in renumber:
+            return None
+        renewed_world = World.start(
+            backend=old.backend, rank=renumber[self.rank], world_size=len(world), store=_torch.prefix_store(
+                namespace, base), timeout=self._settings.timeout, device=old.device,
+            gpus_per_node=old.local_world_size, name=old.name, generation=old.generation + 1)
+        renewed = Context.__new__(Context)
+        renewed._own(renewed_world, self._settings, self._simulated, check_tensors=self._check_tensors)
+        for spec, detached, sockets in taken:
+            renewed._groups.adopt(spec, _torch.attach_group(detached, spec.ranks), sockets)
+        return renewed
 
     def _end(self, *, abort: bool, error: BaseException | None) -> None:
         if self._groups.closed:
