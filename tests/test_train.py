@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -131,3 +132,23 @@ def test_plain_python_runs_a_world_of_one_like_torchrun(tmp_path: pathlib.Path) 
     assert launched.returncode == 0, launched.stderr[-3000:]
     assert "a world of one" not in launched.stderr  # torchrun's variables are there: no such line
     assert losses(tmp_path / "plain.json") == losses(tmp_path / "one.json")
+
+
+def test_elastic_mode_loses_a_rank_and_trains_on_from_the_resharded_checkpoint(tmp_path: pathlib.Path) -> None:
+    """4 ranks in one process (fmesh.launch), rank 3 exits at step 5; the 3 survivors recover, load the step-4
+    checkpoint resharded over 3 ranks, and their losses at steps 4 and 5 are the 4-rank job's (same global batch)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    command = [sys.executable, str(SCRIPT), "--processes", "4", "--batch-size", "12", "--steps", "7", "--seq-len",
+               "16", "--dim", "32", "--log-every", "1", "--checkpoint-dir", str(tmp_path / "ckpt"),
+               "--checkpoint-every", "4", "--lose-rank", "3", "--at-step", "5", "--losses-to", str(tmp_path / "l.json")]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=240, env={**env, "OMP_NUM_THREADS": "1"},
+                         cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "rank 3: exits at step 5" in run.stdout and "lost rank 3: recovered in" in run.stdout, run.stdout
+    logged: dict[int, list[float]] = {}
+    for step, loss in re.findall(r"step +(\d+) +loss (\d+\.\d+)", run.stdout):  # ranks' lines may interleave
+        logged.setdefault(int(step), []).append(float(loss))
+    start, recovered = losses(tmp_path / "l.json")
+    assert start == 4 and len(recovered) == 3  # steps 4, 5, 6 by the 3 survivors
+    assert len(logged[4]) == 2 and logged[4][0] == pytest.approx(recovered[0], abs=1e-4), logged  # 4 ranks, then 3
+    assert [round(x, 4) for x in recovered] == [logged[4][1], logged[5][0], logged[6][0]], logged

@@ -622,6 +622,11 @@ class Context:
         world = recovery.new_world(self.world_size, gone, mesh)
         survivors = tuple(r for r in range(self.world_size) if r not in gone)
         held = self._groups.held()
+        for spec, group in held.items():
+            if set(gone).intersection(spec.ranks):
+                # Broken: cut it, so a survivor still blocked in it (a collective fmesh did not run, FSDP's say,
+                # fails with the backend's error and no roll call) is released and comes to recover too.
+                self._agreement.connections.sever(group.group_name)
         holding = self._agreement.agree_on_loss(survivors, gone, [spec.digest() for spec in held])
         renumber = {old: new for new, old in enumerate(world)}
         taken: list[tuple[Any, _torch.Detached, frozenset[Any]]] = []
@@ -653,7 +658,7 @@ class Context:
         renewed_world = World.start(
             backend=old.backend, rank=renumber[self.rank], world_size=len(world), store=_torch.prefix_store(
                 namespace, base), timeout=self._settings.timeout, device=old.device,
-            gpus_per_node=old.local_world_size, name=old.name, generation=old.generation + 1)
+            gpus_per_node=min(old.local_world_size, len(world)), name=old.name, generation=old.generation + 1)
         renewed = Context.__new__(Context)
         renewed._own(renewed_world, self._settings, self._simulated, check_tensors=self._check_tensors)
         for spec, detached, sockets in taken:
