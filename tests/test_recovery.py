@@ -96,7 +96,7 @@ def keeps_the_group_that_lost_nobody(ctx: Context) -> Any:
     ctx.all_reduce(torch.ones(1), mesh, ("dp", "tp"))
     if ctx.rank == 3:
         os._exit(3)
-    with pytest.raises(fmesh.RankLostError):
+    with pytest.raises(fmesh.RankLostError, match=r"the launcher saw the processes of ranks \[3\] end"):
         ctx.all_reduce(torch.ones(1), mesh, ("dp", "tp"))
     smaller = fmesh.without(mesh, [3], "dp")
     renewed = ctx.recover([3], smaller)

@@ -341,6 +341,13 @@ def host_store(port: int, world_size: int, timeout: float) -> dist.Store:
                          wait_for_workers=False)
 
 
+def root_store(store: dist.Store) -> dist.Store:
+    """The store under every ``PrefixStore`` wrapping ``store`` (the launcher's, for an ``env://`` launch)."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store
+
+
 def group_count() -> int:
     """How many process groups this process holds (the default group included)."""
     return len(c10d._world.pg_map)

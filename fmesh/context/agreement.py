@@ -62,6 +62,12 @@ POLL_MAX_SECONDS = 0.1  # the longest: how late a waiter learns the verdict, or 
 MAX_GROUPS_FOLLOWED = 64  # bounds the work of one diagnosis
 
 
+def exited_key(rank: int) -> str:
+    """Where a launcher that saw ``rank``'s process end says so, in the store it hosts (the key
+    :func:`fmesh.launch` writes): a roll call stops waiting for a rank that can never answer."""
+    return f"fmesh/exited/{rank}"
+
+
 def digest(text: str) -> str:
     """A fixed-size digest of ``text``, the same in every process.
 
@@ -111,6 +117,9 @@ class Agreement:
     rank: int
     creation_timeout: timedelta
     grace: float = GRACE_SECONDS  # how long a waiter waits before it looks at what the missing ones do
+    # The launcher's store, where it says which ranks' processes ended (exited_key); None where its ranks are not
+    # this world's (a recovered world numbers them anew).
+    exits: dist.Store | None = attrs.field(default=None, eq=False, repr=False)
     # The Context's groups' sockets, and whether it was aborted (then every wait ends at its next poll).
     connections: Connections = attrs.field(factory=Connections, eq=False, repr=False)
 
@@ -331,6 +340,11 @@ class Agreement:
         return {m: bytes(raw).decode(errors="replace") for m, raw in zip(members, self.store.multi_get(keys),
                                                                           strict=True)}
 
+    def exited(self, ranks: Sequence[int]) -> list[int]:
+        """Those of ``ranks`` whose process the launcher saw end (:func:`exited_key`); O(len(ranks)) checks."""
+        exits = self.exits
+        return [] if exits is None else [rank for rank in ranks if exits.check([exited_key(rank)])]
+
     def roll_call(self, label: str, members: Sequence[int], seconds: float, answer: str = "here") -> list[int]:
         """The ``members`` that do not answer within ``seconds`` (the survivors of a failed collective
         each call this with the same ``label``, answering what went wrong for them: :meth:`answers`);
@@ -344,6 +358,8 @@ class Agreement:
             silent = [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
             if all(status.get("state") in FINAL_STATES for status in self.statuses(silent).values()):
                 break  # every member that has not answered failed or closed: none of them ever will
+            if self.exits is not None and self.exits.check([exited_key(m) for m in silent]):
+                break  # the launcher saw every one of their processes end
             time.sleep(0.05)
         return [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
 

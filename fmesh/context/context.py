@@ -96,8 +96,10 @@ class Context:
         self._settings = attrs.evolve(settings, backend=world.backend)
         self._agreement: Agreement | None = None
         if not world.fake:  # the fake backend's store cannot be used
-            self._agreement = Agreement(_torch.store_client(world.store()), f"fmesh/{world.name}/{world.epoch}",
-                                    world.rank, self._settings.creation_timeout)
+            store = _torch.store_client(world.store())
+            self._agreement = Agreement(store, f"fmesh/{world.name}/{world.epoch}", world.rank,
+                                        self._settings.creation_timeout,
+                                        exits=_torch.root_store(store) if world.generation == 0 else None)
             self._agreement.post("running")
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._groups = GroupRegistry(world, self._settings, agreement=self._agreement, ascending_only=simulated)
