@@ -22,7 +22,6 @@ at once and answer the roll call. A group that failed is aborted: using it again
 from __future__ import annotations
 
 import contextlib
-
 import time
 from collections.abc import Callable
 from datetime import timedelta
