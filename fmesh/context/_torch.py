@@ -14,6 +14,11 @@
   (``fmesh.simulate``).
 * ``split_groups``: ``dist.split_group`` keeps each split's order from torch 2.14; before, it sorts
   the ranks, so an unsorted partition is made group by group instead (every rank taking part).
+* ``detach_group`` / ``attach_group`` / ``abort_all`` (``Context.recover``): c10d's ``_world`` registries
+  (``pg_map``, ``pg_names``, ``pg_group_ranks``, ``pg_backend_config``, ``pg_to_tag``, ``tags_to_pg``),
+  ``_register_process_group`` / ``_unregister_process_group`` and ``_abort_process_group(None)``: a group
+  that lost no member is taken out of torch's registry while every other group and the default group are
+  aborted in one call, and put back, renumbered, once the default group is made again over the survivors.
 * The per-version layer, where releases differ (each pinned by ``tests/test_torch_private.py``):
 
   ============================  ==========================================  ==========================================

@@ -594,7 +594,7 @@ class Context:
 
         The survivors first agree, through the store, on ``lost`` (:class:`~fmesh.RecoveryError` naming both
         sets if they disagree, or naming the survivors that never came, after the creation timeout: never a
-        hang). Then each group is kept, shrunk or made again (:func:`fmesh.context.recovery.renewal`): a
+        hang). Then each group is kept, shrunk or made again (``fmesh.context.recovery.renewal``): a
         group whose members all survive keeps its communicator (renumbered, no new rendezvous); an NCCL
         group that lost members is shrunk in place where torch has ``shrink_group`` and NCCL is >= 2.27;
         every other group, and the default group, is aborted, all in one torch call. The default group is
@@ -602,26 +602,20 @@ class Context:
         met again), and the groups not kept are created in it when first needed. A kept group must be idle:
         recover after the collective that failed, not while another runs.
 
-        >>> import fmesh, os, torch
-        >>> def job(ctx):
-        ...     mesh = fmesh.make_mesh((3,), ("dp",))
-        ...     ctx.all_reduce(torch.ones(1), mesh, "dp")
-        ...     if ctx.rank == 2:
-        ...         os._exit(1)
-        ...     try:
-        ...         ctx.all_reduce(torch.ones(1), mesh, "dp")
-        ...     except fmesh.RankLostError:
-        ...         with ctx.recover([2]) as smaller:
-        ...             mesh = fmesh.without(mesh, [2], "dp")
-        ...             return smaller.all_reduce(torch.ones(1), mesh, "dp").item()
-        >>> fmesh.launch(job, 3, on_rank_loss="continue")[:2]
-        [2.0, 2.0]
+        A whole job, a rank killed and the survivors going on, is in the guide (*Elastic meshes*) and in
+        ``tests/test_recovery.py``. The lost ranks are checked first, before anything is touched:
+
+        >>> with Context.fake(4, rank=0) as ctx:
+        ...     ctx.recover([0])
+        Traceback (most recent call last):
+        ...
+        ValueError: recover: rank 0 is calling recover, so it is not lost; expected the ranks that are gone, but got [0]
         """
         self._groups.enter("recover")
-        if self._agreement is None:
-            raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
         gone = recovery.check_lost(lost, self.world_size, self.rank)
         world = recovery.new_world(self.world_size, gone, mesh)
+        if self._agreement is None:
+            raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
         survivors = tuple(r for r in range(self.world_size) if r not in gone)
         held = self._groups.held()
         for spec, group in held.items():
