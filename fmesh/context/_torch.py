@@ -450,6 +450,17 @@ def export_device_mesh(mesh: Mesh, root: DeviceMesh, groups: Sequence[dist.Proce
     return exported
 
 
+ROOT_ABORTS = hasattr(DeviceMesh, "abort")  # torch 2.15: the root aborts its dims' and _flatten_mapping's groups
+
+
+def register_for_abort(root: DeviceMesh, exported: DeviceMesh) -> None:
+    """Let torch 2.15's ``root.abort()`` reach ``exported``'s groups: the root has no group of its own and
+    aborts those of the meshes in its ``_flatten_mapping``, where a 1-D export is already (under its axis
+    name); a larger one goes under a name no axis can have (``fmesh/abort/<its group names>``)."""
+    if ROOT_ABORTS and exported.ndim > 1:
+        root._flatten_mapping.setdefault(f"fmesh/abort/{','.join(exported._dim_group_names)}", exported)
+
+
 def register_flattened(root: DeviceMesh, name: str, one_axis: DeviceMesh) -> None:
     """Let ``mesh._flatten(name)`` and DTensor's flattened-collective lookup find our 1-D mesh."""
     if name not in root._flatten_mapping:
