@@ -217,6 +217,6 @@ def aborts_through_the_export_root(ctx: Context) -> list[bool]:
     return [_torch.registered(group) for group in groups]
 
 
-@pytest.mark.skipif(not hasattr(torch.distributed.device_mesh.DeviceMesh, "abort"), reason="DeviceMesh.abort: torch 2.15")
+@pytest.mark.skipif(not hasattr(torch.distributed.device_mesh.DeviceMesh, "abort"), reason="torch 2.15 has it")
 def test_the_export_root_aborts_every_group_of_its_meshes() -> None:
     assert launch(aborts_through_the_export_root, 2, timeout=60) == [[False, False], [False, False]]
