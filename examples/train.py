@@ -82,9 +82,14 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--processes", type=int, help="run this many gloo ranks here (fmesh.launch), no torchrun")
     parser.add_argument("--lose-rank", type=int, help="elastic mode: this rank's process exits at --at-step")
     parser.add_argument("--at-step", type=int, default=0, help="the step at which --lose-rank exits")
+    parser.add_argument("--elastic", action="store_true",
+                        help="under torchrun --nnodes MIN:MAX: resume from --checkpoint-dir whenever it holds a "
+                             "checkpoint, resharded over this world (after a node is lost, torchrun restarts us)")
     args = parser.parse_args(argv)
     if args.pp != 1 or args.cp != 1:
         raise UsageError(f"--pp {args.pp} --cp {args.cp}: this example trains with pp=1 and cp=1 (tp and dp only)")
+    if args.elastic and args.checkpoint_dir is None:
+        raise UsageError("--elastic needs --checkpoint-dir")
     if args.resume and args.checkpoint_dir is None:
         raise UsageError("--resume needs --checkpoint-dir")
     if args.lose_rank is not None:
@@ -236,6 +241,9 @@ def save_checkpoint(directory: pathlib.Path, step: int, ctx: fmesh.Context, dims
 
 def train(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
     dims = check_degrees(args, ctx.world_size)
+    if ctx.rank == 0 and args.elastic:
+        print(f"world {ctx.world_size} (torchrun restart {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}): "
+              f"{dict(dims.degrees)}", flush=True)
     if ctx.rank == 0 and not (args.resume and args.lose_rank is not None):  # a recovered job printed its degrees
         print(format_plan(build_plan(ctx.world_size, int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)),
                                      dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp)))
@@ -244,8 +252,11 @@ def train(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
     shard_model(model, ctx, dims)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     start = 0
+    resharding = args.lose_rank is not None or args.elastic
+    if args.elastic and (args.checkpoint_dir / "fmesh.json").exists():
+        args.resume = True
     if args.resume:
-        start = load_checkpoint(args.checkpoint_dir, dims, args, model, optimizer, reshard=args.lose_rank is not None)
+        start = load_checkpoint(args.checkpoint_dir, dims, args, model, optimizer, reshard=resharding)
         if ctx.rank == 0:
             print(f"resumed from step {start} in {args.checkpoint_dir}")
     dp_mesh = dims.mesh("dp")
@@ -315,6 +326,22 @@ def run_here(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def open_context(args: argparse.Namespace) -> fmesh.Context:
+    """``Context.from_env``; under ``--elastic``, the default group meets in a namespace of the launcher's store of
+    its own per torchrun restart: torchrun's c10d rendezvous hands every round the same store, and a restarted
+    gloo default group would otherwise read the dead round's addresses (its keys are not per round)."""
+    backend = None if args.backend == "auto" else args.backend
+    if not args.elastic or "MASTER_ADDR" not in os.environ:
+        return fmesh.Context.from_env(backend=backend)
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return fmesh.Context(backend=backend or "gloo", rank=int(os.environ["RANK"]),
+                         world_size=int(os.environ["WORLD_SIZE"]),
+                         store=dist.PrefixStore(f"fmesh-restart-{restart}", store))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     rank = int(os.environ.get("RANK", "0"))
@@ -323,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.processes is not None:
             return run_here(args)
         # Under plain `python` (no launcher variables) the context is a world of one, and says so.
-        with fmesh.Context.from_env(backend=None if args.backend == "auto" else args.backend) as ctx:
+        with open_context(args) as ctx:
             check_degrees(args, ctx.world_size)  # every rank checks the same pure numbers: no hang
             train(args, ctx)
     except UsageError as error:

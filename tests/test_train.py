@@ -152,3 +152,18 @@ def test_elastic_mode_loses_a_rank_and_trains_on_from_the_resharded_checkpoint(t
     assert start == 4 and len(recovered) == 3  # steps 4, 5, 6 by the 3 survivors
     assert len(logged[4]) == 2 and logged[4][0] == pytest.approx(recovered[0], abs=1e-4), logged  # 4 ranks, then 3
     assert [round(x, 4) for x in recovered] == [logged[4][1], logged[5][0], logged[6][0]], logged
+
+
+def test_two_torchrun_agents_one_killed_the_other_trains_on_alone() -> None:
+    """examples/elastic_torchrun.py: two agents (--nnodes 1:2, 2 processes each) train one 4-rank job; the second
+    is killed after the step-4 checkpoint; torchrun restarts the first one's processes in a world of 2, which
+    resume from that checkpoint, resharded, and finish."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "elastic_torchrun.py"), "--steps", "7", "--kill-at",
+                          "4", "--timeout", "200"], capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = run.stdout
+    assert "world 4 (torchrun restart 0)" in out and "world 2 (torchrun restart 1)" in out, out[-3000:]
+    assert "resumed from step 4" in out, out[-3000:]
+    logged = {int(step): float(loss) for step, loss in re.findall(r"step +(\d+) +loss (\d+\.\d+)", out)}
+    assert set(logged) == set(range(7)) and logged[6] < logged[0], logged
