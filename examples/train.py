@@ -4,6 +4,8 @@
     python examples/train.py                                        # one process, no launcher
     torchrun --nproc-per-node 4 examples/train.py --tp 2 --steps 40 --checkpoint-dir /tmp/ckpt
     torchrun --nproc-per-node 4 examples/train.py --tp 2 --steps 60 --checkpoint-dir /tmp/ckpt --resume
+    python examples/train.py --processes 4 --batch-size 12 --steps 20 --checkpoint-every 5 \
+        --checkpoint-dir /tmp/ckpt --lose-rank 3 --at-step 8            # elastic: rank 3 dies, 3 go on
 
 The world mesh comes from ``fmesh.ParallelDims``; ``fmesh.Context.from_env()`` owns the process
 groups (NCCL and one GPU per process when GPUs are present, gloo on the CPU otherwise, with no code
@@ -12,6 +14,12 @@ receives is on the context's device. FSDP2 (``fully_shard``)
 shards over the data-parallel shard mesh (HSDP when ``--dp-replicate`` > 1), tensor parallelism
 (``parallelize_module``) splits attention heads and MLP columns over ``tp``, and the loss is averaged
 with the context over the data-parallel mesh. Checkpoints use ``torch.distributed.checkpoint``.
+
+Elastic mode (``--processes N --lose-rank R --at-step K``): ``fmesh.launch`` runs N gloo ranks in this
+process and lets the others live on when one dies (``on_rank_loss="continue"``); rank R exits at step K;
+the survivors' next collective fails, they call ``ctx.recover([R], smaller.world_mesh)`` with the job
+``fmesh.elastic.shrink`` computes (a data-parallel degree absorbs the loss), shard the model over the new
+meshes, load the last checkpoint (resharded by ``torch.distributed.checkpoint``) and train on.
 """
 
 from __future__ import annotations
@@ -71,11 +79,24 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--losses-to", type=pathlib.Path, help="write the step losses (JSON) here, from rank 0")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="auto: NCCL when GPUs are present, else gloo (default)")
+    parser.add_argument("--processes", type=int, help="run this many gloo ranks here (fmesh.launch), no torchrun")
+    parser.add_argument("--lose-rank", type=int, help="elastic mode: this rank's process exits at --at-step")
+    parser.add_argument("--at-step", type=int, default=0, help="the step at which --lose-rank exits")
+    parser.add_argument("--elastic", action="store_true",
+                        help="under torchrun --nnodes MIN:MAX: resume from --checkpoint-dir whenever it holds a "
+                             "checkpoint, resharded over this world (after a node is lost, torchrun restarts us)")
     args = parser.parse_args(argv)
     if args.pp != 1 or args.cp != 1:
         raise UsageError(f"--pp {args.pp} --cp {args.cp}: this example trains with pp=1 and cp=1 (tp and dp only)")
+    if args.elastic and args.checkpoint_dir is None:
+        raise UsageError("--elastic needs --checkpoint-dir")
     if args.resume and args.checkpoint_dir is None:
         raise UsageError("--resume needs --checkpoint-dir")
+    if args.lose_rank is not None:
+        if args.processes is None or args.checkpoint_dir is None:
+            raise UsageError("--lose-rank needs --processes (ranks in this process) and --checkpoint-dir (to resume)")
+        if not 0 <= args.lose_rank < args.processes:
+            raise UsageError(f"--lose-rank {args.lose_rank}: expected a rank in 0..{args.processes - 1}")
     for name in ("steps", "batch_size", "seq_len", "dim", "heads", "layers"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
@@ -177,13 +198,16 @@ def check_degrees(args: argparse.Namespace, world_size: int) -> fmesh.ParallelDi
     return dims
 
 
+def args_model(args: argparse.Namespace) -> list[int]:
+    return [args.dim, args.heads, args.layers, args.seq_len]
+
+
 def describe(dims: fmesh.ParallelDims, args: argparse.Namespace) -> dict[str, Any]:
-    return {"degrees": dict(dims.degrees), "world_size": dims.world_size,
-            "model": [args.dim, args.heads, args.layers, args.seq_len]}
+    return {"degrees": dict(dims.degrees), "world_size": dims.world_size, "model": args_model(args)}
 
 
 def load_checkpoint(directory: pathlib.Path, dims: fmesh.ParallelDims, args: argparse.Namespace,
-                    model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+                    model: nn.Module, optimizer: torch.optim.Optimizer, reshard: bool = False) -> int:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -191,7 +215,8 @@ def load_checkpoint(directory: pathlib.Path, dims: fmesh.ParallelDims, args: arg
     if not meta_path.exists():
         raise UsageError(f"--resume: no checkpoint in {directory} (missing {meta_path.name})")
     meta = json.loads(meta_path.read_text())
-    if meta["mesh"] != describe(dims, args):
+    saved, now = (meta["mesh"], describe(dims, args)) if not reshard else (meta["mesh"]["model"], args_model(args))
+    if saved != now:
         raise UsageError(f"checkpoint in {directory} was saved with {meta['mesh']}, "
                          f"but this run has {describe(dims, args)}; resume with the same degrees and model")
     model_state, optimizer_state = get_state_dict(model, optimizer)
@@ -216,7 +241,10 @@ def save_checkpoint(directory: pathlib.Path, step: int, ctx: fmesh.Context, dims
 
 def train(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
     dims = check_degrees(args, ctx.world_size)
-    if ctx.rank == 0:
+    if ctx.rank == 0 and args.elastic:
+        print(f"world {ctx.world_size} (torchrun restart {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}): "
+              f"{dict(dims.degrees)}", flush=True)
+    if ctx.rank == 0 and not (args.resume and args.lose_rank is not None):  # a recovered job printed its degrees
         print(format_plan(build_plan(ctx.world_size, int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)),
                                      dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp)))
     torch.manual_seed(args.seed)
@@ -224,8 +252,11 @@ def train(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
     shard_model(model, ctx, dims)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     start = 0
+    resharding = args.lose_rank is not None or args.elastic
+    if args.elastic and (args.checkpoint_dir / "fmesh.json").exists():
+        args.resume = True
     if args.resume:
-        start = load_checkpoint(args.checkpoint_dir, dims, args, model, optimizer)
+        start = load_checkpoint(args.checkpoint_dir, dims, args, model, optimizer, reshard=resharding)
         if ctx.rank == 0:
             print(f"resumed from step {start} in {args.checkpoint_dir}")
     dp_mesh = dims.mesh("dp")
@@ -233,6 +264,9 @@ def train(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
     losses: list[float] = []
     tokens_per_step = args.batch_size * args.seq_len
     for step in range(start, args.steps):
+        if step == args.at_step and ctx.rank == args.lose_rank and not args.resume:
+            print(f"rank {ctx.rank}: exits at step {step} (--lose-rank)", flush=True)
+            os._exit(1)  # gone without a word, as a crashed process
         began = time.perf_counter()
         batch = batches(args.seed * 1_000_003 + step, args.batch_size, args.seq_len)
         local = batch.chunk(dp_mesh.size)[dp_index].to(ctx.device)  # this data-parallel rank's slice
@@ -258,13 +292,65 @@ def train(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
     return losses
 
 
+def train_elastic(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
+    """``train``; when a rank is lost (``--lose-rank``), the survivors recover onto the smaller job and train on
+    from the last checkpoint."""
+    try:
+        return train(args, ctx)
+    except (fmesh.RankLostError, RuntimeError):  # FSDP's own collectives raise the backend's RuntimeError
+        if args.lose_rank is None:
+            raise
+    lost, began = [args.lose_rank], time.perf_counter()
+    smaller = fmesh.elastic.shrink(check_degrees(args, ctx.world_size), lost)
+    renewed = ctx.recover(lost, smaller.world_mesh)
+    if renewed is None:  # a survivor outside the smaller job (its whole slice was dropped): it leaves
+        return []
+    with renewed:
+        if renewed.rank == 0:
+            print(f"lost rank {args.lose_rank}: recovered in {time.perf_counter() - began:.2f} s onto "
+                  f"{dict(smaller.degrees)} ({smaller.world_size} ranks); resuming from {args.checkpoint_dir}",
+                  flush=True)
+        resumed = argparse.Namespace(**{**vars(args), "resume": True, "dp_replicate": smaller.dp_replicate,
+                                        "dp_shard": smaller.dp_shard, "tp": smaller.tp})
+        return train(resumed, renewed)
+
+
+def run_here(args: argparse.Namespace) -> int:
+    """``--processes N``: N gloo ranks in this process (``fmesh.launch``); a rank that dies leaves the others
+    running, so that they can recover."""
+    results = fmesh.launch(lambda ctx: train_elastic(args, ctx), args.processes, timeout=600,
+                           on_rank_loss="continue", return_exceptions=True)
+    failed = [r for r, result in enumerate(results) if isinstance(result, BaseException) and r != args.lose_rank]
+    for rank in failed:
+        print(f"train.py: rank {rank} failed: {results[rank]}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
+
+
+def open_context(args: argparse.Namespace) -> fmesh.Context:
+    """``Context.from_env``; under ``--elastic``, the default group meets in a namespace of the launcher's store of
+    its own per torchrun restart: torchrun's c10d rendezvous hands every round the same store, and a restarted
+    gloo default group would otherwise read the dead round's addresses (its keys are not per round)."""
+    backend = None if args.backend == "auto" else args.backend
+    if not args.elastic or "MASTER_ADDR" not in os.environ:
+        return fmesh.Context.from_env(backend=backend)
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return fmesh.Context(backend=backend or "gloo", rank=int(os.environ["RANK"]),
+                         world_size=int(os.environ["WORLD_SIZE"]),
+                         store=dist.PrefixStore(f"fmesh-restart-{restart}", store))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     rank = int(os.environ.get("RANK", "0"))
     try:
         args = parse(argv)
+        if args.processes is not None:
+            return run_here(args)
         # Under plain `python` (no launcher variables) the context is a world of one, and says so.
-        with fmesh.Context.from_env(backend=None if args.backend == "auto" else args.backend) as ctx:
+        with open_context(args) as ctx:
             check_degrees(args, ctx.world_size)  # every rank checks the same pure numbers: no hang
             train(args, ctx)
     except UsageError as error:

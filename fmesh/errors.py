@@ -26,6 +26,7 @@ __all__ = [
     "NoGradientError",
     "PlacementWarning",
     "RankLostError",
+    "RecoveryError",
     "RemoteTraceback",
     "TensorMismatchError",
     "UnpicklableObjectError",
@@ -76,6 +77,25 @@ class RankLostError(RuntimeError):
     Traceback (most recent call last):
     ...
     fmesh.RankLostError: on rank 0: rank 1 failed: ValueError: bad batch, instead of creating this group ...
+    """
+
+
+class RecoveryError(RuntimeError):
+    """The survivors of a lost rank could not recover together (:meth:`fmesh.Context.recover`): they
+    disagree about which ranks were lost, or one of them never came to recover.
+
+    Raised on every survivor that sees it, before any process group is touched, naming both sets of
+    lost ranks (or the survivors that did not come), never a hang.
+
+    >>> from datetime import timedelta
+    >>> import torch.distributed as dist
+    >>> from fmesh.context.agreement import Agreement
+    >>> store = dist.HashStore()
+    >>> Agreement(store, "doc", 1, timedelta(seconds=5)).post_loss([3], [])
+    >>> Agreement(store, "doc", 0, timedelta(seconds=5)).agree_on_loss([0, 1], [2], [])
+    Traceback (most recent call last):
+    ...
+    fmesh.RecoveryError: on rank 0: the survivors disagree about the ranks lost: rank 0 says [2], rank 1 says [3]. ...
     """
 
 

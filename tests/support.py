@@ -33,15 +33,17 @@ def patience(seconds: float, processes: int = 1) -> float:
 
 
 def launch(fn: Callable[[Context], Any], world: int, timeout: float = 60, context_timeout: float | None = None,
-           **options: Any) -> list[Any]:
+           on_rank_loss: str = "fail", **options: Any) -> list[Any]:
     """Every rank's result (or, for a failing rank, its exception) of ``fn`` on ``world`` forked gloo processes.
 
     ``timeout`` bounds the whole launch and stretches with the load (:func:`patience`); so does the Context's
-    collective timeout unless the test sets it (a test that times something sets what it times).
+    collective timeout unless the test sets it (a test that times something sets what it times). ``on_rank_loss``
+    goes to :func:`fmesh.launch`.
     """
     bound = patience(timeout, world)
     context = {"timeout": patience(60, world) if context_timeout is None else context_timeout, **options}
-    return fmesh.launch(fn, world, timeout=bound, context_options=context, return_exceptions=True)
+    return fmesh.launch(fn, world, timeout=bound, context_options=context, return_exceptions=True,
+                        on_rank_loss=on_rank_loss)
 
 
 def succeeded(results: list[Any]) -> list[Any]:

@@ -132,7 +132,7 @@ def test_a_close_after_an_abort_still_tells_the_abort() -> None:
 def test_a_member_that_exited_without_closing_is_named_with_what_ended_it(monkeypatch: Any) -> None:
     store = CountingStore()
     monkeypatch.setattr("sys.last_value", KeyError("lost batch"), raising=False)  # as after an uncaught exception
-    Agreement(store, "test", 1, timedelta(seconds=60)).exited()
+    Agreement(store, "test", 1, timedelta(seconds=60)).post_exit()
     outcome = members_agree(store, [0, 1], lambda r: "g", lambda r: "Mesh(x)", who=[0])
     assert isinstance(outcome[0], fmesh.RankLostError), outcome
     assert "rank 1 exited without closing its Context after an uncaught KeyError: 'lost batch'" in str(outcome[0])
@@ -165,5 +165,5 @@ def test_a_forked_child_that_exits_posts_nothing_for_its_parents_rank(monkeypatc
     agreement = Agreement(store, "test", 1, timedelta(seconds=60))
     agreement.post("running")
     monkeypatch.setattr("os.getpid", lambda: agreement.pid + 1)  # the hook runs in a child the rank forked
-    agreement.exited()
+    agreement.post_exit()
     assert agreement.statuses([1])[1] == {"state": "running"}

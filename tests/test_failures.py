@@ -205,3 +205,18 @@ def two_threads_one_group(ctx: Context) -> dict[str, int]:
 def test_two_threads_asking_for_one_group_one_is_refused() -> None:
     for result in launch(two_threads_one_group, 2):
         assert result == {"asked": 1, "refused": 1, "created": 1}
+
+
+def aborts_through_the_export_root(ctx: Context) -> list[bool]:
+    from fmesh.context import _torch
+
+    mesh = fmesh.make_mesh((2, 1), ("dp", "tp"))
+    ctx.all_reduce(torch.ones(1), mesh, "dp")
+    groups = [ctx.group(mesh, "dp"), ctx.group(mesh, "tp")]
+    ctx.device_mesh(mesh)._get_root_mesh().abort()  # torch 2.15: abort every group of the meshes exported from it
+    return [_torch.registered(group) for group in groups]
+
+
+@pytest.mark.skipif(not hasattr(torch.distributed.device_mesh.DeviceMesh, "abort"), reason="torch 2.15 has it")
+def test_the_export_root_aborts_every_group_of_its_meshes() -> None:
+    assert launch(aborts_through_the_export_root, 2, timeout=60) == [[False, False], [False, False]]

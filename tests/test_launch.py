@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 
 import pytest
@@ -104,6 +105,21 @@ def test_spawned_ranks_get_the_context_options() -> None:
         fmesh.launch(local, world_size=2, start_method="spawn")
 
 
+def one_rank_dies(ctx: fmesh.Context) -> str:
+    if ctx.rank == 1:
+        os._exit(3)
+    time.sleep(3)  # the launcher sees rank 1 die meanwhile (it looks every second)
+    return "lived on"
+
+
+def test_a_dead_rank_ends_the_launch_unless_the_others_continue() -> None:
+    with pytest.raises(fmesh.LaunchError, match="rank 1 died with exit code 3"):
+        fmesh.launch(one_rank_dies, world_size=2, timeout=60)
+    first, second = fmesh.launch(one_rank_dies, world_size=2, timeout=60, on_rank_loss="continue")
+    assert first == "lived on"
+    assert isinstance(second, fmesh.LaunchError) and (second.rank, second.exitcode) == (1, 3), second
+
+
 def test_launch_rejects_bad_arguments_before_starting_anything() -> None:
     with pytest.raises(ValueError, match="positive int, got 0"):
         fmesh.launch(lambda ctx: None, world_size=0)
@@ -111,6 +127,8 @@ def test_launch_rejects_bad_arguments_before_starting_anything() -> None:
         fmesh.launch("not callable", world_size=2)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"start_method must be one of .*'spawn'.*got 'thread'"):
         fmesh.launch(lambda ctx: None, world_size=2, start_method="thread")
+    with pytest.raises(ValueError, match=r"on_rank_loss: expected one of \('fail', 'continue'\), but got 'go on'"):
+        fmesh.launch(lambda ctx: None, world_size=2, on_rank_loss="go on")
     with fmesh.Context.fake(2), pytest.raises(RuntimeError, match="already has a default process group"):
         fmesh.launch(lambda ctx: None, world_size=2)
 

@@ -15,6 +15,7 @@ Modules, one concept each:
 * ``export``: torch ``DeviceMesh`` objects on the context's groups;
 * ``device_mesh``: fmesh meshes from torch ``DeviceMesh`` objects (:func:`from_device_mesh`);
 * ``group_plan``: which groups a program will need (:class:`GroupPlan`);
+* ``recovery``: after ranks are lost, the new world and what becomes of each group (keep, shrink, create);
 * ``launch``: :func:`launch` and :func:`simulate`, ranks for notebooks and tests;
 * ``_torch``: every private torch name fmesh uses, and nothing else.
 """

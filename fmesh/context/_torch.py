@@ -14,6 +14,11 @@
   (``fmesh.simulate``).
 * ``split_groups``: ``dist.split_group`` keeps each split's order from torch 2.14; before, it sorts
   the ranks, so an unsorted partition is made group by group instead (every rank taking part).
+* ``detach_group`` / ``attach_group`` / ``abort_all`` (``Context.recover``): c10d's ``_world`` registries
+  (``pg_map``, ``pg_names``, ``pg_group_ranks``, ``pg_backend_config``, ``pg_to_tag``, ``tags_to_pg``),
+  ``_register_process_group`` / ``_unregister_process_group`` and ``_abort_process_group(None)``: a group
+  that lost no member is taken out of torch's registry while every other group and the default group are
+  aborted in one call, and put back, renumbered, once the default group is made again over the survivors.
 * The per-version layer, where releases differ (each pinned by ``tests/test_torch_private.py``):
 
   ============================  ==========================================  ==========================================
@@ -47,6 +52,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+import attrs
 import torch
 
 from fmesh.errors import UnsupportedTorchError
@@ -94,6 +100,7 @@ from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 
 from fmesh.layout import Layout  # noqa: E402
 from fmesh.mesh import Mesh, Universe  # noqa: E402
+from fmesh.recovery import can_shrink as shrink_rule  # noqa: E402
 
 # One _FlatLayout per dim from 2.13; before, one _MeshLayout whose top-level modes are the dims.
 FLAT_LAYOUTS = hasattr(mesh_layout, "_FlatLayout")
@@ -249,6 +256,75 @@ def abort_group(group: dist.ProcessGroup | None = None) -> None:
         c10d._abort_process_group(group)
 
 
+def abort_all() -> None:
+    """Tear down, in one torch call, the default group and every group torch still knows (NCCL's aborts run
+    inside one ``ncclGroupStart``/``End``: aborting communicators one at a time can hang, torch issue 173815)."""
+    if dist.is_initialized():
+        c10d._abort_process_group(None)
+
+
+@attrs.frozen
+class Detached:
+    """A group taken out of torch's registry (so that :func:`abort_all` leaves it alone), with what torch
+    knew of it; :func:`attach_group` puts it back under new global ranks."""
+
+    group: dist.ProcessGroup
+    entry: Any  # torch's (backend, store) of the group
+    name: str
+    config: Any
+    tag: str | None
+
+
+def detach_group(group: dist.ProcessGroup) -> Detached:
+    """Take ``group`` out of torch's registry (its connections stay open)."""
+    world = c10d._world
+    entry = world.pg_map.pop(group)
+    name = world.pg_names.pop(group)
+    world.pg_group_ranks.pop(group, None)
+    config = world.pg_backend_config.pop(group, None)
+    tag = world.pg_to_tag.pop(group, None)
+    if tag is not None and group in world.tags_to_pg.get(tag, []):
+        world.tags_to_pg[tag].remove(group)
+    c10d._unregister_process_group(name)
+    return Detached(group, entry, name, config, tag)
+
+
+def attach_group(detached: Detached, ranks: Sequence[int]) -> dist.ProcessGroup:
+    """Register a detached group again, its member ``i`` now global rank ``ranks[i]`` (of the new default
+    group): the gloo communicator keeps its own member numbering and connections, which the default group's
+    renewal does not touch."""
+    world, group = c10d._world, detached.group
+    world.pg_map[group] = detached.entry
+    world.pg_names[group] = detached.name
+    world.pg_group_ranks[group] = {rank: index for index, rank in enumerate(ranks)}
+    world.pg_backend_config[group] = detached.config
+    if detached.tag is not None:
+        world.pg_to_tag[group] = detached.tag
+        world.tags_to_pg.setdefault(detached.tag, []).append(group)
+    c10d._register_process_group(detached.name, group)
+    return group
+
+
+def can_shrink(backend: str) -> bool:
+    """Whether a communicator of ``backend`` can drop lost members in place here: :func:`fmesh.recovery.can_shrink`
+    (NCCL >= 2.27) with this torch and this NCCL, and a torch build that has ``dist.shrink_group``."""
+    if not hasattr(dist, "shrink_group") or not torch.cuda.is_available():
+        return False
+    return shrink_rule(backend, TORCH, tuple(torch.cuda.nccl.version()))
+
+
+def shrink_group(group: dist.ProcessGroup, exclude: Sequence[int]) -> dist.ProcessGroup:
+    """``group`` without its members ``exclude`` (indices in the group), ongoing work aborted; every
+    surviving member calls it."""
+    shrunk: dist.ProcessGroup = dist.shrink_group(list(exclude), group, shrink_flags=c10d.SHRINK_ABORT)
+    return shrunk
+
+
+def prefix_store(prefix: str, store: dist.Store) -> dist.Store:
+    """``store`` seen under ``prefix/``: a namespace of its own."""
+    return dist.PrefixStore(prefix, store)
+
+
 def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
     """Give ``group``'s collectives ``timeout`` (it was connected under a shorter one)."""
     c10d._set_pg_timeout(timeout, group)
@@ -266,6 +342,13 @@ def host_store(port: int, world_size: int, timeout: float) -> dist.Store:
     """A store server on loopback for ``world_size`` clients, as torchrun's agent hosts one."""
     return dist.TCPStore("127.0.0.1", port, world_size, is_master=True, timeout=timedelta(seconds=timeout),
                          wait_for_workers=False)
+
+
+def root_store(store: dist.Store) -> dist.Store:
+    """The store under every ``PrefixStore`` wrapping ``store`` (the launcher's, for an ``env://`` launch)."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store
 
 
 def group_count() -> int:
@@ -363,6 +446,17 @@ def export_device_mesh(mesh: Mesh, root: DeviceMesh, groups: Sequence[dist.Proce
         for group in groups:
             registry[group.group_name] = group
     return exported
+
+
+ROOT_ABORTS = hasattr(DeviceMesh, "abort")  # torch 2.15: the root aborts its dims' and _flatten_mapping's groups
+
+
+def register_for_abort(root: DeviceMesh, exported: DeviceMesh) -> None:
+    """Let torch 2.15's ``root.abort()`` reach ``exported``'s groups: the root has no group of its own and
+    aborts those of the meshes in its ``_flatten_mapping``, where a 1-D export is already (under its axis
+    name); a larger one goes under a name no axis can have (``fmesh/abort/<its group names>``)."""
+    if ROOT_ABORTS and exported.ndim > 1:
+        root._flatten_mapping.setdefault(f"fmesh/abort/{','.join(exported._dim_group_names)}", exported)
 
 
 def register_flattened(root: DeviceMesh, name: str, one_axis: DeviceMesh) -> None:

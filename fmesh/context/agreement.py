@@ -29,7 +29,8 @@ else is :class:`~fmesh.RankLostError`). A member that is simply elsewhere
 names the missing ranks and what each was last doing.
 
 The same statuses let the survivors of a failed collective name the ranks that are gone
-(:meth:`Agreement.roll_call`).
+(:meth:`Agreement.roll_call`), and the survivors that recover agree on the ranks lost
+(:meth:`Agreement.agree_on_loss`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import attrs
 import torch.distributed as dist
 
 from fmesh.context.connections import Connections
-from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
+from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError, RecoveryError
 
 OK = "ok"
 MISMATCH = "mismatch"  # a verdict: the members disagree
@@ -64,6 +65,13 @@ POLL_FIRST_SECONDS = 0.001  # the first pause between two checks of the verdict
 POLL_MAX_SECONDS = 0.1  # the longest: how late a waiter learns the verdict, or that its context was aborted
 EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits to post that it exited
 MAX_GROUPS_FOLLOWED = 64  # bounds the work of one diagnosis
+
+
+def ended_key(rank: int) -> str:
+    """Where a launcher that saw ``rank``'s process end says so, in the store it hosts (the key
+    :func:`fmesh.launch` writes): a roll call stops waiting for a rank that can never answer. (A process that
+    ends on its own posts the status ``exited`` itself, :meth:`Agreement.post_exit`; one killed cannot.)"""
+    return f"fmesh/ended/{rank}"
 
 
 def digest(text: str) -> str:
@@ -119,6 +127,9 @@ class Agreement:
     rank: int
     creation_timeout: timedelta
     grace: float = GRACE_SECONDS  # how long a waiter waits before it looks at what the missing ones do
+    # The launcher's store, where it says which ranks' processes ended (ended_key); None where its ranks are not
+    # this world's (a recovered world numbers them anew).
+    launcher_store: dist.Store | None = attrs.field(default=None, eq=False, repr=False)
     # The Context's groups' sockets, and whether it was aborted (then every wait ends at its next poll).
     connections: Connections = attrs.field(factory=Connections, eq=False, repr=False)
     # The process this rank is: a child it forks inherits the exit hook, and its exit is not this rank's.
@@ -157,7 +168,7 @@ class Agreement:
             aborted = aborted or self.connections.halted.is_set()
             self.post(CLOSED, aborted=aborted, **failure)
 
-    def exited(self) -> None:
+    def post_exit(self) -> None:
         """Post, at interpreter exit, that this rank's process ended without closing its context (the Context
         registers this with ``atexit`` while it is open), with the uncaught exception that ended it, if any."""
         if os.getpid() != self.pid:
@@ -351,6 +362,11 @@ class Agreement:
         return {m: bytes(raw).decode(errors="replace") for m, raw in zip(members, self.store.multi_get(keys),
                                                                           strict=True)}
 
+    def ended(self, ranks: Sequence[int]) -> list[int]:
+        """Those of ``ranks`` whose process the launcher saw end (:func:`ended_key`); O(len(ranks)) checks."""
+        store = self.launcher_store
+        return [] if store is None else [rank for rank in ranks if store.check([ended_key(rank)])]
+
     def roll_call(self, label: str, members: Sequence[int], seconds: float, answer: str = "here") -> list[int]:
         """The ``members`` that do not answer within ``seconds`` (the survivors of a failed collective
         each call this with the same ``label``, answering what went wrong for them: :meth:`answers`);
@@ -364,5 +380,48 @@ class Agreement:
             silent = [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
             if all(status.get("state") in FINAL_STATES for status in self.statuses(silent).values()):
                 break  # every member that has not answered failed or closed: none of them ever will
+            if self.launcher_store is not None and self.launcher_store.check([ended_key(m) for m in silent]):
+                break  # the launcher saw every one of their processes end
             time.sleep(0.05)
         return [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
+
+    # -------------------------------------------------------------- recovery
+
+    def post_loss(self, lost: Sequence[int], groups: Sequence[str]) -> None:
+        """Post the ranks this survivor recovers without, and the digests of the groups it holds."""
+        self.store.set(f"{self.prefix}/recovery/{self.rank}", json.dumps({"lost": sorted(lost),
+                                                                          "groups": sorted(groups)}))
+
+    def agree_on_loss(self, survivors: Sequence[int], lost: Sequence[int],
+                      groups: Sequence[str]) -> dict[int, frozenset[str]]:
+        """Post ``lost`` and ``groups`` (:meth:`post_loss`), wait for every one of ``survivors`` to post theirs,
+        and return the digests of the groups each holds. :class:`~fmesh.RecoveryError` as soon as one posts
+        other lost ranks (naming both sets), or when one has not come within the creation timeout."""
+        self.post_loss(lost, groups)
+        mine = sorted(lost)
+        keys = {rank: f"{self.prefix}/recovery/{rank}" for rank in survivors}
+        posted: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + self.creation_timeout.total_seconds()
+        pause = POLL_FIRST_SECONDS
+        while True:
+            for rank, key in keys.items():
+                if rank not in posted and self.store.check([key]):
+                    posted[rank] = _loads(self.store.get(key))
+                    if posted[rank].get("lost") != mine:
+                        raise RecoveryError(
+                            f"on rank {self.rank}: the survivors disagree about the ranks lost: rank {self.rank} says "
+                            f"{mine}, rank {rank} says {posted[rank].get('lost')}. Expected every survivor to "
+                            "recover without the same ranks; take them from one source (the launcher's, or the "
+                            "roll call of the failed collective)")
+            if len(posted) == len(keys):
+                return {rank: frozenset(posted[rank].get("groups", ())) for rank in survivors}
+            self.check_halted("agreeing on the ranks lost")
+            if time.monotonic() >= deadline:
+                missing = sorted(set(keys) - set(posted))
+                doing = "; ".join(describe_status(m, s) for m, s in self.statuses(missing[:8]).items())
+                raise RecoveryError(
+                    f"on rank {self.rank}: survivors {missing} did not come to recover without {mine} within "
+                    f"{self.creation_timeout.total_seconds():g}s ({doing}). Expected every rank not lost to call "
+                    "recover(); if those ranks are gone too, recover without them as well")
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX_SECONDS)

@@ -21,6 +21,7 @@ at once and answer the roll call. A group that failed is aborted: using it again
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -129,6 +130,10 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         missing, statuses, answers = [m for m in ranks if m != agreement.rank], {}, {}
     doing = "; ".join(describe_status(m, statuses[m]) if m in statuses else f"rank {m}: the store is unreachable, "
                       "its host is gone (rank 0, unless torchrun's agent hosts it)" for m in missing[:8])
+    with contextlib.suppress(Exception):  # the store may be gone: what it would add is a detail
+        ended = agreement.ended(missing)
+        if ended:
+            doing = f"the launcher saw the processes of ranks {ended} end; {doing}"
     mismatch = next((m for m in missing if statuses.get(m, {}).get("kind") == "MeshMismatchError"), None)
     explained: Exception
     if mismatch is not None:

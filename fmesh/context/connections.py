@@ -124,6 +124,10 @@ class Connections:
         for name in list(self._sockets):
             self.sever(name)
 
+    def take(self, name: str) -> frozenset[Socket]:
+        """The sockets of group ``name``, no longer tracked here (a recovered context tracks them)."""
+        return self._sockets.pop(name, frozenset())
+
     def forget(self, name: str) -> None:
         """The group ``name`` was destroyed in the orderly way: its sockets are closed (their numbers reused)."""
         self._sockets.pop(name, None)

@@ -34,7 +34,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from fmesh.context import _torch, autograd, collectives, objects, permute
+from fmesh.context import _torch, autograd, collectives, objects, permute, recovery
 from fmesh.context.agreement import Agreement
 from fmesh.context.collectives import REDUCE_OPS
 from fmesh.context.export import Exporter
@@ -46,6 +46,7 @@ from fmesh.context.world import World
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
+from fmesh.recovery import CREATE, SHRINK
 
 
 class Context:
@@ -97,12 +98,14 @@ class Context:
         self._settings = attrs.evolve(settings, backend=world.backend)
         self._agreement: Agreement | None = None
         if not world.fake:  # the fake backend's store cannot be used
-            self._agreement = Agreement(_torch.store_client(world.store()), f"fmesh/{world.name}/{world.epoch}",
-                                    world.rank, self._settings.creation_timeout)
+            store = _torch.store_client(world.store())
+            self._agreement = Agreement(store, f"fmesh/{world.name}/{world.epoch}", world.rank,
+                                        self._settings.creation_timeout,
+                                        launcher_store=_torch.root_store(store) if world.generation == 0 else None)
             self._agreement.post("running")
             # A process that ends without closing this context tells its peers so at interpreter exit, instead of
             # leaving them to wait for it; close() withdraws this.
-            atexit.register(self._agreement.exited)
+            atexit.register(self._agreement.post_exit)
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._groups = GroupRegistry(world, self._settings, agreement=self._agreement, ascending_only=simulated)
         self._exports = Exporter(world.device.type)
@@ -584,13 +587,92 @@ class Context:
         """
         self._end(abort=True, error=None)
 
+    def recover(self, lost: Sequence[int], mesh: Mesh | None = None) -> Context | None:
+        """The Context of the world without the ``lost`` ranks, for every survivor to call after a
+        :class:`~fmesh.RankLostError` (with the same ``lost``); this context is closed afterwards.
+
+        The new world is the survivors, renumbered ``0, 1, ...`` in ascending order of their old rank, as
+        :func:`fmesh.without` and :func:`fmesh.elastic.shrink` number the meshes to use in it; given
+        ``mesh`` (made from this world by :func:`fmesh.without`), the ranks it covers, and a survivor
+        outside it gets ``None``: it leaves the job. :func:`fmesh.old_rank` on the new meshes gives each
+        rank's old number.
+
+        The survivors first agree, through the store, on ``lost`` (:class:`~fmesh.RecoveryError` naming both
+        sets if they disagree, or naming the survivors that never came, after the creation timeout: never a
+        hang). Then each group is kept, shrunk or made again (``fmesh.context.recovery.renewal``): a
+        group whose members all survive keeps its communicator (renumbered, no new rendezvous); an NCCL
+        group that lost members is shrunk in place where torch has ``shrink_group`` and NCCL is >= 2.27;
+        every other group, and the default group, is aborted, all in one torch call. The default group is
+        made again over the new world, in a namespace of the store of its own (no key of the old world is
+        met again), and the groups not kept are created in it when first needed. A kept group must be idle:
+        recover after the collective that failed, not while another runs.
+
+        A whole job, a rank killed and the survivors going on, is in the guide (*Elastic meshes*) and in
+        ``tests/test_context_recovery.py``. The lost ranks are checked first, before anything is touched:
+
+        >>> with Context.fake(4, rank=0) as ctx:
+        ...     ctx.recover([0])
+        Traceback (most recent call last):
+        ...
+        ValueError: recover: rank 0 is calling recover, so it is not lost; expected the ranks that are gone, but got [0]
+        """
+        self._groups.enter("recover")
+        gone = recovery.check_lost(lost, self.world_size, self.rank)
+        world = recovery.new_world(self.world_size, gone, mesh)
+        if self._agreement is None:
+            raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
+        survivors = tuple(r for r in range(self.world_size) if r not in gone)
+        held = self._groups.held()
+        for spec, group in held.items():
+            if set(gone).intersection(spec.ranks):
+                # Broken: cut it, so a survivor still blocked in it (a collective fmesh did not run, FSDP's say,
+                # fails with the backend's error and no roll call) is released and comes to recover too.
+                self._agreement.connections.sever(group.group_name)
+        holding = self._agreement.agree_on_loss(survivors, gone, [spec.digest() for spec in held])
+        renumber = {old: new for new, old in enumerate(world)}
+        taken: list[tuple[Any, _torch.Detached, frozenset[Any]]] = []
+        # One order on every rank (a shrink is collective among the group's survivors).
+        for spec in sorted(held, key=lambda s: s.digest()):
+            choice = recovery.renewal(
+                spec.ranks, lost=gone, world=world, backend=spec.backend, shrinkable=_torch.can_shrink(spec.backend),
+                held_everywhere=all(spec.digest() in holding[m] for m in spec.ranks if m in holding))
+            group, members = held[spec], spec.ranks
+            if choice == CREATE:
+                continue
+            if choice == SHRINK:
+                group = _torch.shrink_group(group, [spec.ranks.index(r) for r in gone if r in spec.ranks])
+                members = tuple(r for r in spec.ranks if r not in gone)
+            sockets = self._agreement.connections.take(group.group_name)
+            taken.append((attrs.evolve(spec, ranks=tuple(renumber[m] for m in members)), _torch.detach_group(group),
+                          sockets))
+        base = self._world.store()
+        namespace = f"{self._agreement.prefix}/recovered"
+        old = self._world
+        self._agreement.close_quietly(aborted=True)
+        self._exports.clear()
+        self._groups.hand_over()
+        self._world = attrs.evolve(old, owns_default_group=False)  # this context no longer ends the default group
+        _torch.abort_all()  # the default group and every group not taken, at once
+        gc.collect()
+        if self.rank not in renumber:
+            return None
+        renewed_world = World.start(
+            backend=old.backend, rank=renumber[self.rank], world_size=len(world), store=_torch.prefix_store(
+                namespace, base), timeout=self._settings.timeout, device=old.device,
+            gpus_per_node=min(old.local_world_size, len(world)), name=old.name, generation=old.generation + 1)
+        renewed = Context.__new__(Context)
+        renewed._own(renewed_world, self._settings, self._simulated, check_tensors=self._check_tensors)
+        for spec, detached, sockets in taken:
+            renewed._groups.adopt(spec, _torch.attach_group(detached, spec.ranks), sockets)
+        return renewed
+
     def _end(self, *, abort: bool, error: BaseException | None) -> None:
         if self._groups.closed:
             return
         if abort:  # first, before any store operation: ends this rank's waits and frees the peers blocked with it
             self._groups.halt()
         if self._agreement is not None:  # tell peers waiting for this rank why it will not come
-            atexit.unregister(self._agreement.exited)
+            atexit.unregister(self._agreement.post_exit)
             if error is not None:
                 self._agreement.failed(error)
             else:

@@ -70,6 +70,7 @@ class Exporter:
                 root = self._roots[mesh.universe.id] = _torch.export_root(mesh.universe, self._device_type)
             exported = _torch.export_device_mesh(mesh, root, groups)
             self._publish_names(mesh, root, exported)
+            _torch.register_for_abort(root, exported)
             self._exported[key] = exported
         return exported
 

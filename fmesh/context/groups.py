@@ -306,7 +306,7 @@ class GroupRegistry:
             connect_timeout = self._connect_timeout(target.spec)
             group = self._connect(target.ranks, target.label(), lambda: _torch.create_group(
                 target.spec.ranks,
-                f"{self._world.name}:{self._world.epoch}:{target.spec.digest()}",
+                f"{self._world.namespace}:{target.spec.digest()}",
                 rank=self._world.rank,
                 backend=target.spec.backend,
                 timeout=connect_timeout,
@@ -399,6 +399,29 @@ class GroupRegistry:
     def exists(self, target: Target) -> bool:
         """Whether the target needs no group (a group of one) or has one already."""
         return target.size == 1 or target.spec in self._groups
+
+    # ------------------------------------------------------------- recovery
+
+    def held(self) -> dict[GroupSpec, dist.ProcessGroup]:
+        """The groups made here that torch still knows (not aborted after a failure)."""
+        return {spec: group for spec, group in self._groups.items() if _torch.registered(group)}
+
+    def hand_over(self) -> None:
+        """Close this registry without ending its groups: a recovery took the ones it keeps and aborts the
+        rest (all at once); forgets every group."""
+        with self._creating:
+            self._closed = True
+            self._groups.clear()
+            self._targets.clear()
+            self._resolved.clear()
+            self._by_identity.clear()
+            self._by_target.clear()
+
+    def adopt(self, spec: GroupSpec, group: dist.ProcessGroup, sockets: frozenset[Any] = frozenset()) -> None:
+        """Hold ``group`` (kept or shrunk by a recovery) as the group of ``spec``, with its ``sockets``."""
+        self._groups[spec] = group
+        if self._agreement is not None:
+            self._agreement.connections.note(group.group_name, sockets)
 
     # ------------------------------------------------------------ lifecycle
 

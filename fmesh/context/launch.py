@@ -29,12 +29,14 @@ import attrs
 import torch
 
 from fmesh.context import _torch
+from fmesh.context.agreement import ended_key
 from fmesh.context.context import Context
 from fmesh.context.options import DEFAULT_CREATION_TIMEOUT, normalize_timeout
 from fmesh.errors import LaunchError, RemoteTraceback
 from fmesh.layout.int_tuple import is_int
 
 START_METHODS = ("fork", "spawn", "forkserver")
+ON_RANK_LOSS = ("fail", "continue")
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # The ranks' own timeouts, as shares of the launch's: a rank waiting for a missing peer raises fmesh's error
 # (naming the peer) before the launch gives up with its generic TimeoutError.
@@ -104,9 +106,12 @@ def _remote_error(rank: int, payload: tuple[bytes | None, str, str]) -> BaseExce
     return error
 
 
-def _check_launch(fn: object, world_size: object, start_method: str | None, timeout: object) -> str:
+def _check_launch(fn: object, world_size: object, start_method: str | None, timeout: object,
+                  on_rank_loss: object = "fail") -> str:
     if not is_int(world_size) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if on_rank_loss not in ON_RANK_LOSS:
+        raise ValueError(f"on_rank_loss: expected one of {ON_RANK_LOSS}, but got {on_rank_loss!r}")
     normalize_timeout(timeout)  # a number of seconds in the valid range
     if not callable(fn):
         raise TypeError(f"launch runs a function of one argument (the Context), got {fn!r}")
@@ -133,6 +138,7 @@ def launch(
     context_options: Mapping[str, Any] | None = None,
     return_exceptions: bool = False,
     start_method: str | None = None,
+    on_rank_loss: str = "fail",
 ) -> list[Any]:
     """``[fn(ctx) for each rank]``, each rank a real gloo process with its own :class:`Context`.
 
@@ -147,6 +153,13 @@ def launch(
     result instead, and the other ranks run on. A launch that outlives ``timeout`` seconds raises
     ``TimeoutError``. Either way no process is left behind.
 
+    A rank process that dies (exits, or is killed, without returning) ends the launch with a
+    :class:`~fmesh.LaunchError` naming its exit code. With ``on_rank_loss="continue"`` the other ranks
+    live on instead (the store is this process's, so it survives any rank): the dead rank's place in the
+    result holds that ``LaunchError`` (``.rank`` and ``.exitcode`` set), so the result says which ranks
+    died; the survivors can :meth:`~fmesh.Context.recover` and finish. Exceptions a rank raises are
+    still governed by ``return_exceptions``.
+
     >>> import fmesh, torch
     >>> def total(ctx):
     ...     mesh = fmesh.make_mesh((2,), ("dp",))
@@ -154,7 +167,7 @@ def launch(
     >>> fmesh.launch(total, world_size=2)
     [3.0, 3.0]
     """
-    method = _check_launch(fn, world_size, start_method, timeout)
+    method = _check_launch(fn, world_size, start_method, timeout, on_rank_loss)
     options = {"timeout": COLLECTIVE_SHARE * timeout,
                "creation_timeout": min(CREATION_SHARE * timeout, DEFAULT_CREATION_TIMEOUT.total_seconds()),
                **(context_options or {})}
@@ -195,10 +208,13 @@ def launch(
                 dead = [r for r, p in enumerate(procs) if r not in results and p.exitcode not in (None, 0)]
                 for rank in dead:
                     error = LaunchError(f"rank {rank} died with exit code {procs[rank].exitcode}")
-                    if not return_exceptions:
+                    if not (return_exceptions or on_rank_loss == "continue"):
                         raise error from None
                     error.rank = rank  # type: ignore[attr-defined]
+                    error.exitcode = procs[rank].exitcode  # type: ignore[attr-defined]
                     results[rank] = error
+                    # The survivors' roll call need not wait for it: it can never answer.
+                    store.set(ended_key(rank), str(procs[rank].exitcode))
                 if time.monotonic() > deadline and len(results) < world_size:
                     waiting = sorted(set(range(world_size)) - results.keys())
                     raise TimeoutError(

@@ -155,7 +155,9 @@ class World:
     initialised (and so owns) the default process group.
 
     ``epoch`` numbers the contexts of one ``name`` alike on every rank, so that a group created
-    again after ``close()`` never meets the rendezvous keys of the old one.
+    again after ``close()`` never meets the rendezvous keys of the old one; ``generation`` counts the
+    recoveries (:meth:`fmesh.Context.recover`) that led to this world, so that its groups' names never
+    meet those of the groups it kept.
     """
 
     rank: int
@@ -166,6 +168,12 @@ class World:
     name: str
     epoch: int
     owns_default_group: bool
+    generation: int = 0
+
+    @property
+    def namespace(self) -> str:
+        """What the names of this world's groups start with: its name, epoch and generation."""
+        return f"{self.name}:{self.epoch}" + (f"+{self.generation}" if self.generation else "")
 
     @property
     def fake(self) -> bool:
@@ -185,6 +193,7 @@ class World:
         device: torch.device | str | None = None,
         gpus_per_node: int | None = None,
         name: str = "fmesh",
+        generation: int = 0,
     ) -> World:
         """Join the default process group, initialising it first if nobody has.
 
@@ -237,6 +246,7 @@ class World:
             name=name,
             epoch=epoch,
             owns_default_group=owns,
+            generation=generation,
         )
 
     @classmethod

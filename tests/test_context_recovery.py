@@ -1,0 +1,212 @@
+"""Losing ranks and going on (``fmesh.launch(on_rank_loss="continue")``, ``Context.recover``): the choice of what
+becomes of each group, the survivors' agreement on the ranks lost, and real gloo jobs that lose a rank and finish.
+
+Every multi-process run is bounded by its launch timeout: a hang fails the test with ``TimeoutError``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from support import launch
+
+import fmesh
+from fmesh import Context
+from fmesh.context.agreement import Agreement
+from fmesh.context.recovery import CREATE, KEEP, SHRINK, check_lost, new_world, renewal
+
+# ------------------------------------------------------------------------------------- pure choices
+
+
+@pytest.mark.parametrize(("members", "world", "backend", "shrinkable", "held", "expected"), [
+    ((0, 1), (0, 1, 2), "gloo", False, True, KEEP),  # nobody lost: the same communicator
+    ((0, 1), (0, 1, 2), "nccl", True, True, KEEP),  # nobody lost, on NCCL too: keeping beats shrinking
+    ((0, 1), (0, 1, 2), "gloo", False, False, CREATE),  # a member does not hold it (was still connecting)
+    ((2, 1, 0), (0, 1, 2), "gloo", False, True, KEEP),  # any order of members
+    ((1, 2), (0, 2), "gloo", False, True, CREATE),  # nobody lost, but rank 1 leaves (outside the new world)
+    ((1, 2), (0, 2), "nccl", True, True, CREATE),  # and no shrink drops a rank that is not lost
+    ((2, 3), (0, 1, 2), "gloo", False, True, CREATE),  # one survivor: a group of one needs no communicator
+    ((0, 2, 3), (0, 1, 2), "gloo", False, True, CREATE),  # gloo cannot shrink
+    ((0, 2, 3), (0, 1, 2), "gloo", True, True, CREATE),  # whatever torch has: shrink_group is NCCL's
+    ((0, 2, 3), (0, 1, 2), "nccl", False, True, CREATE),  # NCCL < 2.27, or a torch without shrink_group
+    ((0, 2, 3), (0, 1, 2), "nccl", True, True, SHRINK),  # NCCL that can: the survivors' communicator in place
+    ((0, 2, 3), (0, 1, 2), "nccl", True, False, CREATE),
+    ((0, 2, 3), (0, 2), "nccl", True, True, SHRINK),  # its survivors stay in the new world
+    ((0, 1, 3), (0, 2), "nccl", True, True, CREATE),  # its survivors include rank 1, which leaves
+])
+def test_renewal_keeps_shrinks_or_creates(members: tuple[int, ...], world: tuple[int, ...], backend: str,
+                                          shrinkable: bool, held: bool, expected: str) -> None:
+    assert renewal(members, lost=(3,), world=world, backend=backend, shrinkable=shrinkable,
+                   held_everywhere=held) == expected
+
+
+def test_the_lost_ranks_and_the_new_world_are_checked_before_anything() -> None:
+    assert check_lost([3, 1, 3], 4, 0) == (1, 3)
+    with pytest.raises(TypeError, match="iterable of lost ranks such as \\[3\\], but got 3"):
+        check_lost(3, 4, 0)
+    with pytest.raises(ValueError, match=r"lost ranks in 0\.\.3, but got \[4\]"):
+        check_lost([4], 4, 0)
+    with pytest.raises(ValueError, match="at least one lost rank"):
+        check_lost([], 4, 0)
+    mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+    assert new_world(4, (3,)) == (0, 1, 2)
+    assert new_world(4, (3,), fmesh.without(mesh, [3], "dp")) == (0, 1)
+    assert new_world(4, (3,), fmesh.without(mesh, [3], "tp")) == (0, 2)
+    with pytest.raises(ValueError, match="still holds lost ranks \\[1\\]"):
+        new_world(4, (1, 3), fmesh.without(mesh, [3], "dp"))
+    with pytest.raises(ValueError, match="has no lineage"):
+        new_world(4, (3,), mesh)
+    with pytest.raises(ValueError, match="adds ranks"):
+        new_world(4, (3,), fmesh.resize(mesh, "dp", 3))
+
+
+def test_survivors_that_disagree_about_the_lost_ranks_are_told_both_sets() -> None:
+    store = dist.HashStore()
+    Agreement(store, "t", 1, timedelta(seconds=5)).post_loss([2, 3], ["g"])
+    with pytest.raises(fmesh.RecoveryError, match=r"rank 0 says \[3\], rank 1 says \[2, 3\]"):
+        Agreement(store, "t", 0, timedelta(seconds=5)).agree_on_loss([0, 1, 2], [3], ["g"])
+
+
+def test_a_survivor_that_never_comes_to_recover_ends_the_wait_with_its_name() -> None:
+    store = dist.HashStore()
+    Agreement(store, "t", 1, timedelta(seconds=5)).post_loss([3], ["g"])
+    started = time.monotonic()
+    with pytest.raises(fmesh.RecoveryError, match=r"survivors \[2\] did not come to recover without \[3\]"):
+        Agreement(store, "t", 0, timedelta(seconds=0.3)).agree_on_loss([0, 1, 2], [3], ["h"])
+    assert time.monotonic() - started < 3
+    held = Agreement(store, "t", 2, timedelta(seconds=5)).agree_on_loss([0, 1, 2], [3], ["g", "h"])
+    assert held == {0: frozenset({"h"}), 1: frozenset({"g"}), 2: frozenset({"g", "h"})}
+
+
+# ---------------------------------------------------------------------------------- real processes
+
+
+def keeps_the_group_that_lost_nobody(ctx: Context) -> Any:
+    """Rank 3 dies; the survivors recover onto the mesh without the dp slice holding it (ranks 0 and 1: rank 2
+    leaves). The tp group (0, 1) lost nobody: the recovered context runs a collective on that very communicator."""
+    mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+    pair = ctx.group(mesh, "tp")
+    ctx.all_reduce(torch.ones(1), mesh, ("dp", "tp"))
+    if ctx.rank == 3:
+        os._exit(3)
+    with pytest.raises(fmesh.RankLostError, match=r"the launcher saw the processes of ranks \[3\] end"):
+        ctx.all_reduce(torch.ones(1), mesh, ("dp", "tp"))
+    smaller = fmesh.without(mesh, [3], "dp")
+    renewed = ctx.recover([3], smaller)
+    if renewed is None:
+        return "left", repr(ctx)
+    with renewed:
+        total = renewed.all_reduce(torch.tensor([renewed.rank + 1.0]), smaller, "tp").item()
+        same = renewed.group(smaller, "tp") is pair
+        created = renewed.stats()["creation_seconds"]
+        world = renewed.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("all",)), "all").item()
+        return total, same, created, world, dist.get_world_size(), repr(ctx)
+
+
+@pytest.mark.slow
+def test_recover_keeps_an_intact_group_and_renumbers_the_survivors() -> None:
+    results = launch(keeps_the_group_that_lost_nobody, 4, timeout=60, on_rank_loss="continue")
+    assert isinstance(results[3], fmesh.LaunchError) and results[3].exitcode == 3
+    assert results[2] == ("left", "Context(rank=2, world=4, gloo, closed)")
+    for rank in (0, 1):
+        total, same, created, world, size, old = results[rank]
+        assert (total, same, created, world, size) == (3.0, True, 0.0, 2.0, 2), results[rank]
+        assert old == f"Context(rank={rank}, world=4, gloo, closed)"
+
+
+# A tiny model trained data-parallel: every rank holds the whole model, takes its slice of one global batch per
+# step and averages the gradients over dp. The global batch divides by 4 and by 3 ranks.
+BATCH, FEATURES, STEP_LOST, STEPS = 12, 8, 3, 8
+
+
+def tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 + step)
+    inputs = torch.randn(BATCH, FEATURES, generator=generator)
+    return inputs, inputs.sum(dim=1, keepdim=True).sin()
+
+
+def train_step(ctx: Context, mesh: fmesh.Mesh, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               step: int) -> float:
+    (index,) = mesh.coordinate(ctx.rank) or (0,)
+    inputs, targets = (part.chunk(mesh.size)[index] for part in global_batch(step))
+    loss = torch.nn.functional.mse_loss(model(inputs), targets)
+    loss.backward()
+    for parameter in model.parameters():
+        assert parameter.grad is not None
+        parameter.grad = ctx.all_reduce(parameter.grad, mesh, "dp", op="avg")
+    optimizer.step()
+    optimizer.zero_grad()
+    return float(ctx.all_reduce(loss.detach(), mesh, "dp", op="avg").item())
+
+
+def resume(directory: pathlib.Path) -> tuple[torch.nn.Module, torch.optim.Optimizer, int]:
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    saved = torch.load(directory / "checkpoint.pt")
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    return model, optimizer, int(saved["step"])
+
+
+def loses_a_rank_and_finishes(ctx: Context, directory: pathlib.Path) -> Any:
+    """4 ranks train; rank 0 checkpoints after step STEP_LOST - 1; rank 3 dies at step STEP_LOST; the survivors
+    recover onto dp=3, reload the checkpoint and finish."""
+    mesh = fmesh.make_mesh((4,), ("dp",))
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEP_LOST + 1):
+        if step == STEP_LOST and ctx.rank == 3:
+            (directory / "death").write_text(repr(time.time()))
+            os._exit(9)
+        try:
+            train_step(ctx, mesh, model, optimizer, step)
+        except fmesh.RankLostError:
+            break
+        if step == STEP_LOST - 1 and ctx.rank == 0:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1},
+                       directory / "checkpoint.pt")
+    else:
+        return "no rank was lost"
+    with ctx.recover([3]) as renewed:
+        mesh = fmesh.without(mesh, [3], "dp")
+        model, optimizer, start = resume(directory)
+        losses = [train_step(renewed, mesh, model, optimizer, start)]
+        finished = time.time()
+        losses += [train_step(renewed, mesh, model, optimizer, step) for step in range(start + 1, STEPS)]
+        return start, losses, finished, [fmesh.old_rank(mesh, r) for r in range(mesh.world_size)]
+
+
+def three_ranks_from_the_checkpoint(ctx: Context, directory: pathlib.Path) -> Any:
+    mesh = fmesh.make_mesh((3,), ("dp",))
+    model, optimizer, start = resume(directory)
+    return start, [train_step(ctx, mesh, model, optimizer, step) for step in range(start, STEPS)]
+
+
+@pytest.mark.slow
+def test_a_job_that_loses_one_of_4_ranks_finishes_like_a_3_rank_job(tmp_path: pathlib.Path) -> None:
+    results = launch(lambda ctx: loses_a_rank_and_finishes(ctx, tmp_path), 4, timeout=90, on_rank_loss="continue")
+    assert isinstance(results[3], fmesh.LaunchError) and results[3].exitcode == 9, results[3]
+    for result in results[:3]:
+        assert not isinstance(result, BaseException) and result != "no rank was lost", result
+    reference = launch(lambda ctx: three_ranks_from_the_checkpoint(ctx, tmp_path), 3, timeout=60)
+    start, expected = reference[0]
+    assert start == STEP_LOST and len(expected) == STEPS - STEP_LOST
+    for rank, (resumed, losses, _, old_ranks) in enumerate(results[:3]):
+        assert resumed == start and old_ranks == [0, 1, 2], results[rank]
+        assert losses == pytest.approx(expected, abs=1e-5), (rank, losses, expected)
+    died = float((tmp_path / "death").read_text())
+    recovered = max(result[2] for result in results[:3]) - died
+    print(f"\nfrom the death of rank 3 to the next finished step on every survivor: {recovered:.2f} s")
+    assert recovered > 0
