@@ -54,6 +54,18 @@ def succeeded(results: list[Any]) -> list[Any]:
     return results
 
 
+def in_threads(fn: Callable[[int], None], ranks: Sequence[int], timeout: float = 60) -> None:
+    """``fn(rank)`` for every rank of ``ranks``, each in a thread of this process, all at once; fails when one is
+    still running after ``timeout`` seconds (a hang)."""
+    threads = [threading.Thread(target=fn, args=(rank,)) for rank in ranks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    hung = [rank for rank, thread in zip(ranks, threads, strict=True) if thread.is_alive()]
+    assert not hung, f"ranks {hung} hung"
+
+
 class CountingStore(dist.Store):
     """A store that forwards to ``inner`` (an in-process one by default) and counts, per calling thread, the
     distinct keys it touches, the bytes it moves and its operations."""

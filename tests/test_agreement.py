@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from support import CountingStore
+from support import CountingStore, in_threads
 
 import fmesh
 from fmesh.context.agreement import Agreement
@@ -32,12 +32,7 @@ def members_agree(store: Any, members: Sequence[int], key: Callable[[int], str],
         except Exception as error:
             outcome[rank] = error
 
-    threads = [threading.Thread(target=member, args=(rank,)) for rank in (members if who is None else who)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not any(thread.is_alive() for thread in threads), "a member hung"
+    in_threads(member, list(members if who is None else who))
     return outcome
 
 

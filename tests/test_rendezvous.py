@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+from support import in_threads
 
 import fmesh
 from fmesh.context.rendezvous import meet, post_failure
@@ -28,12 +29,7 @@ def ranks_meet(store: dist.Store, world_sizes: dict[int, int], seconds: float = 
         except Exception as error:
             outcome[rank] = (error, time.monotonic() - started)
 
-    threads = [threading.Thread(target=rank_of, args=(rank,)) for rank in world_sizes]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not any(thread.is_alive() for thread in threads), "a rank hung"
+    in_threads(rank_of, list(world_sizes))
     return outcome
 
 
