@@ -14,7 +14,7 @@
   (``fmesh.simulate``).
 * ``split_groups``: ``dist.split_group`` keeps each split's order from torch 2.14; before, it sorts
   the ranks, so an unsorted partition is made group by group instead (every rank taking part).
-* ``detach_group`` / ``attach_group`` / ``abort_all`` (``Context.recover``): c10d's ``_world`` registries
+* ``detach_group`` / ``attach_group`` / ``abort_group(None)`` (``Context.recover``): c10d's ``_world`` registries
   (``pg_map``, ``pg_names``, ``pg_group_ranks``, ``pg_backend_config``, ``pg_to_tag``, ``tags_to_pg``),
   ``_register_process_group`` / ``_unregister_process_group`` and ``_abort_process_group(None)``: a group
   that lost no member is taken out of torch's registry while every other group and the default group are
@@ -251,21 +251,16 @@ def destroy_group(group: dist.ProcessGroup) -> None:
 
 
 def abort_group(group: dist.ProcessGroup | None = None) -> None:
-    """Tear ``group`` (``None``: every group, the default one too) down without waiting for peers."""
+    """Tear ``group`` down without waiting for peers; ``None``: every group torch still knows, the default one
+    too, in one call (NCCL's aborts then run inside one ``ncclGroupStart``/``End``: aborting communicators one
+    at a time can hang, torch issue 173815)."""
     if registered(group):
         c10d._abort_process_group(group)
 
 
-def abort_all() -> None:
-    """Tear down, in one torch call, the default group and every group torch still knows (NCCL's aborts run
-    inside one ``ncclGroupStart``/``End``: aborting communicators one at a time can hang, torch issue 173815)."""
-    if dist.is_initialized():
-        c10d._abort_process_group(None)
-
-
 @attrs.frozen
 class Detached:
-    """A group taken out of torch's registry (so that :func:`abort_all` leaves it alone), with what torch
+    """A group taken out of torch's registry (so that ``abort_group(None)`` leaves it alone), with what torch
     knew of it; :func:`attach_group` puts it back under new global ranks."""
 
     group: dist.ProcessGroup
@@ -318,11 +313,6 @@ def shrink_group(group: dist.ProcessGroup, exclude: Sequence[int]) -> dist.Proce
     surviving member calls it."""
     shrunk: dist.ProcessGroup = dist.shrink_group(list(exclude), group, shrink_flags=c10d.SHRINK_ABORT)
     return shrunk
-
-
-def prefix_store(prefix: str, store: dist.Store) -> dist.Store:
-    """``store`` seen under ``prefix/``: a namespace of its own."""
-    return dist.PrefixStore(prefix, store)
 
 
 def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:

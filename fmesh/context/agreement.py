@@ -41,7 +41,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -65,6 +65,19 @@ POLL_FIRST_SECONDS = 0.001  # the first pause between two checks of the verdict
 POLL_MAX_SECONDS = 0.1  # the longest: how late a waiter learns the verdict, or that its context was aborted
 EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits to post that it exited
 MAX_GROUPS_FOLLOWED = 64  # bounds the work of one diagnosis
+
+
+def pauses() -> Iterator[float]:
+    """The pauses of a waiter polling the store: ``POLL_FIRST_SECONDS``, doubling up to ``POLL_MAX_SECONDS``, so a
+    wait that ends in milliseconds costs a few checks and a long one at most ten a second.
+
+    >>> waits = pauses(); [next(waits) for _ in range(9)][-3:]
+    [0.064, 0.1, 0.1]
+    """
+    pause = POLL_FIRST_SECONDS
+    while True:
+        yield pause
+        pause = min(pause * 2, POLL_MAX_SECONDS)
 
 
 def ended_key(rank: int) -> str:
@@ -228,7 +241,7 @@ class Agreement:
         started = time.monotonic()
         deadline = started + self.creation_timeout.total_seconds()
         done = f"{base}/done"
-        look_at, look_every, elected, pause = started + self.grace, self.grace, None, POLL_FIRST_SECONDS
+        look_at, look_every, elected, waits = started + self.grace, self.grace, None, pauses()
         while not self.store.check([done]):
             if self.connections.halted.is_set():  # aborted: the group cannot be made; tell the members now
                 with contextlib.suppress(Exception):
@@ -246,8 +259,7 @@ class Agreement:
                     self._diagnose(key, members)
                 look_every = min(look_every * 2, MAX_POLL_SECONDS)
                 look_at = now + look_every
-            time.sleep(min(pause, max(0.0, deadline - now)))
-            pause = min(pause * 2, POLL_MAX_SECONDS)
+            time.sleep(min(next(waits), max(0.0, deadline - now)))
         verdict = self.store.get(done).decode()
         if verdict == OK:
             return
@@ -402,7 +414,7 @@ class Agreement:
         keys = {rank: f"{self.prefix}/recovery/{rank}" for rank in survivors}
         posted: dict[int, dict[str, Any]] = {}
         deadline = time.monotonic() + self.creation_timeout.total_seconds()
-        pause = POLL_FIRST_SECONDS
+        waits = pauses()
         while True:
             for rank, key in keys.items():
                 if rank not in posted and self.store.check([key]):
@@ -423,5 +435,4 @@ class Agreement:
                     f"on rank {self.rank}: survivors {missing} did not come to recover without {mine} within "
                     f"{self.creation_timeout.total_seconds():g}s ({doing}). Expected every rank not lost to call "
                     "recover(); if those ranks are gone too, recover without them as well")
-            time.sleep(pause)
-            pause = min(pause * 2, POLL_MAX_SECONDS)
+            time.sleep(next(waits))

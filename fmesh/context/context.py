@@ -652,12 +652,12 @@ class Context:
         self._exports.clear()
         self._groups.hand_over()
         self._world = attrs.evolve(old, owns_default_group=False)  # this context no longer ends the default group
-        _torch.abort_all()  # the default group and every group not taken, at once
+        _torch.abort_group(None)  # the default group and every group not taken, at once
         gc.collect()
         if self.rank not in renumber:
             return None
         renewed_world = World.start(
-            backend=old.backend, rank=renumber[self.rank], world_size=len(world), store=_torch.prefix_store(
+            backend=old.backend, rank=renumber[self.rank], world_size=len(world), store=dist.PrefixStore(
                 namespace, base), timeout=self._settings.timeout, device=old.device,
             gpus_per_node=min(old.local_world_size, len(world)), name=old.name, generation=old.generation + 1)
         renewed = Context.__new__(Context)

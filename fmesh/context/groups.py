@@ -408,14 +408,8 @@ class GroupRegistry:
 
     def hand_over(self) -> None:
         """Close this registry without ending its groups: a recovery took the ones it keeps and aborts the
-        rest (all at once); forgets every group."""
-        with self._creating:
-            self._closed = True
-            self._groups.clear()
-            self._targets.clear()
-            self._resolved.clear()
-            self._by_identity.clear()
-            self._by_target.clear()
+        rest (all at once); forgets every group, as :meth:`close` does."""
+        self._end(lambda group: None)
 
     def adopt(self, spec: GroupSpec, group: dist.ProcessGroup, sockets: frozenset[Any] = frozenset()) -> None:
         """Hold ``group`` (kept or shrunk by a recovery) as the group of ``spec``, with its ``sockets``."""

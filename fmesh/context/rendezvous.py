@@ -36,6 +36,7 @@ from datetime import timedelta
 import attrs
 import torch.distributed as dist
 
+from fmesh.context.agreement import pauses
 from fmesh.errors import GroupTimeoutError, RankLostError
 
 START = "fmesh/start"
@@ -44,8 +45,6 @@ SEEN = f"{START}/failed/seen"  # how many waiting ranks read the report (its hos
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 REPORT_CONNECT_SECONDS = 3.0  # how long a bad rank tries to reach the store to report (then it only raises)
 HOST_LINGER_SECONDS = 3.0  # how long a store host that is about to fail waits for its peers to read why
-POLL_FIRST_SECONDS = 0.001
-POLL_MAX_SECONDS = 0.1
 
 
 def hosts_store(environ: Mapping[str, str], rank: int) -> bool:
@@ -109,7 +108,7 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     if store.add(f"{base}/arrived", 1) == world_size:
         store.set(f"{base}/all", "1")
     started = time.monotonic()
-    deadline, pause = started + timeout.total_seconds(), POLL_FIRST_SECONDS
+    deadline, waits = started + timeout.total_seconds(), pauses()
     while True:
         try:
             if store.check([f"{base}/all"]):
@@ -124,8 +123,7 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
             raise GroupTimeoutError(
                 f"on rank {rank}: only {came} of the job's {world_size} processes started within "
                 f"{timeout.total_seconds():g}s; check that every rank was started, with the same WORLD_SIZE")
-        time.sleep(pause)
-        pause = min(pause * 2, POLL_MAX_SECONDS)
+        time.sleep(next(waits))
 
 
 def _reported(store: dist.Store, rank: int, world_size: int, hosts: bool) -> RankLostError:
