@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from fmesh.layout.int_tuple import is_int
+from fmesh.layout.int_tuple import is_int, is_many
 from fmesh.mesh import Mesh, resize, without
 from fmesh.parallel import WORLD_AXES, ParallelDims
 
@@ -69,7 +69,7 @@ def shrink(dims: ParallelDims, lost: Iterable[int], *, axes: Sequence[str] = ELA
 dp_replicate=1, dp_shard=4, cp=1, tp=2, ep=1, etp=1): pp=1: the lost ranks lie in all 1 of its slices
     """
     order = _check_axes(axes)
-    if is_int(lost) or isinstance(lost, (str, bytes)) or not isinstance(lost, Iterable):
+    if not is_many(lost):
         raise TypeError(f"shrink takes an iterable of lost ranks such as [5], got {lost!r}")
     lost = sorted(set(lost))
     if not lost:

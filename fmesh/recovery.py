@@ -39,7 +39,7 @@ import attrs
 from fmesh.communicators import Request, plan_communicators, requests_of
 from fmesh.elastic import ELASTIC_AXES
 from fmesh.elastic import shrink as shrink_job
-from fmesh.layout.int_tuple import is_int
+from fmesh.layout.int_tuple import is_int, is_many
 from fmesh.manifest import Manifest
 from fmesh.mesh import Universe, new_rank, old_rank
 from fmesh.parallel import DEGREE_NAMES, ParallelDims
@@ -446,7 +446,7 @@ def recover_job(dims: ParallelDims, lost: Iterable[int], *, axes: Sequence[str] 
     >>> job.axis, job.after.world_size, job.plan.counts, job.load(3).moves
     ('dp_replicate', 8, {'keep': 2, 'shrink': 0, 'create': 0, 'dropped': 2}, False)
     """
-    ranks = list(lost) if isinstance(lost, Iterable) and not isinstance(lost, (str, bytes)) else lost  # read once
+    ranks = list(lost) if is_many(lost) else lost  # read once
     after = shrink_job(dims, ranks, axes=axes)
     lost = tuple(sorted(set(ranks)))
     axis = next(name for name in axes if getattr(after, name) != getattr(dims, name))  # shrink changed this one

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from fmesh.layout.int_tuple import is_int
+from fmesh.layout.int_tuple import is_int, is_many
 from fmesh.mesh import Mesh
 from fmesh.mesh.elastic import old_rank
 from fmesh.recovery import CREATE, KEEP, SHRINK
@@ -63,7 +63,7 @@ def check_lost(lost: object, world_size: int, rank: int) -> tuple[int, ...]:
     ...
     ValueError: recover: rank 0 is calling recover, so it is not lost; expected the ranks that are gone, but got [0]
     """
-    if is_int(lost) or isinstance(lost, (str, bytes)) or not isinstance(lost, Iterable):
+    if not is_many(lost):
         raise TypeError(f"recover: expected an iterable of lost ranks such as [3], but got {lost!r}")
     ranks = list(lost)
     bad = [r for r in ranks if not is_int(r) or not 0 <= r < world_size]

@@ -12,8 +12,8 @@ structure and never looks at anything but the integers it is given.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeAlias, TypeGuard
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeAlias, TypeGuard
 
 IntTuple: TypeAlias = int | tuple["IntTuple", ...]
 
@@ -25,6 +25,15 @@ def is_int(value: object) -> TypeGuard[int]:
     (True, False, False)
     """
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_many(value: object) -> TypeGuard[Iterable[Any]]:
+    """True for an iterable that is not a string: a list of ranks such as ``[5, 9]`` (``5`` and ``"5"`` are not).
+
+    >>> is_many([5, 9]), is_many(range(2)), is_many(5), is_many("59")
+    (True, True, False, False)
+    """
+    return isinstance(value, Iterable) and not isinstance(value, (str, bytes))
 
 
 def is_int_tuple(value: object) -> TypeGuard[IntTuple]:

@@ -24,7 +24,7 @@ from itertools import accumulate
 
 import attrs
 
-from fmesh.layout.int_tuple import is_int
+from fmesh.layout.int_tuple import is_int, is_many
 from fmesh.layout.layout import Layout
 from fmesh.mesh.lineage import Lineage
 from fmesh.mesh.mesh import Mesh
@@ -47,7 +47,7 @@ def without(mesh: Mesh, ranks: Iterable[int], axis: str) -> Mesh:
     (Mesh(dp=2, tp=2; world=4), ((0, 2), (1, 3)), [0, 1, 4, 5])
     """
     position = _check_mesh(mesh, axis)
-    if is_int(ranks) or isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
+    if not is_many(ranks):
         raise TypeError(f"without takes an iterable of ranks such as [5], got {ranks!r}")
     ranks = tuple(ranks)
     size = mesh.axis_sizes[position]
