@@ -70,7 +70,7 @@ def measure(worlds: list[int], repeats: dict[str, int]) -> dict[int, dict[tuple[
 
 def calibrate(measured: dict[int, dict[tuple[str, int], float]]) -> Any:
     """A loopback profile from broadcasts alone: t(p, n) = base + (p - 1) * a + n / B."""
-    from fmesh.costs import Links
+    from fmesh.plan.costs import Links
 
     small, large = SIZES[0][1], SIZES[-1][1]
     t2s, t4s = measured[2][("broadcast", small)], measured[4][("broadcast", small)]
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import fmesh
-    from fmesh.costs import LOOPBACK, estimate
+    from fmesh.plan.costs import LOOPBACK, estimate
 
     repeats = {"small": 10, "large": 3} if args.quick else {"small": 60, "large": 12}
     measured = measure([2, 4], repeats)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{' (--quick: few repeats, noisy)' if args.quick else ''}\n")
     print(f"fitted from broadcasts: launch {fitted.base_latency * 1e6:.0f} µs, "
           f"step {fitted.intra_latency * 1e6:.0f} µs, bandwidth {fitted.intra_bandwidth / 1e9:.2f} GB/s "
-          f"(fmesh.costs.LOOPBACK: launch "
+          f"(fmesh.plan.costs.LOOPBACK: launch "
           f"{LOOPBACK.base_latency * 1e6:.0f} µs, step {LOOPBACK.intra_latency * 1e6:.0f} µs, "
           f"{LOOPBACK.intra_bandwidth / 1e9:.2f} GB/s)\n")
     print("| procs | collective | size | measured ms | model ms (fitted) | model / measured | algorithm |")

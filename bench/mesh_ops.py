@@ -241,7 +241,7 @@ def planning_ops(world: int) -> dict[str, Callable[[], object]]:
     return {
         "ParallelDims(...).meshes()": lambda: fmesh.ParallelDims(world, **degrees).meshes(),
         "Topology.spans(every recipe mesh)": lambda: topology.spans(dims.meshes()),
-        "build_plan (python -m fmesh plan)": lambda: fmesh.planning.build_plan(world, 8, **degrees),
+        "build_plan (python -m fmesh plan)": lambda: fmesh.plan.jobs.build_plan(world, 8, **degrees),
         "render (text picture)": lambda: fmesh.render(mesh, highlight="tp"),
         "rendering.html (notebook picture)": lambda: fmesh.rendering.html(mesh),
     }
@@ -259,7 +259,7 @@ def elastic_ops(world: int, rank: int) -> dict[str, Callable[[], object]]:
         "without (lost rank: drop its dp_replicate slice)": lambda: fmesh.without(mesh, [rank], "dp_replicate"),
         "resize pp +1 (join; outermost, no rank map)": lambda: fmesh.resize(mesh, "pp", shape[0] + 1),
         "resize dp_shard +1 (join; new 2^20 rank map)": lambda: fmesh.resize(mesh, "dp_shard", shape[2] + 1),
-        "elastic.shrink(ParallelDims, [rank])": lambda: fmesh.elastic.shrink(dims, [rank]),
+        "rescale.scale_down(ParallelDims, [rank])": lambda: fmesh.plan.rescale.scale_down(dims, [rank]),
         "old_rank + new_rank": lambda: (fmesh.old_rank(smaller, 12345), fmesh.new_rank(smaller, rank)),
     }
 

@@ -18,7 +18,7 @@ with the context over the data-parallel mesh. Checkpoints use ``torch.distribute
 Elastic mode (``--processes N --lose-rank R --at-step K``): ``fmesh.launch`` runs N gloo ranks in this
 process and lets the others live on when one dies (``on_rank_loss="continue"``); rank R exits at step K;
 the survivors' next collective fails, they call ``ctx.recover([R], smaller.world_mesh)`` with the job
-``fmesh.elastic.shrink`` computes (a data-parallel degree absorbs the loss), shard the model over the new
+``fmesh.plan.rescale.scale_down`` computes (a data-parallel degree absorbs the loss), shard the model over the new
 meshes, load the last checkpoint (resharded by ``torch.distributed.checkpoint``) and train on.
 """
 
@@ -39,7 +39,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fmesh
-from fmesh.planning import build_plan, format_plan
+from fmesh.plan.job_table import format_plan
+from fmesh.plan.jobs import build_plan
 
 # A tiny shipped corpus (character level); the model learns its spelling quickly.
 CORPUS = (
@@ -301,7 +302,7 @@ def train_elastic(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
         if args.lose_rank is None:
             raise
     lost, began = [args.lose_rank], time.perf_counter()
-    smaller = fmesh.elastic.shrink(check_degrees(args, ctx.world_size), lost)
+    smaller = fmesh.plan.rescale.scale_down(check_degrees(args, ctx.world_size), lost)
     renewed = ctx.recover(lost, smaller.world_mesh)
     if renewed is None:  # a survivor outside the smaller job (its whole slice was dropped): it leaves
         return []

@@ -8,8 +8,8 @@ The package is layered, each layer importing only from those below it:
 * :mod:`fmesh.errors`: every exception and warning fmesh raises;
 * :mod:`fmesh.layout`: the CuTe-style layout algebra over tuples of ints;
 * :mod:`fmesh.mesh`: ``Universe``, ``Mesh`` and the pure transforms;
-* recipes: :mod:`fmesh.parallel`, :mod:`fmesh.elastic`, :mod:`fmesh.topology`, :mod:`fmesh.costs`,
-  :mod:`fmesh.planning`, :mod:`fmesh.manifest`, :mod:`fmesh.recovery`, :mod:`fmesh.rendering`;
+* recipes: :mod:`fmesh.plan.parallel`, :mod:`fmesh.plan.rescale`, :mod:`fmesh.plan.topology`, :mod:`fmesh.plan.costs`,
+  :mod:`fmesh.plan.jobs`, :mod:`fmesh.plan.manifest`, :mod:`fmesh.plan.recovery`, :mod:`fmesh.rendering`;
 * :mod:`fmesh.context`: the only code that touches ``torch.distributed``;
 * :mod:`fmesh.cli`: ``python -m fmesh``.
 
@@ -23,8 +23,7 @@ Only the context needs torch; it is imported on first use of one of its names.
 
 from typing import TYPE_CHECKING, Any
 
-from fmesh import costs, elastic, manifest, parallel, planning, recovery, rendering, topology
-from fmesh.costs import Links, cost
+from fmesh import plan, rendering
 from fmesh.errors import (
     CommandLineError,
     ContextClosedError,
@@ -60,9 +59,10 @@ from fmesh.mesh import (
     unflatten,
     without,
 )
-from fmesh.parallel import ParallelDims
+from fmesh.plan.costs import Links, cost
+from fmesh.plan.parallel import ParallelDims
+from fmesh.plan.topology import Topology
 from fmesh.rendering import render
-from fmesh.topology import Topology
 
 if TYPE_CHECKING:
     from fmesh.context import (
@@ -139,19 +139,14 @@ __all__ = [
     "UnsupportedTorchError",
     "concat",
     "cost",
-    "costs",
     "device_mesh_groups",
-    "elastic",
     "flatten",
     "from_device_mesh",
     "launch",
     "make_mesh",
-    "manifest",
     "new_rank",
     "old_rank",
-    "parallel",
-    "planning",
-    "recovery",
+    "plan",
     "rename",
     "render",
     "rendering",
@@ -159,7 +154,6 @@ __all__ = [
     "select",
     "simulate",
     "slice",
-    "topology",
     "unflatten",
     "without",
 ]

@@ -2,9 +2,11 @@
 (``--manifest FILE`` also writes its communicator manifest; ``--lose RANKS`` prints the recovery plan after losing
 those ranks instead); ``python -m fmesh diff A B``: two plans compared (``--lose RANKS``: B is A after that loss).
 
-Argument parsing and printing only; the plan is :mod:`fmesh.planning`, the manifest :mod:`fmesh.manifest`, the
-diff :mod:`fmesh.manifest_diff`, their text :mod:`fmesh.manifest_format`, the costs :mod:`fmesh.costs`, the
-recovery plan :mod:`fmesh.recovery`. Nothing here needs torch or creates a process group.
+Argument parsing and printing only: everything it prints is made in :mod:`fmesh.plan` (the plan
+:mod:`~fmesh.plan.jobs`, the manifest :mod:`~fmesh.plan.manifest`, the diff :mod:`~fmesh.plan.manifest_diff`, the
+recovery plan :mod:`~fmesh.plan.recovery`, the costs :mod:`~fmesh.plan.costs`) and written as text by one table
+module each (:mod:`~fmesh.plan.job_table`, :mod:`~fmesh.plan.manifest_table`, :mod:`~fmesh.plan.diff_table`,
+:mod:`~fmesh.plan.recovery_table`). Nothing here needs torch or creates a process group.
 
 >>> import io; out = io.StringIO()
 >>> main(["plan", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8"], stdout=out)
@@ -22,16 +24,19 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
-from fmesh.costs import H100_IB, LOOPBACK, Links
-from fmesh.elastic import ELASTIC_AXES
 from fmesh.errors import CommandLineError
-from fmesh.manifest import Manifest, dump_manifest, load_manifest, plan_manifest
-from fmesh.manifest_diff import compare
-from fmesh.manifest_format import format_diff, format_manifest
 from fmesh.mesh import make_mesh
-from fmesh.parallel import DEGREE_NAMES
-from fmesh.planning import DEFAULT_COST_BYTES, build_plan, format_plan, job
-from fmesh.recovery import JobRecovery, format_recovery, recover_job, recover_manifests
+from fmesh.plan.costs import H100_IB, LOOPBACK, Links
+from fmesh.plan.diff_table import format_diff
+from fmesh.plan.job_table import format_plan
+from fmesh.plan.jobs import DEFAULT_COST_BYTES, build_plan, job
+from fmesh.plan.manifest import Manifest, dump_manifest, load_manifest, plan_manifest
+from fmesh.plan.manifest_diff import compare
+from fmesh.plan.manifest_table import format_manifest
+from fmesh.plan.parallel import DEGREE_NAMES
+from fmesh.plan.recovery import JobRecovery, recover_job, recover_manifests
+from fmesh.plan.recovery_table import format_recovery
+from fmesh.plan.rescale import ELASTIC_AXES
 
 __all__ = ["LINKS", "demo", "main", "parse_bytes", "parse_ranks"]
 
@@ -57,7 +62,7 @@ def demo() -> str:
 
 
 LINKS: dict[str, Links] = {"h100-ib": H100_IB, "loopback": LOOPBACK}
-"""The link profiles ``--links`` names (:mod:`fmesh.costs`)."""
+"""The link profiles ``--links`` names (:mod:`fmesh.plan.costs`)."""
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
 

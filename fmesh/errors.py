@@ -4,9 +4,9 @@ Importing this module needs nothing (no torch), so a program can catch fmesh's e
 it runs. Bad arguments are plain ``TypeError``/``ValueError``/``KeyError`` naming the value and the
 valid choices; the classes here are for what arguments alone cannot show.
 
->>> import fmesh.manifest
+>>> import fmesh.plan.manifest
 >>> try:  # a ManifestError is a ValueError: code that catches bad input catches it
-...     fmesh.manifest.check_manifest([], "job.json")
+...     fmesh.plan.manifest.check_manifest([], "job.json")
 ... except ValueError as error:
 ...     print(type(error).__name__, error)
 ManifestError job.json: expected a JSON object with schema 'fmesh.manifest/1', but got list
@@ -192,11 +192,11 @@ class CommandLineError(ValueError):
 class ManifestError(ValueError):
     """A communicator manifest cannot be read, or does not say what its schema says it must.
 
-    Raised by :func:`fmesh.manifest.load_manifest` and :func:`fmesh.manifest.check_manifest` with one line
+    Raised by :func:`fmesh.plan.manifest.load_manifest` and :func:`fmesh.plan.manifest.check_manifest` with one line
     naming the file and the first field that is wrong (an unknown schema version, a missing field, a layout
     that does not tile its world, counts that do not add up); ``python -m fmesh diff`` prints it and exits 2.
 
-    >>> from fmesh.manifest import check_manifest
+    >>> from fmesh.plan.manifest import check_manifest
     >>> check_manifest({"schema": "fmesh.manifest/1"}, "job.json")
     Traceback (most recent call last):
     ...
@@ -207,10 +207,10 @@ class ManifestError(ValueError):
 class PlacementWarning(UserWarning):
     """A bandwidth-hungry mesh axis (tp, cp, ep) crosses hosts while a cheaper one stays inside.
 
-    Emitted by :func:`fmesh.topology.warn_placement`.
+    Emitted by :func:`fmesh.plan.topology.warn_placement`.
 
     >>> import warnings, fmesh
-    >>> from fmesh.topology import Topology, warn_placement
+    >>> from fmesh.plan.topology import Topology, warn_placement
     >>> mesh = fmesh.make_mesh((4, 4), ("tp", "dp"))  # tp outermost: across hosts, dp inside one
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")

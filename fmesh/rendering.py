@@ -39,7 +39,7 @@ from fmesh.layout.int_tuple import product
 from fmesh.layout.int_tuple import row_major_coordinate as _unravel  # one row-major helper: int_tuple's
 from fmesh.layout.layout import Modes, complement_modes, decompose_modes
 from fmesh.mesh.mesh import Mesh
-from fmesh.topology import Topology
+from fmesh.plan.topology import Topology
 
 __all__ = ["CAPTION_STYLE", "GOLDEN_ANGLE", "group_colour", "html", "render", "show_in_notebooks"]
 

@@ -99,7 +99,8 @@ PLANNING = [
 4096 GPUs, 8 per host, with tensor parallelism 8, context parallelism 2, pipeline parallelism 4 and expert
 parallelism 8. Everything here is pure: no process group, no GPU."""),
     ("code", """import fmesh
-from fmesh.planning import build_plan, format_plan
+from fmesh.plan.job_table import format_plan
+from fmesh.plan.jobs import build_plan
 
 dims = fmesh.ParallelDims(4096, pp=4, cp=2, tp=8, ep=8)
 dims"""),
@@ -110,14 +111,14 @@ for name, mesh in dims.meshes().items():
     ("code", """topology = fmesh.Topology(hosts=512, ranks_per_host=8)
 for span in topology.spans(dims.meshes()).values():
     print(span)
-print(fmesh.topology.check_placement(topology.spans(dims.meshes())) or "no placement warnings")"""),
+print(fmesh.plan.topology.check_placement(topology.spans(dims.meshes())) or "no placement warnings")"""),
     ("md", "The same plan as `python -m fmesh plan` prints it:"),
     ("code", """print(format_plan(build_plan(4096, 8, pp=4, cp=2, tp=8, ep=8)))"""),
     ("md", """## A bad placement, caught before launch
 With the ranks of a host spread cyclically (rank r on host r % 512), tp groups cross hosts while the
 cheaper pp axis stays inside one: the check warns."""),
     ("code", """cyclic = fmesh.Topology(hosts=512, ranks_per_host=8, rank_order="cyclic")
-print("\\n".join(fmesh.topology.check_placement(cyclic.spans(dims.meshes()))))"""),
+print("\\n".join(fmesh.plan.topology.check_placement(cyclic.spans(dims.meshes()))))"""),
     ("md", "## Pictures\nThe world mesh is far too big to draw cell by cell; the views summarise it."),
     ("code", """print(fmesh.render(dims.mesh("tp")["tp"], highlight="tp"))
 fmesh.slice(dims.world_mesh, "dp_shard", "cp", "tp")"""),
@@ -130,9 +131,10 @@ with the GPU memory NCCL's buffers will take on each rank (`python -m fmesh plan
 writes the same JSON)."""),
     ("code", """import json
 
-from fmesh.manifest import plan_manifest
-from fmesh.manifest_diff import compare
-from fmesh.manifest_format import format_diff, format_manifest
+from fmesh.plan.manifest import plan_manifest
+from fmesh.plan.manifest_diff import compare
+from fmesh.plan.diff_table import format_diff
+from fmesh.plan.manifest_table import format_manifest
 
 manifest = plan_manifest(4096, 8, pp=4, cp=2, tp=8, ep=8)
 print(format_manifest(manifest))

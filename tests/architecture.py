@@ -1,12 +1,18 @@
 """Reads the ``fmesh`` source tree with ``ast`` and lists what breaks the package's architecture rules.
 
-* **Layers**: a module imports only from its own layer or below (errors <- layout <- mesh <- the recipes, in
-  their order: communicators <- topology <- parallel <- rendering <- costs <- planning <- manifest <- recovery, then
-  context <- cli <- bench);
-  ``fmesh/__init__.py`` is the facade.
-* **No cycles**: no two modules import each other, even through imports inside functions.
-* **Only the context needs torch**: no other fmesh module imports torch, except the one method whose
-  public contract (``../shared/API.md``) is a ``torch.Tensor``; ``bench/`` compares with torch and may.
+* **Layers**: a module imports only from its own layer or below. Bottom to top: errors <- layout <- mesh (the
+  values) <- plan (reasoning about a job without a process group, itself in four steps: the planner
+  (communicators, topology) <- the recipes (parallel, costs, rescale) <- the reports (jobs, manifest, manifest
+  diff, recovery) <- the tables the command line prints) <- pictures (rendering) <- context <- spmd <- cli <-
+  bench; ``fmesh/__init__.py`` is the facade. A module of ``fmesh.plan`` that is not listed below stands at the
+  top of the plan (the ``fmesh.plan`` package itself).
+* **The runtime stands on the planner**: ``fmesh.context`` takes from ``fmesh.plan`` only the planner
+  (:data:`CONTEXT_MAY_USE`), not the recipes or the reports.
+* **No cycles**: no two modules import each other, even through imports inside functions (an import under
+  ``if TYPE_CHECKING:`` does not run and does not count).
+* **Only the context needs torch**: no other fmesh module imports torch, except ``fmesh.spmd`` (typed sharded
+  computation on torch tensors, above the context) and the one method whose public contract is a
+  ``torch.Tensor`` (``Mesh.ranks``; the pure answer is ``Mesh.rank_grid``); ``bench/`` compares with torch and may.
 * **Torch internals in one module**: a private torch module or name appears only in
   ``fmesh/context/_torch.py``, whether written as an attribute or as a string (``getattr(x, "_y")``).
   ``bench/`` times what torch's users write (``DeviceMesh._flatten``) and may use torch's private names.
@@ -14,7 +20,7 @@
 * **Errors in one module**: every exception and warning class is defined in ``fmesh/errors.py``.
 
 The tree is parsed once (:func:`parse_tree`); every rule reads the parsed :class:`Module` list, so
-``tests/test_architecture.py`` plants a violation by replacing one module's parse, not by copying files.
+``tests/system/test_architecture.py`` plants a violation by replacing one module's parse, not by copying files.
 """
 
 from __future__ import annotations
@@ -26,23 +32,20 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 
-# Bottom to top; a module may import its own layer or one below. The recipes are one layer each, in order.
+# Bottom to top; a module may import its own layer or one below.
 _ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("errors", ("fmesh.errors",)),
     ("layout", ("fmesh.layout",)),
     ("mesh", ("fmesh.mesh",)),
-    ("recipes: communicators", ("fmesh.communicators",)),
-    ("recipes: topology", ("fmesh.topology",)),
-    ("recipes: parallel", ("fmesh.parallel",)),
-    ("recipes: elastic", ("fmesh.elastic",)),
-    ("recipes: rendering", ("fmesh.rendering",)),
-    ("recipes: costs", ("fmesh.costs",)),
-    ("recipes: planning", ("fmesh.planning",)),
-    ("recipes: manifest", ("fmesh.manifest",)),
-    ("recipes: manifest diff", ("fmesh.manifest_diff",)),
-    ("recipes: manifest format", ("fmesh.manifest_format",)),
-    ("recipes: recovery", ("fmesh.recovery",)),
+    ("plan: planner", ("fmesh.plan.communicators", "fmesh.plan.topology")),
+    ("plan: recipes", ("fmesh.plan.parallel", "fmesh.plan.costs", "fmesh.plan.rescale")),
+    ("plan: reports", ("fmesh.plan.jobs", "fmesh.plan.manifest", "fmesh.plan.manifest_diff", "fmesh.plan.recovery")),
+    ("plan: tables", ("fmesh.plan.table", "fmesh.plan.job_table", "fmesh.plan.manifest_table",
+                      "fmesh.plan.diff_table", "fmesh.plan.recovery_table")),
+    ("plan", ("fmesh.plan",)),
+    ("pictures", ("fmesh.rendering",)),
     ("context", ("fmesh.context",)),
+    ("spmd", ("fmesh.spmd",)),
     ("cli", ("fmesh.cli", "fmesh.__main__")),
     ("bench", ("bench",)),
 )
@@ -51,11 +54,16 @@ LAYER_NAMES = tuple(name for name, _ in _ORDER)
 FACADE = "fmesh"
 TYPE_ONLY = "<TYPE_CHECKING>"  # the owner of nodes under ``if TYPE_CHECKING:`` at module level
 TORCH_INTERNALS = "fmesh.context._torch"
-TORCH_LAYERS = {LAYERS["fmesh.context"], LAYERS["bench"]}
+TORCH_LAYERS = {LAYERS["fmesh.context"], LAYERS["fmesh.spmd"], LAYERS["bench"]}
+CONTEXT = "fmesh.context"
+PLAN = "fmesh.plan"
+# What the Context may take from the plan: the planner. fmesh.plan.recovery is here only for the three action
+# names and can_shrink, until they move into the planner (issue #25: one keep/shrink/create rule).
+CONTEXT_MAY_USE = frozenset({"fmesh.plan.communicators", "fmesh.plan.topology", "fmesh.plan.recovery"})
 BENCH = "bench"
 ERRORS = "fmesh.errors"
 _EXCEPTION_BASES = {"BaseException", "Exception", "ArithmeticError", "LookupError"}
-# API.md section 1: ``mesh.ranks(rank)`` is a ``torch.Tensor``; the pure answer is ``Mesh.rank_grid``.
+# ``mesh.ranks(rank)`` is a ``torch.Tensor`` (its public contract); the pure answer is ``Mesh.rank_grid``.
 TORCH_ALLOWED_IN = {("fmesh.mesh.mesh", "Mesh.ranks"), ("fmesh.mesh.mesh", TYPE_ONLY)}
 
 
@@ -177,13 +185,16 @@ def layering(tree: Sequence[Module]) -> list[Violation]:
             allowed = mine in TORCH_LAYERS or (module.name, owner.get(node, "")) in TORCH_ALLOWED_IN
             if target.split(".")[0] == "torch" and not allowed:
                 found.append(Violation(module.name, line, "torch-free", f"the {LAYER_NAMES[mine]} layer imports "
-                                       f"{target}; only the context may"))
+                                       f"{target}; only the context (and spmd) may"))
             if target == FACADE or not target.startswith(FACADE + "."):
                 if target == FACADE and not _in_bench(module.name):  # bench/ is a client: it uses the facade
                     found.append(Violation(module.name, line, "layers", "imports the facade 'fmesh'; import the "
                                            "module that defines the name"))
                 continue
             theirs = layer_of(target)
+            if _in(module.name, CONTEXT) and _in(target, PLAN) and not any(_in(target, m) for m in CONTEXT_MAY_USE):
+                found.append(Violation(module.name, line, "layers", f"the context imports {target}; it takes from "
+                                       f"the plan only {', '.join(sorted(CONTEXT_MAY_USE))}"))
             if theirs is not None and theirs > mine:
                 found.append(Violation(module.name, line, "layers", f"{LAYER_NAMES[mine]} module imports {target} "
                                        f"from the {LAYER_NAMES[theirs]} layer above it"))
@@ -274,8 +285,13 @@ def privacy(tree: Sequence[Module]) -> list[Violation]:
 _TORCH_NAMES_WE_SHARE = frozenset({"_flatten", "_unflatten", "_rank_map", "_layout", "_concatenate"})
 
 
+def _in(module: str, package: str) -> bool:
+    """Whether ``module`` is ``package`` or inside it."""
+    return module == package or module.startswith(package + ".")
+
+
 def _in_bench(module: str) -> bool:
-    return module == BENCH or module.startswith(BENCH + ".")
+    return _in(module, BENCH)
 
 
 def _edges(tree: Sequence[Module]) -> dict[str, set[str]]:

@@ -41,9 +41,9 @@ def test_every_exception_lives_in_errors_and_is_public() -> None:
 
 PLANTED = [
     ("fmesh.mesh.mesh", "from fmesh.context import Context\n", "layers", "imports fmesh.context"),
-    ("fmesh.topology", "import torch\n", "torch-free", "imports torch"),
+    ("fmesh.plan.topology", "import torch\n", "torch-free", "imports torch"),
     ("fmesh.cli", "import torch.distributed\n", "torch-free", "imports torch.distributed"),
-    ("fmesh.parallel", "def store(c10d):\n    return c10d._get_default_store()\n", "torch-internals",
+    ("fmesh.plan.parallel", "def store(c10d):\n    return c10d._get_default_store()\n", "torch-internals",
      "_get_default_store"),
     ("fmesh.context.world", "from torch.distributed._mesh_layout import _MeshLayout\n", "torch-internals",
      "torch.distributed._mesh_layout"),
@@ -53,9 +53,14 @@ PLANTED = [
     ("fmesh.rendering", "def peek(mesh):\n    return getattr(mesh, '_covered_index')(0)\n", "privacy",
      "_covered_index"),
     ("fmesh.cli", "from fmesh.mesh.mesh import _EMPTY\n", "privacy", "_EMPTY"),
-    ("fmesh.planning", "class PlanError(ValueError):\n    pass\n", "errors", "PlanError"),
+    ("fmesh.plan.jobs", "class PlanError(ValueError):\n    pass\n", "errors", "PlanError"),
     ("fmesh.layout.layout", "import fmesh\n", "layers", "facade"),
-    ("fmesh.planning", "from fmesh.manifest import SCHEMA\n", "layers", "recipes: manifest"),
+    ("fmesh.plan.parallel", "from fmesh.plan.jobs import job\n", "layers", "from the plan: reports layer"),
+    ("fmesh.plan.recovery", "from fmesh.context import Context\n", "layers", "imports fmesh.context"),
+    ("fmesh.plan.communicators", "from fmesh.rendering import render\n", "layers", "pictures layer"),
+    ("fmesh.context.world", "from fmesh.plan.jobs import job\n", "layers", "the context imports fmesh.plan.jobs"),
+    ("fmesh.plan.manifest", "def later():\n    from fmesh.plan import recovery\n", "cycles",
+     "fmesh.plan.manifest -> fmesh.plan.recovery -> fmesh.plan.manifest"),
     ("fmesh.mesh.frame", "def later():\n    from fmesh.mesh import transforms\n", "cycles",
      "fmesh.mesh.frame -> fmesh.mesh.transforms -> fmesh.mesh.frame"),
     ("bench.collectives", "from fmesh.context import _torch\n", "privacy", "only fmesh.context may use _torch"),
@@ -82,7 +87,7 @@ print(flat.group(0, "dp_cp"), split.groups("q")[0], mesh.rank_grid()[0][0], fmes
 dims = fmesh.ParallelDims(64, pp=2, cp=2, tp=4)
 print(fmesh.Topology(8, 8).span(dims.world_mesh, "tp"))
 print(fmesh.render(mesh, highlight="tp").splitlines()[0], len(fmesh.rendering.html(mesh)) > 0)
-print(fmesh.planning.format_plan(fmesh.planning.build_plan(64, 8, tp=8)).splitlines()[0])
+print(fmesh.plan.job_table.format_plan(fmesh.plan.jobs.build_plan(64, 8, tp=8)).splitlines()[0])
 from fmesh.cli import main
 main(["plan", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8", "--json"])
 try:

@@ -170,7 +170,7 @@ def test_plan_costs_in_json_and_on_other_links() -> None:
 
 
 def test_plan_writes_a_manifest_that_loads(tmp_path: Path) -> None:
-    from fmesh.manifest import load_manifest
+    from fmesh.plan.manifest import load_manifest
 
     path = tmp_path / "job.json"
     code, out, err = run("plan", "--world-size", "4096", "--gpus-per-node", "8", "--tp", "8", "--cp", "2", "--pp", "4",

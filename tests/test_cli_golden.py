@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from fmesh.cli import main
-from fmesh.manifest import Manifest
+from fmesh.plan.manifest import Manifest
 
 FIXTURE = pathlib.Path(__file__).parent / "data" / "cli_golden.json"
 PLANS = (

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from test_mesh import steps
 
 import fmesh
-from fmesh.communicators import Request, plan_communicators, requests_of
-from fmesh.manifest import build_manifest
-from fmesh.planning import job, job_meshes
+from fmesh.plan.communicators import Request, plan_communicators, requests_of
+from fmesh.plan.jobs import job, job_meshes
+from fmesh.plan.manifest import build_manifest
 
 
 @st.composite

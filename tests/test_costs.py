@@ -1,4 +1,4 @@
-"""The cost model's laws (fmesh.costs), stated as properties over meshes, rank orders and link figures."""
+"""The cost model's laws (fmesh.plan.costs), stated as properties over meshes, rank orders and link figures."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fmesh
-from fmesh.costs import COLLECTIVES, H100_IB, Links, as_links, cost, estimate, estimate_span
-from fmesh.topology import AxisSpan
+from fmesh.plan.costs import COLLECTIVES, H100_IB, Links, as_links, cost, estimate, estimate_span
+from fmesh.plan.topology import AxisSpan
 
 
 @st.composite

@@ -85,8 +85,8 @@ def test_reference_texts_come_from_the_code(site: pathlib.Path) -> None:
     sources = [p.read_text() for p in [*DOCS.rglob("*.md"), *DOCS.rglob("*.rst")] if "generated" not in p.parts]
     readme = (ROOT / "README.md").read_text()
     texts = {  # a phrase of each reference text, where the site shows it
-        "api/generated/fmesh.costs.html": "2(ceil(log2 K)·a_intra + ceil(log2 h)·a_inter)",  # cost formulas
-        "api/generated/fmesh.manifest.html": "hosts_per_group_min",  # the manifest schema
+        "api/generated/fmesh.plan.costs.html": "2(ceil(log2 K)·a_intra + ceil(log2 h)·a_inter)",  # cost formulas
+        "api/generated/fmesh.plan.manifest.html": "hosts_per_group_min",  # the manifest schema
         "compatibility.html": "a do-nothing store from 2.14",  # the torch table
     }
     for path, phrase in texts.items():

@@ -1,4 +1,4 @@
-"""Elastic meshes and jobs (fmesh.without, fmesh.resize, fmesh.elastic): laws against brute force.
+"""Elastic meshes and jobs (fmesh.without, fmesh.resize, fmesh.plan.rescale): laws against brute force.
 
 The references here enumerate ranks and read coordinates; the code under test never does.
 """
@@ -19,7 +19,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import fmesh
-from fmesh.parallel import MESH_NAMES
+from fmesh.plan.parallel import MESH_NAMES
+from fmesh.plan.rescale import ELASTIC_AXES, scale_down, scale_up
 
 EXPERT_MESHES = ("ep", "efsdp", "etp")
 
@@ -207,9 +208,9 @@ def test_shrink_equals_a_restarted_job_for_every_named_mesh(data: st.DataObject)
     except ValueError as error:  # the smaller degree leaves no valid expert layout: shrink says so
         assert "ep=" in str(error)
         with pytest.raises(ValueError, match=re.escape(f"{axis} {world.shape[axis]} -> ") + ".*ep="):
-            fmesh.elastic.shrink(dims, lost, axes=(axis,))
+            scale_down(dims, lost, axes=(axis,))
         return
-    smaller = fmesh.elastic.shrink(dims, lost, axes=(axis,))
+    smaller = scale_down(dims, lost, axes=(axis,))
     number = {rank: new for new, rank in enumerate(survivors(world, lost, axis))}
 
     assert smaller.world_mesh == fmesh.without(world, lost, axis)
@@ -235,16 +236,16 @@ def test_grow_equals_a_restarted_job_and_shrinking_the_newcomers_returns_the_job
     except ValueError as error:
         assert "ep=" in str(error)
         with pytest.raises(ValueError, match=re.escape(f"{axis} {world.shape[axis]} -> ") + ".*ep="):
-            fmesh.elastic.grow(dims, joining, axes=(axis,))
+            scale_up(dims, joining, axes=(axis,))
         return
-    larger = fmesh.elastic.grow(dims, joining, axes=(axis,))
+    larger = scale_up(dims, joining, axes=(axis,))
 
     assert larger.world_size == dims.world_size + joining
     for name in MESH_NAMES:
         assert larger.mesh(name).groups() == through_rank_map(restart.mesh(name).groups(),
                                                               larger.world_mesh.universe), name
     assert [fmesh.new_rank(larger.world_mesh, r) for r in range(dims.world_size)] == list(range(dims.world_size))
-    back = fmesh.elastic.shrink(larger, range(dims.world_size, larger.world_size), axes=(axis,))
+    back = scale_down(larger, range(dims.world_size, larger.world_size), axes=(axis,))
     assert back.degrees == dims.degrees
     for mesh, original in ((back.world_mesh, dims.world_mesh), (back.expert_mesh, dims.expert_mesh)):
         assert mesh == original and hash(mesh) == hash(original)
@@ -252,14 +253,14 @@ def test_grow_equals_a_restarted_job_and_shrinking_the_newcomers_returns_the_job
 
 def test_the_axis_chosen_is_dp_replicate_before_dp_shard_and_pp_only_when_named() -> None:
     dims = fmesh.ParallelDims(32, pp=2, dp_replicate=2, dp_shard=4, tp=2)
-    assert fmesh.elastic.shrink(dims, [0]).degrees["dp_replicate"] == 1
-    assert fmesh.elastic.shrink(dims, [0, 8]).degrees["dp_shard"] == 3  # both replicas hit
-    assert fmesh.elastic.shrink(dims, [0, 8, 2]).degrees["dp_shard"] == 2
+    assert scale_down(dims, [0]).degrees["dp_replicate"] == 1
+    assert scale_down(dims, [0, 8]).degrees["dp_shard"] == 3  # both replicas hit
+    assert scale_down(dims, [0, 8, 2]).degrees["dp_shard"] == 2
     with pytest.raises(ValueError, match="pp is tried only when axes names it"):
-        fmesh.elastic.shrink(dims, [0, 8, 2, 4, 6])
-    assert fmesh.elastic.shrink(dims, [0, 8, 2, 4, 6], axes=(*fmesh.elastic.ELASTIC_AXES, "pp")).pp == 1
-    assert fmesh.elastic.grow(dims, 16).dp_replicate == 3
-    assert fmesh.elastic.grow(dims, 8).dp_shard == 5
+        scale_down(dims, [0, 8, 2, 4, 6])
+    assert scale_down(dims, [0, 8, 2, 4, 6], axes=(*ELASTIC_AXES, "pp")).pp == 1
+    assert scale_up(dims, 16).dp_replicate == 3
+    assert scale_up(dims, 8).dp_shard == 5
 
 
 # ------------------------------------------------------------------ errors
@@ -283,17 +284,17 @@ ERRORS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ("no lineage", lambda: fmesh.old_rank(fmesh.make_mesh((2,), ("dp",)), 0), ValueError, "has no lineage"),
     ("new rank outside", lambda: fmesh.new_rank(fmesh.resize(fmesh.make_mesh((2,), ("dp",)), "dp", 3), 2),
      ValueError, "rank 2 is outside the universe: valid ranks are 0..1"),
-    ("tp absorbs", lambda: fmesh.elastic.shrink(fmesh.ParallelDims(4, tp=2), [0], axes=("tp",)), ValueError,
+    ("tp absorbs", lambda: scale_down(fmesh.ParallelDims(4, tp=2), [0], axes=("tp",)), ValueError,
      "axes names 'tp': tp and cp cannot absorb a change"),
-    ("unknown recipe axis", lambda: fmesh.elastic.grow(fmesh.ParallelDims(4), 4, axes=("dp",)), ValueError,
+    ("unknown recipe axis", lambda: scale_up(fmesh.ParallelDims(4), 4, axes=("dp",)), ValueError,
      "unknown axis 'dp' in axes: expected names from ('pp', 'dp_replicate', 'dp_shard')"),
-    ("nothing lost", lambda: fmesh.elastic.shrink(fmesh.ParallelDims(4), []), ValueError, "at least one lost rank"),
-    ("no slice joins", lambda: fmesh.elastic.grow(fmesh.ParallelDims(8, tp=2), 3), ValueError,
+    ("nothing lost", lambda: scale_down(fmesh.ParallelDims(4), []), ValueError, "at least one lost rank"),
+    ("no slice joins", lambda: scale_up(fmesh.ParallelDims(8, tp=2), 3), ValueError,
      "dp_shard: a slice along it has 2 ranks, and 3 is not a multiple of 2"),
-    ("everything hit", lambda: fmesh.elastic.shrink(fmesh.ParallelDims(4, dp_shard=2, tp=2), [0, 2]), ValueError,
+    ("everything hit", lambda: scale_down(fmesh.ParallelDims(4, dp_shard=2, tp=2), [0, 2]), ValueError,
      "dp_replicate=1: the lost ranks lie in all 1 of its slices; dp_shard=2: the lost ranks lie in all 2 of its "
      "slices (pp is tried only when axes names it; tp and cp cannot absorb a change"),
-    ("expert layout", lambda: fmesh.elastic.shrink(fmesh.ParallelDims(8, dp_shard=4, tp=2, ep=4), [3]), ValueError,
+    ("expert layout", lambda: scale_down(fmesh.ParallelDims(8, dp_shard=4, tp=2, ep=4), [3]), ValueError,
      "dp_shard 4 -> 3: ep=4 does not divide dp_shard(3) * cp(1) * tp(2) = 6: with etp=1, ep is carved from "
      "dp_shard * cp * tp inside one dp_replicate group; valid ep: 1, 2, 3, 6"),
 ]
@@ -313,7 +314,7 @@ import sys
 sys.modules["torch"] = None  # any import of torch now fails
 import fmesh
 dims = fmesh.ParallelDims(16, dp_replicate=2, dp_shard=4, tp=2)
-smaller = fmesh.elastic.shrink(dims, [9])
+smaller = fmesh.plan.rescale.scale_down(dims, [9])
 larger = fmesh.resize(dims.world_mesh, "tp", 3)
 print(smaller.world_size, fmesh.old_rank(smaller.mesh("fsdp"), 0), fmesh.new_rank(larger, 1))
 """

@@ -1,4 +1,4 @@
-"""The communicator manifest (fmesh.manifest): against brute force, against the Context on real processes,
+"""The communicator manifest (fmesh.plan.manifest): against brute force, against the Context on real processes,
 its size at a million ranks, its loader's one-line errors, and the diff of two plans."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from support import launch, succeeded
 
 import fmesh
-from fmesh.manifest import (
+from fmesh.plan.jobs import job_meshes
+from fmesh.plan.manifest import (
     SCHEMA,
     NcclMemory,
     build_manifest,
@@ -22,8 +23,7 @@ from fmesh.manifest import (
     dump_manifest,
     load_manifest,
 )
-from fmesh.manifest_diff import diff_manifests
-from fmesh.planning import job_meshes
+from fmesh.plan.manifest_diff import diff_manifests
 
 # --------------------------------------------------------------------------------- brute force
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fmesh
-from fmesh.parallel import MESH_NAMES, ParallelDims
+from fmesh.plan.parallel import MESH_NAMES, ParallelDims
 
 WORLD = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 EXPERT = ("pp", "dp_replicate", "efsdp", "ep", "etp")
@@ -264,7 +264,7 @@ def test_values_are_frozen_and_compare_by_resolved_degrees() -> None:
     assert a != ParallelDims(8, dp_shard=2, cp=2, tp=2)
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         a.tp = 4  # type: ignore[misc]
-    assert fmesh.ParallelDims is ParallelDims and fmesh.parallel.ParallelDims is ParallelDims
+    assert fmesh.ParallelDims is ParallelDims and fmesh.plan.parallel.ParallelDims is ParallelDims
 
 
 def test_aliases_and_unknown_names() -> None:

@@ -1,4 +1,4 @@
-"""The recovery plan (fmesh.recovery): keep/shrink/create counts against brute force over every group, the
+"""The recovery plan (fmesh.plan.recovery): keep/shrink/create counts against brute force over every group, the
 resharding against coordinates, the backend choice, and the errors.
 
 The references enumerate every group of every mesh and compare tuples of old ranks; the code under test plans
@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from test_elastic import dropped_coordinates, jobs, lost_ranks, meshes
 
 import fmesh
-from fmesh import recovery
-from fmesh.communicators import Request
-from fmesh.manifest import plan_manifest
-from fmesh.planning import job_requests
+from fmesh.plan import recovery
+from fmesh.plan.communicators import Request
+from fmesh.plan.jobs import job_requests
+from fmesh.plan.manifest import plan_manifest
 
 # ----------------------------------------------------------------- reference
 
@@ -66,10 +66,10 @@ def brute_counts(before: Sequence[Request], after: Sequence[Request], shrink_gro
 def test_the_counts_of_a_job_recovery_equal_brute_force_over_every_group(data: st.DataObject) -> None:
     dims = data.draw(jobs())
     lost = data.draw(lost_ranks(dims.world_size))
-    axes = data.draw(st.sampled_from((fmesh.elastic.ELASTIC_AXES, ("pp", "dp_replicate", "dp_shard"))))
+    axes = data.draw(st.sampled_from((fmesh.plan.rescale.ELASTIC_AXES, ("pp", "dp_replicate", "dp_shard"))))
     shrink_groups = data.draw(st.booleans())
     try:
-        after = fmesh.elastic.shrink(dims, lost, axes=axes)
+        after = fmesh.plan.rescale.scale_down(dims, lost, axes=axes)
     except ValueError:
         assume(False)
         raise
@@ -106,7 +106,7 @@ def test_the_counts_of_any_meshes_after_without_equal_brute_force(data: st.DataO
         before.reverse()
     after = [smaller, (smaller, smaller.axis_names)]
     plan = recovery.plan_recovery(before, after, shrink_groups=True)
-    requests = fmesh.communicators.requests_of
+    requests = fmesh.plan.communicators.requests_of
     assert plan.counts == brute_counts(requests(before), requests(after), True)
 
 

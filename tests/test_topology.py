@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fmesh
-from fmesh.parallel import MESH_NAMES, ParallelDims
-from fmesh.topology import PlacementWarning, Topology, check_placement, warn_placement
+from fmesh.plan.parallel import MESH_NAMES, ParallelDims
+from fmesh.plan.topology import PlacementWarning, Topology, check_placement, warn_placement
 
 WORLD = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 DERIVED = {
@@ -112,7 +112,7 @@ def test_mixed_placement_when_groups_differ() -> None:
     assert (pairs.hosts_min, pairs.hosts_max, pairs.placement) == (1, 2, "mixed")
 
 
-def _spans(dims: ParallelDims, topo: Topology) -> dict[str, fmesh.topology.AxisSpan]:
+def _spans(dims: ParallelDims, topo: Topology) -> dict[str, fmesh.plan.topology.AxisSpan]:
     return topo.spans(dims.meshes())
 
 

@@ -2,10 +2,10 @@
 
 * ``.. fmesh-errors::`` renders the error catalogue, a table of every class in :mod:`fmesh.errors` (its base and
   the first paragraph of its docstring), from the code: the docs hold no second copy.
-* Every public object is documented once, at its public path (``fmesh.Mesh``, ``fmesh.topology.AxisSpan``).
+* Every public object is documented once, at its public path (``fmesh.Mesh``, ``fmesh.plan.topology.AxisSpan``).
   References written where an object is defined (``:class:`Mesh``` inside ``fmesh.mesh.mesh``,
-  ``fmesh.costs.cost``) are resolved to that public path; members of a public module that are also published at
-  the top level are left off the module's page.
+  ``fmesh.plan.costs.cost``) are resolved to that public path; members of a public module that are also published
+  at the top level are left off the module's page.
 """
 
 from __future__ import annotations
@@ -26,11 +26,14 @@ import fmesh
 
 
 def public_modules() -> list[types.ModuleType]:
-    """The modules with a page: those in ``fmesh.__all__``, and ``fmesh.layout`` (the algebra's own functions)."""
+    """The modules with a page: :mod:`fmesh.plan` and each of its modules, the pictures (:mod:`fmesh.rendering`)
+    and :mod:`fmesh.layout` (the algebra's own functions)."""
     import fmesh.layout
+    import fmesh.plan
+    import fmesh.rendering
 
-    modules = [getattr(fmesh, n) for n in fmesh.__all__ if isinstance(getattr(fmesh, n), types.ModuleType)]
-    return [*modules, fmesh.layout]
+    plan = [getattr(fmesh.plan, name) for name in fmesh.plan.__all__]
+    return [fmesh.plan, *plan, fmesh.rendering, fmesh.layout]
 
 
 def public_paths() -> dict[int, str]:
@@ -97,7 +100,8 @@ def resolve_public(app: Sphinx, env: Any, node: Any, contnode: nodes.Node) -> no
 
 
 def skip_republished(app: Sphinx, what: str, name: str, value: Any, skip: bool, options: Any) -> bool | None:
-    """Leave off a module page the members documented at the top level (``fmesh.costs.cost`` is ``fmesh.cost``)."""
+    """Leave off a module page the members documented at the top level (``fmesh.plan.costs.cost`` is
+    ``fmesh.cost``)."""
     if what != "module":
         return None
     published = (getattr(fmesh, n) for n in fmesh.__all__)

@@ -46,7 +46,7 @@ from fmesh.context.world import World
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
-from fmesh.recovery import CREATE, SHRINK
+from fmesh.plan.recovery import CREATE, SHRINK
 
 
 class Context:
@@ -592,7 +592,7 @@ class Context:
         :class:`~fmesh.RankLostError` (with the same ``lost``); this context is closed afterwards.
 
         The new world is the survivors, renumbered ``0, 1, ...`` in ascending order of their old rank, as
-        :func:`fmesh.without` and :func:`fmesh.elastic.shrink` number the meshes to use in it; given
+        :func:`fmesh.without` and :func:`fmesh.plan.rescale.scale_down` number the meshes to use in it; given
         ``mesh`` (made from this world by :func:`fmesh.without`), the ranks it covers, and a survivor
         outside it gets ``None``: it leaves the job. :func:`fmesh.old_rank` on the new meshes gives each
         rank's old number.

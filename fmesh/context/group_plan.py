@@ -1,6 +1,6 @@
 """Which groups a program will need, before any is created: :func:`plan_groups`.
 
-A plan lists each distinct communicator once, in the order of :func:`fmesh.communicators.plan_communicators`
+A plan lists each distinct communicator once, in the order of :func:`fmesh.plan.communicators.plan_communicators`
 (the pure planner the manifest also writes down), with its size, how many groups it has, how many hosts one
 group touches, the backend, this rank's group, and whether that group exists yet.
 :meth:`fmesh.Context.materialize` creates what a plan lists through the registry, like any other group.
@@ -13,12 +13,12 @@ from typing import Any
 
 import attrs
 
-from fmesh.communicators import PlanItem as PlanItem  # what Context.plan takes: the planner's
-from fmesh.communicators import Request, plan_communicators, requests_of
 from fmesh.context.groups import GroupRegistry
 from fmesh.context.world import World
 from fmesh.mesh import Mesh
-from fmesh.topology import Topology
+from fmesh.plan.communicators import PlanItem as PlanItem  # what Context.plan takes: the planner's
+from fmesh.plan.communicators import Request, plan_communicators, requests_of
+from fmesh.plan.topology import Topology
 
 
 @attrs.frozen
@@ -100,7 +100,7 @@ def _topology(world: World) -> Topology | None:
 def plan_groups(items: Iterable[object], registry: GroupRegistry, world: World) -> GroupPlan:
     """The plan of ``items`` (see :func:`plan_items`) on this rank; creates nothing.
 
-    The distinct communicators and their order are :func:`fmesh.communicators.plan_communicators`'s; a
+    The distinct communicators and their order are :func:`fmesh.plan.communicators.plan_communicators`'s; a
     communicator asked for with two backends or options is two groups.
     """
     registry.check_open()

@@ -2,7 +2,7 @@
 
 Pure functions; :meth:`fmesh.Context.recover` acts on them. The new world is the survivors, renumbered
 ``0, 1, ...`` in ascending order of their old rank (as :func:`fmesh.without` and
-:func:`fmesh.elastic.shrink` number them), or the ranks of a mesh made by :func:`fmesh.without`. Each
+:func:`fmesh.plan.rescale.scale_down` number them), or the ranks of a mesh made by :func:`fmesh.without`. Each
 group this rank holds is then, by :func:`renewal`:
 
 * ``keep``: every member survives into the new world (and holds it): the same communicator, renumbered;
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from fmesh.layout.int_tuple import is_int, is_many
 from fmesh.mesh import Mesh
 from fmesh.mesh.elastic import old_rank
-from fmesh.recovery import CREATE, KEEP, SHRINK
+from fmesh.plan.recovery import CREATE, KEEP, SHRINK
 
 
 def renewal(members: Sequence[int], *, lost: Iterable[int], world: Sequence[int], backend: str, shrinkable: bool,
@@ -36,7 +36,7 @@ def renewal(members: Sequence[int], *, lost: Iterable[int], world: Sequence[int]
     whether torch and the backend in use can shrink a communicator (:func:`fmesh.context._torch.can_shrink`);
     ``held_everywhere``: whether every member holds the group (one still connecting it cannot keep it).
 
-    The same three actions as the job-level plan (:mod:`fmesh.recovery`, which reads them off the meshes
+    The same three actions as the job-level plan (:mod:`fmesh.plan.recovery`, which reads them off the meshes
     before and after); this is the Context's view of one group it holds.
 
     >>> renewal((0, 2), lost=[2], world=(0, 1), backend="nccl", shrinkable=False)

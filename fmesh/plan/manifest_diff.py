@@ -5,7 +5,7 @@ Layout arithmetic only: a rank keeps its group along an axis exactly when both l
 so the answer is "every rank of both worlds" or "none", per axis. :func:`compare` answers with a typed
 :class:`ManifestDiff`; :func:`diff_manifests` takes and gives JSON documents (``diff --json``).
 
->>> from fmesh.manifest import plan_manifest
+>>> from fmesh.plan.manifest import plan_manifest
 >>> d = compare(plan_manifest(64, 8, tp=8), plan_manifest(64, 8, tp=4))
 >>> [c.names[0] for c in d.removed], d.ranks_changing_group
 (['dp_shard', 'tp'], 64)
@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from fmesh.layout.layout import Modes, from_modes, sorted_by_stride
-from fmesh.manifest import Manifest, ManifestCommunicator
+from fmesh.plan.manifest import Manifest, ManifestCommunicator
 
 __all__ = ["CHANGES", "SHOWN", "AxisChange", "ManifestDiff", "SharedCommunicator", "compare", "diff_manifests"]
 
@@ -142,7 +142,7 @@ def _axis_change(name: str, before: Modes | None, after: Modes | None) -> AxisCh
 def compare(a: Manifest, b: Manifest) -> ManifestDiff:
     """What changes from manifest ``a`` to ``b`` (module docstring).
 
-    >>> from fmesh.manifest import plan_manifest
+    >>> from fmesh.plan.manifest import plan_manifest
     >>> d = compare(plan_manifest(64, 8, tp=8), plan_manifest(64, 8, tp=4))
     >>> d.axes_regrouped[:3], len(d.shared)
     (('dp_shard', 'dp', 'dp_shard_cp'), 0)
@@ -172,7 +172,7 @@ def compare(a: Manifest, b: Manifest) -> ManifestDiff:
 def diff_manifests(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`compare` of two manifest documents (each checked first), as JSON data.
 
-    >>> from fmesh.manifest import build_manifest
+    >>> from fmesh.plan.manifest import build_manifest
     >>> d = diff_manifests(build_manifest(64, 8, tp=8), build_manifest(64, 8, tp=4))
     >>> [c["names"][0] for c in d["removed"]], [c["names"][0] for c in d["added"]]
     (['dp_shard', 'tp'], ['dp_shard', 'tp'])

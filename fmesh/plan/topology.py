@@ -74,7 +74,7 @@ class AxisSpan:
     ``hosts_min``/``hosts_max``: the fewest and most hosts one group touches (equal
     for the usual regular layouts). ``local_min``/``local_max``: the fewest and most
     ranks of one group on one host it touches (``size // hosts`` for regular layouts, the
-    default); the cost model reads them (:mod:`fmesh.costs`).
+    default); the cost model reads them (:mod:`fmesh.plan.costs`).
 
     >>> AxisSpan("tp", size=8, num_groups=4, hosts_min=1, hosts_max=1).placement
     'intra-host'

@@ -7,7 +7,7 @@ the same frame (re-indexing) and the same coalesced layout of the axes (a rank `
 ``r - layout(i_r) + layout(j)`` for every ``j``). A communicator of size 1 is a group of one rank each.
 
 Pure: no torch, no process group. :meth:`fmesh.Context.plan` adds the backend, the options and the process
-groups on top; :mod:`fmesh.manifest` writes the plan of a training job down.
+groups on top; :mod:`fmesh.plan.manifest` writes the plan of a training job down.
 
 >>> import fmesh
 >>> mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))

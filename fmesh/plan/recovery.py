@@ -2,9 +2,9 @@
 loads, as a pure plan made before anything is torn down.
 
 :func:`plan_recovery` compares the meshes of a job before a loss with those after it (the meshes that
-:func:`fmesh.without` or :func:`fmesh.elastic.shrink` made, whose universe's :class:`~fmesh.Lineage` maps
+:func:`fmesh.without` or :func:`fmesh.plan.rescale.scale_down` made, whose universe's :class:`~fmesh.Lineage` maps
 each new rank to its old one). It takes each distinct communicator of the new job (as
-:func:`fmesh.communicators.plan_communicators` lists them; groups of one rank need none) and reads its groups
+:func:`fmesh.plan.communicators.plan_communicators` lists them; groups of one rank need none) and reads its groups
 in the old numbering:
 
 * **keep**: every group is a group of one old communicator, with the same members in the same order. No member
@@ -17,8 +17,8 @@ in the old numbering:
 The old communicators that no new one keeps or shrinks are **dropped**: they are aborted.
 
 :func:`recover_job` does this for a :class:`~fmesh.ParallelDims` job and a set of lost ranks (through
-:func:`fmesh.elastic.shrink`), and adds the data that moves (:class:`Resharding`). :func:`recover_manifests` does
-it for two manifests, which carry no lineage.
+:func:`fmesh.plan.rescale.scale_down`), and adds the data that moves (:class:`Resharding`).
+:func:`recover_manifests` does it for two manifests, which carry no lineage.
 
 >>> import fmesh
 >>> mesh = fmesh.make_mesh((4, 2), ("dp", "tp"))
@@ -36,18 +36,17 @@ from typing import Any
 
 import attrs
 
-from fmesh.communicators import Request, plan_communicators, requests_of
-from fmesh.elastic import ELASTIC_AXES
-from fmesh.elastic import shrink as shrink_job
 from fmesh.layout.int_tuple import is_int, is_many
-from fmesh.manifest import Manifest
 from fmesh.mesh import Universe, new_rank, old_rank
-from fmesh.parallel import DEGREE_NAMES, ParallelDims
-from fmesh.planning import format_table, job, job_degrees, job_requests
+from fmesh.plan.communicators import Request, plan_communicators, requests_of
+from fmesh.plan.jobs import job, job_degrees, job_requests
+from fmesh.plan.manifest import Manifest
+from fmesh.plan.parallel import DEGREE_NAMES, ParallelDims
+from fmesh.plan.rescale import ELASTIC_AXES, scale_down
 
 __all__ = ["ACTIONS", "CREATE", "KEEP", "SHRINK", "SHRINK_NCCL", "SHRINK_TORCH", "JobRecovery", "OldCommunicator",
            "RecoveredCommunicator", "RecoveryPlan", "Resharding", "ShardLoad", "ShardPiece", "can_shrink",
-           "format_recovery", "plan_recovery", "recover_job", "recover_manifests"]
+           "plan_recovery", "recover_job", "recover_manifests"]
 
 KEEP, SHRINK, CREATE = "keep", "shrink", "create"
 ACTIONS: tuple[str, ...] = (KEEP, SHRINK, CREATE)
@@ -206,7 +205,7 @@ def _chain(after: Universe, before: Universe) -> list[Universe]:
     if universe.id != before.id:
         raise ValueError(f"the universe after the loss ({after!r}) does not descend from the one before it "
                          f"({before!r}): make the meshes after with fmesh.without, fmesh.resize or "
-                         "fmesh.elastic.shrink from the meshes before")
+                         "fmesh.plan.rescale.scale_down from the meshes before")
     return chain
 
 
@@ -436,9 +435,9 @@ def _reason(dims: ParallelDims, lost: Sequence[int], axis: str, axes: Sequence[s
 
 def recover_job(dims: ParallelDims, lost: Iterable[int], *, axes: Sequence[str] = ELASTIC_AXES,
                 shrink_groups: bool = False) -> JobRecovery:
-    """The recovery of ``dims`` from the loss of ranks ``lost``: :func:`fmesh.elastic.shrink` chooses the smaller
-    job (``axes`` in order), :func:`plan_recovery` compares every communicator of the two jobs
-    (:func:`fmesh.planning.job_requests`; ``shrink_groups``: whether the backend can shrink), and
+    """The recovery of ``dims`` from the loss of ranks ``lost``: :func:`fmesh.plan.rescale.scale_down` chooses the
+    smaller job (``axes`` in order), :func:`plan_recovery` compares every communicator of the two jobs
+    (:func:`fmesh.plan.jobs.job_requests`; ``shrink_groups``: whether the backend can shrink), and
     :class:`Resharding` says how the shards move.
 
     >>> import fmesh
@@ -447,9 +446,9 @@ def recover_job(dims: ParallelDims, lost: Iterable[int], *, axes: Sequence[str] 
     ('dp_replicate', 8, {'keep': 2, 'shrink': 0, 'create': 0, 'dropped': 2}, False)
     """
     ranks = list(lost) if is_many(lost) else lost  # read once
-    after = shrink_job(dims, ranks, axes=axes)
+    after = scale_down(dims, ranks, axes=axes)
     lost = tuple(sorted(set(ranks)))
-    axis = next(name for name in axes if getattr(after, name) != getattr(dims, name))  # shrink changed this one
+    axis = next(name for name in axes if getattr(after, name) != getattr(dims, name))  # scale_down changed this one
     plan = _plan(job_requests(dims), job_requests(after), shrink_groups)
     resharding = None if axis == "pp" else Resharding.even(dims.dp_shard * dims.cp, after.dp_shard * after.cp)
     return JobRecovery(dims, after, lost, axis, _reason(dims, lost, axis, axes), plan, resharding)
@@ -462,7 +461,7 @@ def recover_manifests(a: Manifest, b: Manifest, lost: Iterable[int], *, axes: Se
     order), and ``b`` must
     have the degrees of the job that leaves (``ValueError`` naming both otherwise).
 
-    >>> from fmesh.manifest import plan_manifest
+    >>> from fmesh.plan.manifest import plan_manifest
     >>> recover_manifests(plan_manifest(16, 8, dp_replicate=2, tp=2), plan_manifest(8, 8, tp=2), [9]).axis
     'dp_replicate'
     """
@@ -475,81 +474,3 @@ def recover_manifests(a: Manifest, b: Manifest, lost: Iterable[int], *, axes: Se
         raise ValueError(f"B ({b.summary()}) is not the job A becomes after losing ranks {list(recovery.lost)}: "
                          f"that job has {shown} (world {recovery.after.world_size})")
     return recovery
-
-
-# ------------------------------------------------------------------------------------------ text
-
-_SHOWN = 8  # shards and ranks a text shows before an ellipsis
-
-
-def _names(names: Sequence[str]) -> str:
-    return ", ".join(names[:4]) + (f", +{len(names) - 4}" if len(names) > 4 else "")
-
-
-def format_recovery(job: JobRecovery, backend: str = "nccl") -> str:
-    """A readable account of :func:`recover_job`: the jobs, the axis and why, the communicators and the data.
-
-    >>> import fmesh
-    >>> print(format_recovery(recover_job(fmesh.ParallelDims(8, dp_shard=4, tp=2), [2])).splitlines()[2])
-    absorbed by dp_shard: dp_replicate=1 could not (the lost ranks lie in all 1 of its slices); dp_shard 4 -> 3: \
-the parameters and optimizer state are resharded over fewer ranks
-    """
-    plan, counts = job.plan, job.plan.counts
-    lines = [f"lost ranks {list(job.lost)} of {job.before.world_size}: world {job.before.world_size} -> "
-             f"{job.after.world_size}",
-             " -> ".join(" ".join(f"{n}={getattr(d, n)}" for n in DEGREE_NAMES) for d in (job.before, job.after)),
-             f"absorbed by {job.axis}: {job.reason}",
-             f"communicators: {counts['keep']} keep, {counts['shrink']} shrink, {counts['create']} create; "
-             f"{counts['dropped']} old ones dropped"]
-    if plan.shrink_groups:
-        lines.append(f"{backend}: a communicator that lost members is shrunk (torch.distributed.shrink_group; "
-                     f"torch >= {SHRINK_TORCH[0]}.{SHRINK_TORCH[1]}, NCCL >= {'.'.join(map(str, SHRINK_NCCL[:2]))})")
-    else:
-        lines.append(f"{backend}: cannot shrink a communicator, so one that lost members is created anew")
-    rows = [("order", "action", "size", "groups", "shrunk", "from", "names")]
-    for c in plan.communicators:
-        source = "-" if c.source is None else f"{c.source.order} ({_names(c.source.names)})"
-        rows.append((str(c.order), c.action, str(c.size), str(c.num_groups), str(c.groups_shrunk), source,
-                     _names(c.names)))
-    lines += format_table(rows, (True, False, True, True, True, False, False))
-    for old in plan.dropped:
-        lines.append(f"dropped: {old.order} ({_names(old.names)}), size {old.size}")
-    lines += _format_data(job)
-    return "\n".join(lines)
-
-
-def _format_data(job: JobRecovery) -> list[str]:
-    resharding = job.resharding
-    if resharding is None:
-        return [f"data: the layers are re-split over {_stages(job.after.pp)}; each rank loads its stage's layers "
-                "from a checkpoint"]
-    ranks = job.after.world_size // resharding.new_shards
-    if resharding.identity:  # only dp_replicate keeps the shard count, and then every rank keeps its shard index
-        return [f"data: nothing moves: every rank keeps its old rank's shard ({resharding.old_shards} shards "
-                "before and after)"]
-    lines = [f"data: {resharding.old_shards} shards -> {resharding.new_shards} (fsdp = dp_shard x cp); new shard j "
-             f"covers [j/{resharding.new_shards}, (j+1)/{resharding.new_shards}) of each stage's and part's state, "
-             f"{ranks} ranks each"]
-    rows = [("new shard", "old shards [part]")]
-    shown = list(range(resharding.new_shards))
-    if len(shown) > _SHOWN:
-        shown = [*shown[: _SHOWN - 1], shown[-1]]
-    for j in shown:
-        rows.append((str(j), ", ".join(map(str, resharding.pieces[j]))))
-    lines += format_table(rows, (True, False))
-    lost = set(job.lost)
-    for load in map(job.load, range(min(job.after.world_size, _SHOWN // 2))):
-        parts = []
-        for piece, holders in zip(load.pieces, load.holders, strict=True):
-            shown_holders = ", ".join(_holder(job, h, lost) for h in holders)
-            parts.append(f"{piece} from {shown_holders}")
-        lines.append(f"  new rank {load.rank} (old {load.old_rank}): " + "; ".join(parts))
-    return lines
-
-
-def _holder(job: JobRecovery, rank: int, lost: set[int]) -> str:
-    if rank in lost:
-        return f"{rank} (lost)"
-    now = new_rank(job.after.world_mesh, rank)
-    return f"{rank} (dropped)" if now is None else f"{rank} (new {now})"
-

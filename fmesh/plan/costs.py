@@ -48,7 +48,7 @@ import attrs
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
-from fmesh.topology import AxisSpan, Topology
+from fmesh.plan.topology import AxisSpan, Topology
 
 __all__ = ["COLLECTIVES", "H100_IB", "LOOPBACK", "Estimate", "Links", "as_links", "cost", "estimate",
            "estimate_span", "format_bytes", "format_seconds"]
@@ -118,7 +118,7 @@ def as_links(links: Links | Mapping[str, Any] | None) -> Links:
         if unknown:
             raise ValueError(f"expected links fields among {known}, but got {unknown}")
         return attrs.evolve(H100_IB, **links)
-    raise TypeError(f"expected links as fmesh.costs.Links, a mapping of its fields or None, but got {links!r}")
+    raise TypeError(f"expected links as fmesh.plan.costs.Links, a mapping of its fields or None, but got {links!r}")
 
 
 @attrs.frozen

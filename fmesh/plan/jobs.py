@@ -1,30 +1,31 @@
-"""The meshes of a training job, before launching it: what ``python -m fmesh plan`` prints.
+"""The job plan: the meshes of a training job, before launching it (what ``python -m fmesh plan`` reports).
 
 :func:`build_plan` takes a world, the ranks per host and the parallelism degrees, and answers with
 every mesh the job uses, its groups, rank 0's group and how many hosts each group touches, as a
-:class:`Plan` (:meth:`Plan.to_json` for ``--json``); :func:`format_plan` makes a table of it. Everything is
-layout arithmetic: a plan for a million ranks takes a fraction of a second, and no process group is ever created.
+:class:`JobPlan` (:meth:`JobPlan.to_json` for ``--json``); :func:`fmesh.plan.job_table.format_plan` makes a table
+of it. Everything is layout arithmetic: a plan for a million ranks takes a fraction of a second, and no process
+group is ever created.
 
->>> print(format_plan(build_plan(16, 8, tp=8)).splitlines()[0])
-world 16 = 2 hosts x 8 ranks (block order); pp=1 dp_replicate=1 dp_shard=2 cp=1 tp=8; data parallel: fsdp
+>>> [mesh.name for mesh in build_plan(16, 8, tp=8).meshes][:3]
+['pp', 'dp_replicate', 'dp_shard']
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from fmesh.communicators import Request
-from fmesh.costs import Estimate, Links, as_links, estimate_span, format_bytes, format_seconds
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
-from fmesh.parallel import DEGREE_NAMES, WORLD_AXES, ParallelDims
-from fmesh.topology import HUNGRY_AXES, AxisSpan, Topology, check_placement
+from fmesh.plan.communicators import Request
+from fmesh.plan.costs import Estimate, Links, as_links, estimate_span, format_bytes, format_seconds
+from fmesh.plan.parallel import DEGREE_NAMES, ParallelDims
+from fmesh.plan.topology import HUNGRY_AXES, AxisSpan, Topology, check_placement
 
-__all__ = ["DEFAULT_COST_BYTES", "REPRESENTATIVE", "Plan", "PlannedMesh", "build_plan", "format_plan",
-           "format_table", "job", "job_degrees", "job_meshes", "job_requests"]
+__all__ = ["DEFAULT_COST_BYTES", "REPRESENTATIVE", "JobPlan", "PlannedMesh", "build_plan", "job", "job_degrees",
+           "job_meshes", "job_requests"]
 
 _HEAD = 6  # ranks shown before an ellipsis
 _FULL = 12  # groups up to this size are shown whole
@@ -43,11 +44,6 @@ def _rank0_group(mesh: Mesh) -> tuple[tuple[int, ...], bool]:
     indices = [*range(_HEAD), mesh.size - 1]
     return tuple(mesh.universe.rank_of(base + layout(i)) for i in indices), False
 
-
-def _group_text(ranks: Sequence[int], complete: bool, size: int) -> str:
-    if complete:
-        return "[" + ", ".join(map(str, ranks)) + "]"
-    return "[" + ", ".join(map(str, ranks[:-1])) + f", ..., {ranks[-1]}] ({size} ranks)"
 
 
 REPRESENTATIVE: dict[str, str] = {
@@ -101,7 +97,7 @@ def job(world_size: int, gpus_per_node: int, *, rank_order: str = "block", **deg
 
 
 def job_degrees(dims: ParallelDims) -> dict[str, int]:
-    """Every degree of ``dims`` (:data:`~fmesh.parallel.DEGREE_NAMES`, then ``efsdp``), as plans and manifests
+    """Every degree of ``dims`` (:data:`~fmesh.plan.parallel.DEGREE_NAMES`, then ``efsdp``), as plans and manifests
     record them.
 
     >>> job_degrees(ParallelDims(8, tp=2))
@@ -110,21 +106,12 @@ def job_degrees(dims: ParallelDims) -> dict[str, int]:
     return {**{name: getattr(dims, name) for name in DEGREE_NAMES}, "efsdp": dims.efsdp}
 
 
-def format_table(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
-    """``rows`` as lines of aligned columns two spaces apart; a column with ``right`` set is right-aligned.
-
-    >>> format_table([("mesh", "size"), ("tp", "8")], (False, True))
-    ['mesh  size', 'tp       8']
-    """
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(row, widths, right, strict=True)
-                      ).rstrip() for row in rows]
 
 
 def job_meshes(dims: ParallelDims) -> list[tuple[str, Mesh]]:
     """Every mesh a training job uses, by name, in the order the plan lists them: the 1-D meshes
     (the expert ones only with ``ep > 1``), then the meshes given to ``fully_shard``. Handing these to
-    ``ctx.materialize(*meshes)`` creates the groups :mod:`fmesh.manifest` lists, in its order.
+    ``ctx.materialize(*meshes)`` creates the groups :mod:`fmesh.plan.manifest` lists, in its order.
 
     >>> [name for name, _ in job_meshes(ParallelDims(8, tp=2))][-3:]
     ['dp_shard_cp', 'dp_cp', 'fsdp_mesh']
@@ -205,7 +192,7 @@ class PlannedMesh:
 
 
 @attrs.frozen
-class Plan:
+class JobPlan:
     """What :func:`build_plan` answers: the job, its meshes in order, and warnings about their placement."""
 
     world_size: int
@@ -245,10 +232,10 @@ def build_plan(
     cost_bytes: int = DEFAULT_COST_BYTES,
     links: Links | Mapping[str, Any] | None = None,
     **degrees: int,
-) -> Plan:
+) -> JobPlan:
     """The plan: degrees, each mesh with its groups, hosts and the cost of its representative collective
     (:data:`REPRESENTATIVE`, ``cost_bytes`` bytes, :func:`fmesh.cost` on ``links``), and warnings.
-    :meth:`Plan.to_json` makes JSON-ready data of it.
+    :meth:`JobPlan.to_json` makes JSON-ready data of it.
 
     ``degrees`` are :class:`~fmesh.ParallelDims` keywords (``pp``, ``dp_replicate``,
     ``dp_shard``, ``cp``, ``tp``, ``ep``, ``etp``).
@@ -277,40 +264,8 @@ def build_plan(
             cost=estimate_span(REPRESENTATIVE.get(name, "all_reduce"), cost_bytes, span, link),
         ))
     one_d = {name: span for name, span in spans.items() if not name.endswith("_mesh")}
-    return Plan(
+    return JobPlan(
         world_size=world_size, gpus_per_node=gpus_per_node, hosts=topo.hosts, rank_order=rank_order,
         degrees=tuple(job_degrees(dims).items()), data_parallel=dims.data_parallel, links=link.name,
         meshes=tuple(meshes), warnings=tuple(_crossing_warnings(one_d, gpus_per_node, cost_bytes, link)),
     )
-
-
-def format_plan(plan: Plan) -> str:
-    """A readable table of a :func:`build_plan` result.
-
-    >>> format_plan(build_plan(8, 4, dp_shard=2, tp=4)).splitlines()[6].split()
-    ['tp', '4', '2', '[0,', '1,', '2,', '3]', '1', 'intra-host', 'all_reduce', '924', 'µs']
-    """
-    degrees = dict(plan.degrees)
-    world = " ".join(f"{n}={degrees[n]}" for n in WORLD_AXES)
-    if degrees["ep"] > 1:
-        world += f" ep={degrees['ep']} etp={degrees['etp']} efsdp={degrees['efsdp']}"
-    lines = [
-        f"world {plan.world_size} = {plan.hosts} hosts x {plan.gpus_per_node} ranks "
-        f"({plan.rank_order} order); {world}; data parallel: {plan.data_parallel}",
-    ]
-    nbytes = plan.meshes[0].cost.nbytes if plan.meshes else DEFAULT_COST_BYTES
-    table = [("mesh", "size", "groups", "rank 0's group", "hosts", "placement", f"cost of {format_bytes(nbytes)}")]
-    for entry in plan.meshes:
-        name = entry.name
-        if name.endswith("_mesh"):
-            name += "(" + ", ".join(axis for axis, _ in entry.axes) + ")"
-        hosts = entry.hosts_per_group
-        hosts_text = str(hosts) if hosts == entry.hosts_per_group_min else f"{entry.hosts_per_group_min}..{hosts}"
-        group = _group_text(entry.rank0_group, entry.rank0_group_complete, entry.size)
-        cost_text = f"{entry.cost.collective} {format_seconds(entry.cost.seconds)}"
-        table.append((name, str(entry.size), str(entry.num_groups), group, hosts_text, entry.placement, cost_text))
-    lines += format_table(table, (False, True, True, False, True, False, False))  # numbers right-aligned
-    lines.append(f"cost: one collective per group, {plan.links} (fmesh.cost)")
-    for warning in plan.warnings:
-        lines.append(f"warning: {warning}")
-    return "\n".join(lines)

@@ -1,7 +1,8 @@
-"""Elastic jobs: the degrees of a training job after ranks are lost or join, as pure values.
+"""Rescaling a job: the degrees of a training job after ranks are lost or join, as pure values.
 
-:func:`shrink` answers a loss and :func:`grow` a join with a new :class:`~fmesh.ParallelDims`
-whose meshes live in the universe :func:`fmesh.without`/:func:`fmesh.resize` make, so
+A job *scales down* or *up* ("shrink" is kept for a communicator that drops members,
+:mod:`fmesh.plan.communicators`). :func:`scale_down` answers a loss and :func:`scale_up` a join with a new
+:class:`~fmesh.ParallelDims` whose meshes live in the universe :func:`fmesh.without`/:func:`fmesh.resize` make, so
 :func:`fmesh.old_rank` and :func:`fmesh.new_rank` convert ranks between the two jobs from any of
 its meshes. One axis absorbs the change, the first of ``axes`` that can:
 
@@ -15,7 +16,7 @@ its meshes. One axis absorbs the change, the first of ``axes`` that can:
 a part of each step's computation that the others wait for, so a group cannot lose one. Dropping a
 slice drops every rank at that coordinate of the axis, also the ranks that did not fail: a loss in
 replica 1 drops all of replica 1. The groups of the smaller job are exactly those of a restarted
-job with that degree, for every mesh of :data:`fmesh.parallel.MESH_NAMES`, and every group of the
+job with that degree, for every mesh of :data:`fmesh.plan.parallel.MESH_NAMES`, and every group of the
 smaller job is the survivors of a group of the old one, except the expert meshes when ``dp_shard``
 changes and ``ep * etp`` does not divide ``cp * tp`` (``ep`` is carved from ``dp_shard * cp * tp``, so
 the experts are laid out again); where the smaller ``dp_shard`` leaves no valid ``ep``, that axis
@@ -23,7 +24,7 @@ cannot absorb the loss and the error says why.
 
 >>> import fmesh
 >>> dims = fmesh.ParallelDims(16, dp_replicate=2, dp_shard=4, tp=2)
->>> smaller = fmesh.elastic.shrink(dims, [9])
+>>> smaller = fmesh.plan.rescale.scale_down(dims, [9])
 >>> smaller
 ParallelDims(world_size=8, pp=1, dp_replicate=1, dp_shard=4, cp=1, tp=2, ep=1, etp=1)
 >>> smaller.mesh("dp_shard").group(0), fmesh.old_rank(smaller.world_mesh, 0)
@@ -36,9 +37,9 @@ from collections.abc import Iterable, Sequence
 
 from fmesh.layout.int_tuple import is_int, is_many
 from fmesh.mesh import Mesh, resize, without
-from fmesh.parallel import WORLD_AXES, ParallelDims
+from fmesh.plan.parallel import WORLD_AXES, ParallelDims
 
-__all__ = ["ELASTIC_AXES", "grow", "shrink"]
+__all__ = ["ELASTIC_AXES", "scale_down", "scale_up"]
 
 ELASTIC_AXES: tuple[str, ...] = ("dp_replicate", "dp_shard")
 """The axes that absorb a loss or a join unless told otherwise, in the order tried."""
@@ -50,7 +51,7 @@ _WHY_NOT = (
 )
 
 
-def shrink(dims: ParallelDims, lost: Iterable[int], *, axes: Sequence[str] = ELASTIC_AXES) -> ParallelDims:
+def scale_down(dims: ParallelDims, lost: Iterable[int], *, axes: Sequence[str] = ELASTIC_AXES) -> ParallelDims:
     """The job left when ranks ``lost`` are gone: every slice along the first of ``axes`` that can
     absorb the loss and holds a lost rank is dropped (see :func:`fmesh.without`), and the survivors
     are renumbered in ascending order.
@@ -60,9 +61,9 @@ def shrink(dims: ParallelDims, lost: Iterable[int], *, axes: Sequence[str] = ELA
 
     >>> import fmesh
     >>> dims = fmesh.ParallelDims(8, dp_shard=4, tp=2)
-    >>> fmesh.elastic.shrink(dims, [3]).degrees["dp_shard"]
+    >>> fmesh.plan.rescale.scale_down(dims, [3]).degrees["dp_shard"]
     3
-    >>> fmesh.elastic.shrink(dims, [3], axes=("pp",))
+    >>> fmesh.plan.rescale.scale_down(dims, [3], axes=("pp",))
     Traceback (most recent call last):
     ...
     ValueError: no axis of ('pp',) can absorb the loss of ranks [3] in ParallelDims(world_size=8, pp=1, \
@@ -70,10 +71,10 @@ dp_replicate=1, dp_shard=4, cp=1, tp=2, ep=1, etp=1): pp=1: the lost ranks lie i
     """
     order = _check_axes(axes)
     if not is_many(lost):
-        raise TypeError(f"shrink takes an iterable of lost ranks such as [5], got {lost!r}")
+        raise TypeError(f"scale_down takes an iterable of lost ranks such as [5], got {lost!r}")
     lost = sorted(set(lost))
     if not lost:
-        raise ValueError("shrink needs at least one lost rank, got none")
+        raise ValueError("scale_down needs at least one lost rank, got none")
     world = dims.world_mesh
     for rank in lost:
         world.universe.check_rank(rank)
@@ -93,22 +94,22 @@ dp_replicate=1, dp_shard=4, cp=1, tp=2, ep=1, etp=1): pp=1: the lost ranks lie i
                      + ("" if "pp" in order else f" (pp is tried only when axes names it; {_WHY_NOT})"))
 
 
-def grow(dims: ParallelDims, joining: int, *, axes: Sequence[str] = ELASTIC_AXES) -> ParallelDims:
+def scale_up(dims: ParallelDims, joining: int, *, axes: Sequence[str] = ELASTIC_AXES) -> ParallelDims:
     """The job after ``joining`` ranks join: the first of ``axes`` whose slices they fill (a whole
     number of replicas for ``dp_replicate``, of ``dp_shard`` slices for ``dp_shard``) grows (see
     :func:`fmesh.resize`); the old ranks keep their numbers, the new ones are numbered after them.
 
     >>> import fmesh
     >>> dims = fmesh.ParallelDims(8, dp_replicate=2, dp_shard=2, tp=2)
-    >>> larger = fmesh.elastic.grow(dims, 4)
+    >>> larger = fmesh.plan.rescale.scale_up(dims, 4)
     >>> larger.degrees["dp_replicate"], fmesh.new_rank(larger.world_mesh, 7)
     (3, 7)
-    >>> fmesh.elastic.grow(dims, 4, axes=("dp_shard",)).degrees["dp_shard"]
+    >>> fmesh.plan.rescale.scale_up(dims, 4, axes=("dp_shard",)).degrees["dp_shard"]
     3
     """
     order = _check_axes(axes)
     if not is_int(joining) or joining < 1:
-        raise ValueError(f"grow: expected a positive int count of joining ranks, got {joining!r}")
+        raise ValueError(f"scale_up: expected a positive int count of joining ranks, got {joining!r}")
     world = dims.world_mesh
     reasons = []
     for axis in order:

@@ -142,7 +142,7 @@ class ParallelDims:
     really parallel.
 
     ``lineage`` (not part of equality) is set on the degrees of a job made smaller or larger by
-    :mod:`fmesh.elastic`: every mesh of the job then converts ranks to and from the old job's.
+    :mod:`fmesh.plan.rescale`: every mesh of the job then converts ranks to and from the old job's.
 
     Deliberate differences, with the same rank groups in every case:
 

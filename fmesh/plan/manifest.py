@@ -1,13 +1,13 @@
 """Every communicator a job will create, before it runs: the manifest, its schema, and a diff of two.
 
 :func:`build_manifest` lists each distinct communicator layout of a training job (the meshes of
-:func:`fmesh.planning.job_meshes`) once, in the order a :class:`~fmesh.Context` creates them when handed
+:func:`fmesh.plan.jobs.job_meshes`) once, in the order a :class:`~fmesh.Context` creates them when handed
 those meshes (``ctx.plan``/``ctx.materialize``: mesh by mesh, axis by axis, a layout seen before is shared,
 and a group of one rank needs no communicator). Layouts, not ranks: a million ranks make a few kilobytes.
 :func:`check_manifest` validates a document against the schema below and :func:`load_manifest` reads one from a
 file. Inside fmesh a manifest is a typed :class:`Manifest` (:func:`plan_manifest`, :meth:`Manifest.from_json`);
-the JSON document exists only at the edge (:meth:`Manifest.to_json`, the file). :mod:`fmesh.manifest_diff`
-compares two and :mod:`fmesh.manifest_format` prints either. Pure: no torch, no process group.
+the JSON document exists only at the edge (:meth:`Manifest.to_json`, the file). :mod:`fmesh.plan.manifest_diff`
+compares two and :mod:`fmesh.plan.manifest_table` prints either. Pure: no torch, no process group.
 
 Schema ``fmesh.manifest/1`` (a JSON object; sizes in bytes):
 
@@ -52,12 +52,12 @@ from typing import Any
 
 import attrs
 
-from fmesh.communicators import Communicator, plan_communicators
 from fmesh.errors import ManifestError
 from fmesh.layout.int_tuple import is_int, product
 from fmesh.layout.layout import Modes, complement_modes
-from fmesh.planning import job, job_degrees, job_requests
-from fmesh.topology import ORDERS, Topology
+from fmesh.plan.communicators import Communicator, plan_communicators
+from fmesh.plan.jobs import job, job_degrees, job_requests
+from fmesh.plan.topology import ORDERS, Topology
 
 __all__ = ["BACKENDS", "SCHEMA", "Manifest", "ManifestCommunicator", "NcclMemory", "build_manifest",
            "check_manifest", "dump_manifest", "load_manifest", "plan_manifest"]
