@@ -3,13 +3,19 @@
 Mesh values are pure and cheap at any world size; a Context (the only part
 with side effects) turns them into process groups when a collective needs one.
 
-The package is layered, each layer importing only from those below it:
+The front door holds what a program uses: the values and their transforms, the elastic mesh functions, the
+Context and its launchers, the main recipes, the picture, and the errors a program catches. The rest is one
+package away: :mod:`fmesh.plan` (everything that reasons about a job without a process group),
+:mod:`fmesh.context` (the Context's other values), :mod:`fmesh.errors` (every exception and warning).
+
+The package is layered, each layer importing only from those below it (``tests/architecture.py``):
 
 * :mod:`fmesh.errors`: every exception and warning fmesh raises;
 * :mod:`fmesh.layout`: the CuTe-style layout algebra over tuples of ints;
-* :mod:`fmesh.mesh`: ``Universe``, ``Mesh`` and the pure transforms;
-* recipes: :mod:`fmesh.plan.parallel`, :mod:`fmesh.plan.rescale`, :mod:`fmesh.plan.topology`, :mod:`fmesh.plan.costs`,
-  :mod:`fmesh.plan.jobs`, :mod:`fmesh.plan.manifest`, :mod:`fmesh.plan.recovery`, :mod:`fmesh.rendering`;
+* :mod:`fmesh.mesh`: ``Universe``, ``Mesh``, the pure transforms and the elastic mesh functions;
+* :mod:`fmesh.plan`: the communicator planner, topology, recipes, costs, the job plan, manifests, the
+  recovery plan and the tables the command line prints;
+* :mod:`fmesh.rendering`: pictures of meshes;
 * :mod:`fmesh.context`: the only code that touches ``torch.distributed``;
 * :mod:`fmesh.cli`: ``python -m fmesh``.
 
@@ -21,30 +27,25 @@ Only the context needs torch; it is imported on first use of one of its names.
 (0, 4, 8, 12)
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from fmesh import plan, rendering
+from fmesh import errors as errors  # the modules one package away from the front door
+from fmesh import plan as plan
+from fmesh import rendering
 from fmesh.errors import (
-    CommandLineError,
     ContextClosedError,
-    FileDescriptorLimitError,
-    FileDescriptorWarning,
     GroupTimeoutError,
     LaunchError,
-    ManifestError,
     MeshMismatchError,
     NoGradientError,
-    PlacementWarning,
     RankLostError,
     RecoveryError,
-    RemoteTraceback,
     TensorMismatchError,
-    UnpicklableObjectError,
     UnsupportedTorchError,
 )
 from fmesh.layout import Layout
 from fmesh.mesh import (
-    Lineage,
     Mesh,
     Universe,
     concat,
@@ -59,30 +60,18 @@ from fmesh.mesh import (
     unflatten,
     without,
 )
-from fmesh.plan.costs import Links, cost
+from fmesh.plan.costs import cost
 from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.topology import Topology
 from fmesh.rendering import render
 
 if TYPE_CHECKING:
-    from fmesh.context import (
-        AxisOptions,
-        Context,
-        GroupPlan,
-        PlannedGroup,
-        Simulation,
-        device_mesh_groups,
-        from_device_mesh,
-        launch,
-        simulate,
-    )
+    from fmesh import context as context
+    from fmesh.context import Context, from_device_mesh, launch, simulate
 
 # The Context needs torch.distributed; importing it lazily keeps `import fmesh` light
 # for planning meshes in a notebook.
-_CONTEXT_NAMES = frozenset(
-    {"AxisOptions", "Context", "GroupPlan", "PlannedGroup", "Simulation", "device_mesh_groups", "from_device_mesh",
-     "launch", "simulate"}
-)
+_CONTEXT_NAMES = frozenset({"Context", "from_device_mesh", "launch", "simulate"})
 
 
 def _publish(value: Any) -> Any:
@@ -94,71 +83,59 @@ def _publish(value: Any) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CONTEXT_NAMES:
-        from fmesh import context
-
-        return _publish(getattr(context, name))
+    if name in _CONTEXT_NAMES or name == "context":
+        context = importlib.import_module("fmesh.context")  # sets fmesh.context: asked once
+        return context if name == "context" else _publish(getattr(context, name))
     raise AttributeError(f"module 'fmesh' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     """The module's names and the lazily imported ones, so that ``dir(fmesh)`` and tab completion list them."""
-    return sorted(set(globals()) | _CONTEXT_NAMES)
+    return sorted(set(globals()) | _CONTEXT_NAMES | {"context"})
 
 
 rendering.show_in_notebooks()
 
-__all__ = [
-    "AxisOptions",
-    "CommandLineError",
-    "Context",
-    "ContextClosedError",
-    "FileDescriptorLimitError",
-    "FileDescriptorWarning",
-    "GroupPlan",
-    "GroupTimeoutError",
-    "LaunchError",
+__all__ = [  # noqa: RUF022 (grouped as the API reference groups them)
+    # values and their transforms
     "Layout",
-    "Lineage",
-    "Links",
-    "ManifestError",
     "Mesh",
-    "MeshMismatchError",
-    "NoGradientError",
-    "ParallelDims",
-    "PlacementWarning",
-    "PlannedGroup",
-    "RankLostError",
-    "RecoveryError",
-    "RemoteTraceback",
-    "Simulation",
-    "TensorMismatchError",
-    "Topology",
     "Universe",
-    "UnpicklableObjectError",
-    "UnsupportedTorchError",
-    "concat",
-    "cost",
-    "device_mesh_groups",
-    "flatten",
-    "from_device_mesh",
-    "launch",
     "make_mesh",
-    "new_rank",
-    "old_rank",
-    "plan",
+    "concat",
+    "flatten",
     "rename",
-    "render",
-    "rendering",
-    "resize",
     "select",
-    "simulate",
     "slice",
     "unflatten",
+    # elastic meshes
+    "new_rank",
+    "old_rank",
+    "resize",
     "without",
+    # the Context
+    "Context",
+    "from_device_mesh",
+    "launch",
+    "simulate",
+    # recipes and the picture
+    "ParallelDims",
+    "Topology",
+    "cost",
+    "render",
+    # the errors a program catches
+    "ContextClosedError",
+    "GroupTimeoutError",
+    "LaunchError",
+    "MeshMismatchError",
+    "NoGradientError",
+    "RankLostError",
+    "RecoveryError",
+    "TensorMismatchError",
+    "UnsupportedTorchError",
 ]
 
 for _name in __all__:
-    if _name not in _CONTEXT_NAMES and not isinstance(globals()[_name], type(rendering)):
+    if _name not in _CONTEXT_NAMES:
         _publish(globals()[_name])
 del _name

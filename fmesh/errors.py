@@ -162,7 +162,7 @@ class UnpicklableObjectError(TypeError):
     ...     ctx.all_gather_object(lambda: 0, fmesh.make_mesh((2,), ("dp",)), "dp")
     Traceback (most recent call last):
     ...
-    fmesh.UnpicklableObjectError: all_gather_object along the group [0, 1] ...: expected a picklable ...
+    fmesh.errors.UnpicklableObjectError: all_gather_object along the group [0, 1] ...: expected a picklable ...
     """
 
 
@@ -200,7 +200,7 @@ class ManifestError(ValueError):
     >>> check_manifest({"schema": "fmesh.manifest/1"}, "job.json")
     Traceback (most recent call last):
     ...
-    fmesh.ManifestError: job.json: manifest has no field 'universe'
+    fmesh.errors.ManifestError: job.json: manifest has no field 'universe'
     """
 
 

@@ -131,9 +131,9 @@ with the GPU memory NCCL's buffers will take on each rank (`python -m fmesh plan
 writes the same JSON)."""),
     ("code", """import json
 
+from fmesh.plan.diff_table import format_diff
 from fmesh.plan.manifest import plan_manifest
 from fmesh.plan.manifest_diff import compare
-from fmesh.plan.diff_table import format_diff
 from fmesh.plan.manifest_table import format_manifest
 
 manifest = plan_manifest(4096, 8, pp=4, cp=2, tp=8, ep=8)

@@ -207,7 +207,7 @@ def test_bad_inputs_give_typed_errors_on_every_rank_and_no_hang() -> None:
         kind, message = seen["unpicklable elsewhere"]  # the lambda of src 0 in each dp group
         assert kind == "UnpicklableObjectError" and "member 0" in message and "lambda" in message, seen
         assert seen["after"] == [3, 0, 2, 1]
-    assert issubclass(fmesh.UnpicklableObjectError, TypeError)
+    assert issubclass(fmesh.errors.UnpicklableObjectError, TypeError)
 
 
 def test_dry_runs_and_simulations() -> None:
@@ -218,7 +218,7 @@ def test_dry_runs_and_simulations() -> None:
         assert ctx.all_gather_object([5], mesh, "dp") == [[5], [5]]  # a dry run: this process's object
         assert ctx.broadcast_object({"a": 1}, mesh, "dp", src=1) == {"a": 1}
         assert ctx.shift(torch.ones(3), mesh, "pp").shape == (3,)
-        with pytest.raises(fmesh.UnpicklableObjectError, match="member"):
+        with pytest.raises(fmesh.errors.UnpicklableObjectError, match="member"):
             ctx.all_gather_object(threading.Lock(), mesh, "dp")
         before = ctx.stats()["groups_created"]
         with pytest.raises(ValueError, match=r"src=3 is an index within the group: valid 0\.\.1"):

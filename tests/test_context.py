@@ -203,8 +203,8 @@ def test_plan_and_materialize_on_fake_backend() -> None:
         assert "dp_cp" in str(done)
 
 
-AXIS_OVERRIDES = {"dp": fmesh.AxisOptions(timeout=17), "other": fmesh.AxisOptions(timeout=17),
-                  "y": fmesh.AxisOptions(timeout=5)}
+AXIS_OVERRIDES = {"dp": fmesh.context.AxisOptions(timeout=17), "other": fmesh.context.AxisOptions(timeout=17),
+                  "y": fmesh.context.AxisOptions(timeout=5)}
 
 
 def axis_overrides(ctx: Context) -> dict[str, object]:
@@ -228,4 +228,4 @@ def test_axis_options_are_part_of_the_group_key() -> None:
         assert result["created"] == 2
         assert result["timeouts"] == {"dp": 17.0, "x": 60.0, "other": 17.0}
     with pytest.raises(ValueError, match="unknown backend 'ncl'"):
-        fmesh.AxisOptions(backend="ncl")
+        fmesh.context.AxisOptions(backend="ncl")

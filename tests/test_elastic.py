@@ -185,7 +185,7 @@ def test_a_grown_size_one_axis_goes_where_make_mesh_puts_it() -> None:
 def test_the_lineage_is_a_value_and_survives_pickling() -> None:
     smaller = fmesh.without(fmesh.make_mesh((4, 2), ("dp", "tp")), [3], "dp")
     lineage = smaller.universe.lineage
-    assert lineage == fmesh.Lineage(fmesh.Universe(8), "dp", stride=2, old_size=4, coordinates=(0, 2, 3))
+    assert lineage == fmesh.mesh.Lineage(fmesh.Universe(8), "dp", stride=2, old_size=4, coordinates=(0, 2, 3))
     copy = pickle.loads(pickle.dumps(smaller))
     assert copy == smaller and fmesh.old_rank(copy, 2) == 4
     twice = fmesh.without(smaller, [0], "tp")

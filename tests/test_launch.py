@@ -50,7 +50,7 @@ def test_a_failing_rank_raises_its_exception_with_rank_and_traceback() -> None:
     assert time.monotonic() - started < 30
     assert caught.value.rank == 2  # type: ignore[attr-defined]
     cause = caught.value.__cause__
-    assert isinstance(cause, fmesh.RemoteTraceback)
+    assert isinstance(cause, fmesh.errors.RemoteTraceback)
     assert "on rank 2" in str(cause) and "in body" in str(cause) and "raise ValueError" in str(cause)
     assert not multiprocessing.active_children()
 

@@ -174,7 +174,7 @@ def test_a_mismatched_manifest_is_one_line_naming_the_field(change: Any, message
                                                             ) -> None:
     path = tmp_path / "m.json"
     path.write_text(json.dumps(tampered(change)))
-    with pytest.raises(fmesh.ManifestError) as error:
+    with pytest.raises(fmesh.errors.ManifestError) as error:
         load_manifest(path)
     text = str(error.value)
     assert "\n" not in text and text.startswith(f"{path}: ") and message in text
@@ -185,10 +185,10 @@ def test_unreadable_files_are_one_line(tmp_path: pathlib.Path) -> None:
     bad.write_text("{not json")
     for path, message in [(bad, "not JSON: Expecting property name"), (tmp_path / "none.json", "cannot read it"),
                           (tmp_path, "cannot read it: Is a directory")]:
-        with pytest.raises(fmesh.ManifestError, match=message):
+        with pytest.raises(fmesh.errors.ManifestError, match=message):
             load_manifest(path)
     (tmp_path / "list.json").write_text("[]")
-    with pytest.raises(fmesh.ManifestError, match=f"with schema '{SCHEMA}', but got list"):
+    with pytest.raises(fmesh.errors.ManifestError, match=f"with schema '{SCHEMA}', but got list"):
         load_manifest(tmp_path / "list.json")
 
 

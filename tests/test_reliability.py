@@ -26,10 +26,12 @@ import pytest
 import torch
 
 import fmesh
-from fmesh import AxisOptions, Context
+from fmesh import Context
+from fmesh.context import AxisOptions
 from fmesh.context.launch import free_port
 from fmesh.context.rendezvous import FAILED, Report
 from fmesh.context.world import check_launcher_environment
+from fmesh.errors import FileDescriptorWarning
 
 Outcome = tuple[str, float, str]  # (what happened: an error's class name or "ok", seconds it took, message)
 
@@ -339,7 +341,7 @@ def test_running_out_of_file_descriptors_warns_then_fails_clearly_on_every_rank(
                     made += 1
 
             outcome = timed(make_all)
-        return outcome, made, [str(w.message) for w in seen if issubclass(w.category, fmesh.FileDescriptorWarning)]
+        return outcome, made, [str(w.message) for w in seen if issubclass(w.category, FileDescriptorWarning)]
 
     options = {axis: AxisOptions(timeout=30 + i) for i, axis in enumerate(axes)}
     (zero, made0, _), (one, made1, warned) = launch(body, 2, axis_options=options)

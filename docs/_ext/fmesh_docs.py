@@ -26,14 +26,17 @@ import fmesh
 
 
 def public_modules() -> list[types.ModuleType]:
-    """The modules with a page: :mod:`fmesh.plan` and each of its modules, the pictures (:mod:`fmesh.rendering`)
-    and :mod:`fmesh.layout` (the algebra's own functions)."""
+    """The modules whose names are public beside the front door: the values' (:mod:`fmesh.mesh`), the Context's
+    (:mod:`fmesh.context`), :mod:`fmesh.errors`, :mod:`fmesh.plan` and each of its modules, the pictures
+    (:mod:`fmesh.rendering`) and :mod:`fmesh.layout` (the algebra's own functions)."""
+    import fmesh.context
     import fmesh.layout
+    import fmesh.mesh
     import fmesh.plan
     import fmesh.rendering
 
     plan = [getattr(fmesh.plan, name) for name in fmesh.plan.__all__]
-    return [fmesh.plan, *plan, fmesh.rendering, fmesh.layout]
+    return [fmesh.mesh, fmesh.context, fmesh.errors, fmesh.plan, *plan, fmesh.rendering, fmesh.layout]
 
 
 def public_paths() -> dict[int, str]:
@@ -139,7 +142,8 @@ class ErrorCatalogue(SphinxDirective):
             cls = getattr(fmesh.errors, name)
             summary = " ".join(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].split())
             base = cls.__mro__[1].__name__
-            lines += [f"   * - :class:`fmesh.{name}`", f"     - ``{base}``", f"     - {summary}"]
+            path = f"fmesh.{name}" if name in fmesh.__all__ else f"fmesh.errors.{name}"
+            lines += [f"   * - :class:`{path}`", f"     - ``{base}``", f"     - {summary}"]
         container = nodes.container()
         self.state.nested_parse(StringList(lines, source="fmesh.errors"), self.content_offset, container)
         return container.children

@@ -10,7 +10,7 @@ do the peers' (their connection closes), who then name this rank. Listening sock
 
 It also keeps the process from running out of file descriptors silently: :func:`descriptor_budget`
 says how many are open and the limit, and :meth:`Connections.check_room` warns past 80% of the limit
-and raises :class:`~fmesh.FileDescriptorLimitError` before a group that would not fit.
+and raises :class:`~fmesh.errors.FileDescriptorLimitError` before a group that would not fit.
 
 >>> connections = Connections()
 >>> connections.halted.is_set(), len(connections)
@@ -99,7 +99,7 @@ class Connections:
         self._sockets[name] = sockets
 
     def check_room(self, size: int, held: int, what: str) -> None:
-        """Warn once past :data:`WARN_SHARE` of the descriptor limit; :class:`~fmesh.FileDescriptorLimitError`
+        """Warn once past :data:`WARN_SHARE` of the descriptor limit; :class:`~fmesh.errors.FileDescriptorLimitError`
         if a group of ``size`` would leave fewer than :data:`RESERVE` (``held`` groups exist)."""
         used, limit = descriptor_budget()
         need = group_cost(size)

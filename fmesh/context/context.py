@@ -403,7 +403,7 @@ class Context:
         """Every member's picklable ``obj``, in group (coordinate) order.
 
         The objects travel as byte tensors on the context's device (NCCL too). An object that cannot be
-        pickled raises :class:`~fmesh.UnpicklableObjectError` on every member, naming the member. On the
+        pickled raises :class:`~fmesh.errors.UnpicklableObjectError` on every member, naming the member. On the
         fake backend (a dry run, :func:`fmesh.simulate`) every member's object is this process's ``obj``.
 
         >>> import fmesh
@@ -420,7 +420,7 @@ class Context:
         """Member ``src``'s picklable ``obj`` (``src`` an index within the group) on every member; the
         others' ``obj`` is not read. ``src`` gets its own ``obj`` back, the others a copy.
 
-        An object that cannot be pickled raises :class:`~fmesh.UnpicklableObjectError` on every member.
+        An object that cannot be pickled raises :class:`~fmesh.errors.UnpicklableObjectError` on every member.
         On the fake backend every member gets this process's ``obj``.
 
         >>> import fmesh

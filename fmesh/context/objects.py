@@ -4,7 +4,7 @@ Each collective moves the sizes first, then the bytes padded to the largest size
 every backend that moves tensors (gloo on the CPU, NCCL on the GPU). A member whose object cannot be
 pickled still takes part: it sends a negative size, ``-(len(reason) + 1)``, and the text of its
 error in place of the bytes, so every member learns of the failure from the same two collectives and
-raises :class:`~fmesh.UnpicklableObjectError` naming the members that failed. Nobody waits for a
+raises :class:`~fmesh.errors.UnpicklableObjectError` naming the members that failed. Nobody waits for a
 member that gave up.
 
 >>> import threading

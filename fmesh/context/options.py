@@ -192,14 +192,15 @@ class GroupSettings:
         """Normalise the Context's arguments (``ValueError``/``TypeError`` naming any bad one); the
         backend is the world's, set with ``attrs.evolve`` once the default group is known."""
         if axis_options is not None and not isinstance(axis_options, Mapping):
-            raise TypeError(f"axis_options must map axis names (str) to fmesh.AxisOptions, got {axis_options!r}")
+            raise TypeError(f"axis_options must map axis names (str) to fmesh.context.AxisOptions, "
+                            f"got {axis_options!r}")
         overrides = dict(axis_options or {})
         for axis, override in overrides.items():
             if not isinstance(axis, str):
                 raise TypeError(f"axis_options keys are axis names (str), but got {axis!r} "
-                                f"({type(axis).__name__}); write axis_options={{'tp': fmesh.AxisOptions(...)}}")
+                                f"({type(axis).__name__}); write axis_options={{'tp': fmesh.context.AxisOptions(...)}}")
             if not isinstance(override, AxisOptions):
-                raise TypeError(f"axis_options[{axis!r}] must be fmesh.AxisOptions, got {override!r}")
+                raise TypeError(f"axis_options[{axis!r}] must be fmesh.context.AxisOptions, got {override!r}")
         return cls(backend, options, describe_options(options), _required(normalize_timeout(timeout)), overrides,
                    _required(normalize_timeout(creation_timeout, DEFAULT_CREATION_TIMEOUT)))
 

@@ -355,12 +355,12 @@ def _check_communicator(entry: Any, index: int, world: int, backend: str, source
 
 
 def check_manifest(data: Any, source: str = "manifest") -> Any:
-    """``data`` itself if it is a valid manifest, else :class:`~fmesh.ManifestError` in one line.
+    """``data`` itself if it is a valid manifest, else :class:`~fmesh.errors.ManifestError` in one line.
 
     >>> check_manifest({"schema": "fmesh.manifest/2"}, "a.json")
     Traceback (most recent call last):
     ...
-    fmesh.ManifestError: a.json: expected schema 'fmesh.manifest/1', but got 'fmesh.manifest/2'
+    fmesh.errors.ManifestError: a.json: expected schema 'fmesh.manifest/1', but got 'fmesh.manifest/2'
     """
     if not isinstance(data, Mapping):
         raise _fail(source, f"expected a JSON object with schema {SCHEMA!r}, but got {type(data).__name__}")
@@ -405,12 +405,12 @@ def check_manifest(data: Any, source: str = "manifest") -> Any:
 
 
 def load_manifest(path: str | pathlib.Path) -> dict[str, Any]:
-    """Read and check the manifest in ``path``; :class:`~fmesh.ManifestError` in one line if it cannot.
+    """Read and check the manifest in ``path``; :class:`~fmesh.errors.ManifestError` in one line if it cannot.
 
     >>> load_manifest("/nonexistent.json")
     Traceback (most recent call last):
     ...
-    fmesh.ManifestError: /nonexistent.json: cannot read it: No such file or directory
+    fmesh.errors.ManifestError: /nonexistent.json: cannot read it: No such file or directory
     """
     source = str(path)
     try:

@@ -2,7 +2,7 @@
 loads, as a pure plan made before anything is torn down.
 
 :func:`plan_recovery` compares the meshes of a job before a loss with those after it (the meshes that
-:func:`fmesh.without` or :func:`fmesh.plan.rescale.scale_down` made, whose universe's :class:`~fmesh.Lineage` maps
+:func:`fmesh.without` or :func:`fmesh.plan.rescale.scale_down` made, whose universe's :class:`~fmesh.mesh.Lineage` maps
 each new rank to its old one). It takes each distinct communicator of the new job (as
 :func:`fmesh.plan.communicators.plan_communicators` lists them; groups of one rank need none) and reads its groups
 in the old numbering:
