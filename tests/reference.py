@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fmesh import Mesh
+
 
 class RefMesh:
     def __init__(self, names: Sequence[str], slots: np.ndarray, rank_map: Sequence[int]) -> None:
@@ -131,3 +133,8 @@ def concat(*meshes: RefMesh) -> RefMesh:
             grid[index] = slot
         instances.append(grid)
     return RefMesh(names, np.stack(instances), meshes[0].rank_map)
+
+
+def dropped_coordinates(mesh: Mesh, lost: Sequence[int], axis: str) -> set[int]:
+    position = mesh.axis_index(axis)
+    return {coordinate[position] for coordinate in map(mesh.coordinate, lost) if coordinate is not None}

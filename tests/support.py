@@ -4,7 +4,11 @@ moves, and the answers collectives must give along a group (an oracle computed f
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import pathlib
+import random
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -15,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import fmesh
-from fmesh import Context
+from fmesh import Context, Mesh
 
 
 def patience(seconds: float, processes: int = 1) -> float:
@@ -168,3 +172,43 @@ def collective_answers(rank: int, group: Sequence[int]) -> dict[str, list[Any]]:
         "broadcast": [group[-1]],
         "all_to_all": [1000 * r + me for r in group],
     }
+
+
+# ------------------------------------------------------- meshes the Context tests share
+
+MESHES = {
+    4: [((2, 2), ("dp", "tp"), None), ((2, 2), ("dp", "tp"), [3, 0, 2, 1]),
+        ((2, 1, 2), ("pp", "dp", "tp"), [1, 3, 0, 2])],
+    8: [((2, 4), ("dp", "tp"), None), ((2, 2, 2), ("pp", "dp", "tp"), None),
+        ((2, 2, 2), ("pp", "dp", "tp"), [5, 2, 7, 0, 3, 6, 1, 4])],
+}
+
+
+def axis_sets(mesh: Mesh) -> list[tuple[str, ...]]:
+    return [(n,) for n in mesh.axis_names] + list(itertools.permutations(mesh.axis_names, 2))
+
+
+def random_perm(rng: random.Random, n: int) -> list[tuple[int, int]]:
+    """A random partial permutation of ``range(n)``: k sources paired with k distinct destinations."""
+    k = rng.randint(0, n)
+    return list(zip(rng.sample(range(n), k), rng.sample(range(n), k), strict=True))
+
+
+def shift_perm(n: int, offset: int, wrap: bool) -> list[tuple[int, int]]:
+    """The pairs ``shift`` means, written out: every i sends to i + offset (around the ring with wrap)."""
+    if wrap:
+        return [(i, (i + offset) % n) for i in range(n)]
+    return [(i, i + offset) for i in range(n) if 0 <= i + offset < n]
+
+
+def one_axis_views(mesh: Mesh) -> list[tuple[Mesh, str, tuple[str, ...]]]:
+    """Every axis, and every ordered pair of axes flattened into one: (mesh, axis, the original axes)."""
+    views = [(mesh, name, (name,)) for name in mesh.axis_names]
+    for pair in axis_sets(mesh)[mesh.ndim:]:
+        views.append((fmesh.flatten(mesh, pair, "pair"), "pair", pair))
+    return views
+
+
+def losses(path: pathlib.Path) -> tuple[int, list[float]]:
+    data = json.loads(path.read_text())
+    return data["start"], data["losses"]

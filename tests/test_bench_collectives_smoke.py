@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "collectives.py"
 
 

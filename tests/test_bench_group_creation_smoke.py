@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "group_creation.py"
 
 

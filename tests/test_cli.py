@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 from fmesh.cli import main
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str) -> tuple[int, str, str]:

@@ -13,11 +13,12 @@ import pathlib
 import sys
 
 import pytest
+from paths import DATA
 
 from fmesh.cli import main
 from fmesh.plan.manifest import Manifest
 
-FIXTURE = pathlib.Path(__file__).parent / "data" / "cli_golden.json"
+FIXTURE = DATA / "cli_golden.json"
 PLANS = (
     "--world-size 16 --gpus-per-node 8 --tp 8",
     "--world-size 64 --gpus-per-node 8 --dp-replicate 2 --cp 2 --tp 4 --backend gloo",

@@ -19,23 +19,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import launch, succeeded
-from test_context import MESHES, axis_sets
+from support import MESHES, axis_sets, launch, one_axis_views, random_perm, shift_perm, succeeded
 
 import fmesh
-from fmesh import Context, Mesh
+from fmesh import Context
 from fmesh.context.permute import check_perm
 
 
 def obj_of(rank: int) -> dict[str, Any]:
     """Rank ``rank``'s object: its size differs from rank to rank."""
     return {"rank": rank, "words": ["w" * (7 * rank + 1)] * (rank % 3 + 1), "nested": (rank, {rank: [rank] * rank})}
-
-
-def random_perm(rng: random.Random, n: int) -> list[tuple[int, int]]:
-    """A random partial permutation of ``range(n)``: k sources paired with k distinct destinations."""
-    k = rng.randint(0, n)
-    return list(zip(rng.sample(range(n), k), rng.sample(range(n), k), strict=True))
 
 
 def expected_permute(rank: int, group: tuple[int, ...], perm: list[tuple[int, int]]) -> torch.Tensor:
@@ -47,21 +40,6 @@ def expected_permute(rank: int, group: tuple[int, ...], perm: list[tuple[int, in
 
 def payload(rank: int) -> torch.Tensor:
     return torch.arange(6, dtype=torch.float).reshape(2, 3) + 100 * rank
-
-
-def shift_perm(n: int, offset: int, wrap: bool) -> list[tuple[int, int]]:
-    """The pairs ``shift`` means, written out: every i sends to i + offset (around the ring with wrap)."""
-    if wrap:
-        return [(i, (i + offset) % n) for i in range(n)]
-    return [(i, i + offset) for i in range(n) if 0 <= i + offset < n]
-
-
-def one_axis_views(mesh: Mesh) -> list[tuple[Mesh, str, tuple[str, ...]]]:
-    """Every axis, and every ordered pair of axes flattened into one: (mesh, axis, the original axes)."""
-    views = [(mesh, name, (name,)) for name in mesh.axis_names]
-    for pair in axis_sets(mesh)[mesh.ndim:]:
-        views.append((fmesh.flatten(mesh, pair, "pair"), "pair", pair))
-    return views
 
 
 def check_new_calls(ctx: Context) -> dict[str, Any]:

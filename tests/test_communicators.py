@@ -7,7 +7,7 @@ import itertools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_mesh import steps
+from strategies import steps
 
 import fmesh
 from fmesh.plan.communicators import Request, plan_communicators, requests_of

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo
-from test_context import launch, succeeded
+from support import launch, succeeded
 
 import fmesh
 from fmesh import Context

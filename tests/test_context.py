@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
 from datetime import timedelta
 
 import pytest
 import torch
-from support import collective_answers, collective_inputs, launch, succeeded
+from support import MESHES, axis_sets, collective_answers, collective_inputs, launch, succeeded
 
 import fmesh
-from fmesh import Context, Mesh
-
-MESHES = {
-    4: [((2, 2), ("dp", "tp"), None), ((2, 2), ("dp", "tp"), [3, 0, 2, 1]),
-        ((2, 1, 2), ("pp", "dp", "tp"), [1, 3, 0, 2])],
-    8: [((2, 4), ("dp", "tp"), None), ((2, 2, 2), ("pp", "dp", "tp"), None),
-        ((2, 2, 2), ("pp", "dp", "tp"), [5, 2, 7, 0, 3, 6, 1, 4])],
-}
-
-
-def axis_sets(mesh: Mesh) -> list[tuple[str, ...]]:
-    return [(n,) for n in mesh.axis_names] + list(itertools.permutations(mesh.axis_names, 2))
+from fmesh import Context
 
 
 def check_collectives(ctx: Context) -> list[str]:

@@ -5,16 +5,14 @@ processes is told so."""
 from __future__ import annotations
 
 import importlib.util
-import pathlib
 from types import ModuleType
 
 import pytest
 import torch
+from paths import ROOT
 
 import fmesh
 from fmesh.context.world import local_gpu
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def load_training_example() -> ModuleType:
@@ -52,7 +50,6 @@ def test_more_local_processes_than_gpus_is_one_clear_error() -> None:
         with pytest.raises(ValueError, match=r"a GPU for each of the 2 processes on this host, but it has 1 "
                                              r"visible \(CUDA_VISIBLE_DEVICES=0\).*--nproc-per-node 1.*'gloo'"):
             local_gpu({"LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "0"}, count=1)
-
 
 
 def test_each_rank_may_name_its_own_gpu_and_none_past_the_visible_ones(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,10 +12,10 @@ import sys
 import types
 
 import pytest
+from paths import ROOT
 
 import fmesh
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 
 pytest.importorskip("sphinx", reason="the docs packages come with the test extra: pip install -e '.[test]'")

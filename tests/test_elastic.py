@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import doctest
 import math
-import pathlib
 import pickle
 import re
 import subprocess
@@ -17,6 +16,9 @@ from collections.abc import Callable, Sequence
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from paths import ROOT
+from reference import dropped_coordinates
+from strategies import jobs, lost_ranks, meshes
 
 import fmesh
 from fmesh.plan.parallel import MESH_NAMES
@@ -26,11 +28,6 @@ EXPERT_MESHES = ("ep", "efsdp", "etp")
 
 
 # ----------------------------------------------------------------- references
-
-
-def dropped_coordinates(mesh: fmesh.Mesh, lost: Sequence[int], axis: str) -> set[int]:
-    position = mesh.axis_index(axis)
-    return {coordinate[position] for coordinate in map(mesh.coordinate, lost) if coordinate is not None}
 
 
 def survivors(mesh: fmesh.Mesh, lost: Sequence[int], axis: str) -> list[int]:
@@ -51,44 +48,6 @@ def through_rank_map(groups: Sequence[tuple[int, ...]], universe: fmesh.Universe
 
 
 # ----------------------------------------------------------------- strategies
-
-
-@st.composite
-def meshes(draw: st.DrawFn) -> fmesh.Mesh:
-    """A mesh of up to 4 axes over at most 64 ranks, maybe permuted, maybe sliced or with adjacent axes flattened."""
-    sizes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4).filter(lambda s: math.prod(s) <= 64))
-    names = tuple("abcd"[: len(sizes)])
-    world = math.prod(sizes)
-    rank_map = draw(st.one_of(st.none(), st.permutations(range(world))))
-    mesh = fmesh.make_mesh(tuple(sizes), names, rank_map=rank_map)
-    how = draw(st.sampled_from(("root", "slice", "flatten")))
-    if how == "slice":
-        mesh = fmesh.slice(mesh, *draw(st.permutations(names).flatmap(lambda p: st.sampled_from(
-            [p[:k] for k in range(1, len(p) + 1)]))))
-    elif how == "flatten" and len(names) > 1:
-        start = draw(st.integers(0, len(names) - 2))
-        stop = draw(st.integers(start + 2, len(names)))
-        mesh = fmesh.flatten(mesh, names[start:stop], "flat")
-    return mesh
-
-
-@st.composite
-def jobs(draw: st.DrawFn) -> fmesh.ParallelDims:
-    """ParallelDims of at most 64 ranks, with expert parallelism where the degrees allow it."""
-    pp, replicate, shard = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 6))
-    cp, tp = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
-    world = pp * replicate * shard * cp * tp
-    assume(world <= 64)
-    etp = draw(st.sampled_from((1, tp)))
-    region = shard * cp * (tp if etp == 1 else 1)
-    ep = draw(st.sampled_from([d for d in range(1, region + 1) if region % d == 0]))
-    rank_map = draw(st.one_of(st.none(), st.permutations(range(world))))
-    return fmesh.ParallelDims(world, pp=pp, dp_replicate=replicate, dp_shard=shard, cp=cp, tp=tp, ep=ep, etp=etp,
-                              rank_map=rank_map)
-
-
-def lost_ranks(world: int) -> st.SearchStrategy[list[int]]:
-    return st.lists(st.integers(0, world - 1), min_size=1, max_size=3)
 
 
 def restarted(dims: fmesh.ParallelDims, axis: str, size: int) -> fmesh.ParallelDims:
@@ -327,6 +286,6 @@ def test_the_elastic_algebra_runs_without_torch() -> None:
 
 
 def test_the_guide_examples_are_true() -> None:
-    guide = pathlib.Path(__file__).resolve().parent.parent / "docs" / "guides" / "elastic.md"
+    guide = ROOT / "docs" / "guides" / "elastic.md"
     outcome = doctest.testfile(str(guide), module_relative=False, optionflags=doctest.ELLIPSIS)
     assert outcome.attempted >= 10 and outcome.failed == 0

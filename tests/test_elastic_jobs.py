@@ -10,9 +10,12 @@ import subprocess
 import sys
 
 import pytest
-from test_train import ROOT, SCRIPT, losses
+from paths import ROOT
+from support import losses
 
 pytestmark = pytest.mark.slow  # subprocess runs of the examples: left out of the quick subset (-m "not slow")
+SCRIPT = ROOT / "examples" / "train.py"
+
 
 def test_elastic_mode_loses_a_rank_and_trains_on_from_the_resharded_checkpoint(tmp_path: pathlib.Path) -> None:
     """4 ranks in one process (fmesh.launch), rank 3 exits at step 5; the 3 survivors recover, load the step-4

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_gpu_check_runs_its_checks_on_the_cpu() -> None:

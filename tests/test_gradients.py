@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_collective_interface import one_axis_views, random_perm, shift_perm
-from test_context import MESHES, axis_sets, launch, succeeded
+from support import MESHES, axis_sets, launch, one_axis_views, random_perm, shift_perm, succeeded
 
 import fmesh
 from fmesh import Context, Mesh

@@ -11,100 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import RefMesh
-from reference import concat as ref_concat
+from strategies import factorizations, roots, runs, steps
 
 import fmesh
 from fmesh import Layout, Mesh
-
-NAMES = "abcde"
-
-
-@st.composite
-def roots(draw: st.DrawFn, max_world: int = 256, min_size: int = 1, max_size: int = 5,
-          least: int = 1) -> tuple[Mesh, RefMesh]:
-    sizes = draw(st.lists(st.integers(least, 6), min_size=min_size, max_size=max_size)
-                 .filter(lambda s: math.prod(s) <= max_world))
-    names = NAMES[: len(sizes)]
-    world = math.prod(sizes)
-    rank_map = draw(st.one_of(st.none(), st.permutations(range(world))))
-    return fmesh.make_mesh(sizes, tuple(names), rank_map=rank_map), RefMesh.root(sizes, names, rank_map)
-
-
-def factorizations(n: int) -> list[tuple[int, ...]]:
-    result = [(d, n // d) for d in range(1, n + 1) if n % d == 0]
-    result += [(a, b, n // (a * b)) for a, b in itertools.product(range(1, n + 1), repeat=2) if n % (a * b) == 0]
-    return result
-
-
-def uneven_splits(mesh: Mesh) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
-    """``(axes, sizes)``: flattening ``axes`` (strided: not in the mesh's order, or not adjacent) and splitting
-    the result into ``sizes`` re-indexes the universe (a frame). Empty when this mesh has no such split."""
-    found = []
-    for axes in itertools.permutations(mesh.axis_names, 2):
-        if any(mesh.shape[a] == 1 for a in axes):
-            continue
-        flat = fmesh.flatten(mesh, axes, "uneven")
-        for sizes in factorizations(flat.shape["uneven"]):
-            if len(sizes) == 2 and 1 not in sizes and fmesh.unflatten(flat, "uneven", {"u0": sizes[0],
-                                                                                       "u1": sizes[1]}).frame:
-                found.append((axes, sizes))
-    return found
-
-
-@st.composite
-def runs(draw: st.DrawFn) -> tuple[Mesh, RefMesh, bool]:
-    """A root, in two draws of three an uneven split first (the frames random ops alone almost never reach), then
-    1-4 random operations; and whether any step of it had a frame."""
-    fresh = iter(f"n{i}" for i in range(100))
-    framed = False
-    splits: list[tuple[tuple[str, ...], tuple[int, ...]]] = []
-    if draw(st.sampled_from((True, True, False))):  # a root with an uneven split (2-6 × 2-6, factored otherwise)
-        mesh, ref = draw(roots(min_size=2, max_size=3, least=2))
-        splits = uneven_splits(mesh)
-    else:
-        mesh, ref = draw(roots())
-    if splits:
-        axes, sizes = draw(st.sampled_from(splits))
-        merged, new = next(fresh), {next(fresh): sizes[0], next(fresh): sizes[1]}
-        mesh = fmesh.unflatten(fmesh.flatten(mesh, axes, merged), merged, new)
-        ref = ref.flatten(axes, merged).unflatten(merged, new)
-        framed = True
-    for _ in range(draw(st.integers(1, 4))):
-        op = draw(st.sampled_from(["slice", "flatten", "unflatten", "select", "rename", "concat"]))
-        names = list(mesh.axis_names)
-        if op == "slice":
-            kept = draw(st.lists(st.sampled_from(names), min_size=1, unique=True))
-            mesh, ref = fmesh.slice(mesh, *kept), ref.slice(*kept)
-        elif op == "flatten":
-            merged = draw(st.lists(st.sampled_from(names), min_size=1, unique=True))
-            name = next(fresh)
-            mesh, ref = fmesh.flatten(mesh, merged, name), ref.flatten(merged, name)
-        elif op == "unflatten":
-            axis = draw(st.sampled_from(names))
-            sizes = draw(st.sampled_from(factorizations(mesh.shape[axis])))
-            new = {next(fresh): s for s in sizes}
-            mesh, ref = fmesh.unflatten(mesh, axis, new), ref.unflatten(axis, new)
-        elif op == "select" and len(names) > 1:
-            axis = draw(st.sampled_from(names))
-            c = draw(st.integers(0, mesh.shape[axis] - 1))
-            mesh, ref = fmesh.select(mesh, **{axis: c}), ref.select(**{axis: c})
-        elif op == "rename":
-            axis = draw(st.sampled_from(names))
-            new_name = next(fresh)
-            mesh, ref = fmesh.rename(mesh, {axis: new_name}), ref.rename({axis: new_name})
-        elif op == "concat" and len(names) > 1:
-            order = draw(st.permutations(names))
-            cut = draw(st.integers(1, len(names) - 1))
-            left, right = order[:cut], order[cut:]
-            mesh = fmesh.concat(fmesh.slice(mesh, *left), fmesh.slice(mesh, *right))
-            ref = ref_concat(ref.slice(*left), ref.slice(*right))
-        framed = framed or bool(mesh.frame)
-    return mesh, ref, framed
-
-
-def steps() -> st.SearchStrategy[tuple[Mesh, RefMesh]]:
-    """A mesh after a random sequence of operations (:func:`runs`), and its reference."""
-    return runs().map(lambda run: (run[0], run[1]))
 
 
 def assert_agrees(mesh: Mesh, ref: RefMesh) -> None:

@@ -7,10 +7,11 @@ import pathlib
 
 import nbformat
 import pytest
+from paths import ROOT
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
-FOLDER = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+FOLDER = ROOT / "notebooks"
 NOTEBOOKS = sorted(FOLDER.glob("*.ipynb"))
 _spec = importlib.util.spec_from_file_location("notebook_build", FOLDER / "build.py")
 assert _spec is not None and _spec.loader is not None

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
+from paths import ROOT
 
 import fmesh
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
 BASH_BLOCKS = re.findall(r"```bash\n(.*?)```", README, flags=re.S)

@@ -14,7 +14,8 @@ from fractions import Fraction
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from test_elastic import dropped_coordinates, jobs, lost_ranks, meshes
+from reference import dropped_coordinates
+from strategies import jobs, lost_ranks, meshes
 
 import fmesh
 from fmesh.plan import recovery

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import io
 import json
-import pathlib
 import sys
 
 import pytest
+from paths import DATA
 
 from fmesh.cli import main
 
-FIXTURE = pathlib.Path(__file__).parent / "data" / "recovery_golden.json"
+FIXTURE = DATA / "recovery_golden.json"
 HSDP = "--world-size 32 --gpus-per-node 8 --pp 2 --dp-replicate 2 --dp-shard 4 --tp 2"
 SMALLER = "--world-size 24 --gpus-per-node 8 --pp 2 --dp-replicate 2 --dp-shard 3 --tp 2"
 COMMANDS = (

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_context import launch, succeeded
+from support import launch, succeeded
 
 import fmesh
 from fmesh import Context

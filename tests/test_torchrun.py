@@ -6,14 +6,13 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from paths import ROOT, TESTS
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = Path(__file__).resolve().parent / "torchrun_script.py"
+SCRIPT = TESTS / "torchrun_script.py"
 
 
 def test_context_from_env_under_torchrun() -> None:

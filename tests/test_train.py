@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
+from paths import ROOT
+from support import losses
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "train.py"
 COMMON = ("--steps", "8", "--seq-len", "16", "--dim", "32", "--log-every", "1")
 TOLERANCE = 1e-4  # FSDP and TP reduce in another order than one process: float32 rounding only
@@ -35,11 +35,6 @@ def succeeded(runs: dict[str, object], *names: str) -> pathlib.Path:
     tmp = runs["tmp"]
     assert isinstance(tmp, pathlib.Path)
     return tmp
-
-
-def losses(path: pathlib.Path) -> tuple[int, list[float]]:
-    data = json.loads(path.read_text())
-    return data["start"], data["losses"]
 
 
 @pytest.fixture(scope="module")
