@@ -55,7 +55,7 @@ copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True
 
 # -n: every reference must resolve. Only types of other projects, for which no inventory is available offline,
-# are ignored, by pattern; fmesh's own names are never ignored (tests/test_docs.py checks this list).
+# are ignored, by pattern; fmesh's own names are never ignored (tests/system/test_docs.py checks this list).
 nitpicky = True
 nitpick_ignore_regex = [
     ("py:.*", r"torch(\..*)?"),
@@ -68,4 +68,4 @@ nitpick_ignore_regex = [
 ]
 suppress_warnings: list[str] = []
 
-assert fmesh.__all__  # the reference lists every name of it (tests/test_docs.py)
+assert fmesh.__all__  # the reference lists every name of it (tests/system/test_docs.py)

@@ -3,7 +3,7 @@
     python notebooks/build.py            # rebuild and execute all three
     python notebooks/build.py --check    # execute the committed ones, fail on any error
 
-The cells live here, in one place; ``tests/test_notebooks.py`` runs the committed notebooks.
+The cells live here, in one place; ``tests/system/test_notebooks.py`` runs the committed notebooks.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""Shared test set-up: ``tests/`` on the path (for ``reference``, ``architecture``, ``fake_torch``)
-and the one hypothesis profile every property test runs under."""
+"""Shared test set-up: ``tests/`` on the path, so that the test files in every folder (``values/``, ``plan/``,
+``context/``, ``system/``) import the support modules kept here (``paths``, ``strategies``, ``reference``,
+``laws``, ``support``, ``fake_torch``, ``architecture``), and the one hypothesis profile every property test
+runs under."""
 
 import os
 import sys

@@ -1,4 +1,4 @@
-"""Launched by tests/test_torchrun.py with ``torchrun --nproc-per-node 4``: an all_reduce along each
+"""Launched by tests/system/test_torchrun.py with ``torchrun --nproc-per-node 4``: an all_reduce along each
 axis of a 2x2 mesh through ``fmesh.Context.from_env()``; one line per rank on success."""
 
 from __future__ import annotations

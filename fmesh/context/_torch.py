@@ -19,7 +19,7 @@
   ``_register_process_group`` / ``_unregister_process_group`` and ``_abort_process_group(None)``: a group
   that lost no member is taken out of torch's registry while every other group and the default group are
   aborted in one call, and put back, renumbered, once the default group is made again over the survivors.
-* The per-version layer, where releases differ (each pinned by ``tests/test_torch_private.py``):
+* The per-version layer, where releases differ (each pinned by ``tests/context/test_torch_private.py``):
 
   ============================  ==========================================  ==========================================
   what                          torch 2.10 - 2.12                           torch 2.13 - 2.15
@@ -40,9 +40,9 @@
                                                                             Context
   ============================  ==========================================  ==========================================
 
-No other fmesh module names anything private of torch; ``tests/test_architecture.py`` checks it.
+No other fmesh module names anything private of torch; ``tests/system/test_architecture.py`` checks it.
 
-``tests/test_torch_private.py`` pins each assumption made here.
+``tests/context/test_torch_private.py`` pins each assumption made here.
 """
 
 from __future__ import annotations

@@ -608,7 +608,7 @@ class Context:
         recover after the collective that failed, not while another runs.
 
         A whole job, a rank killed and the survivors going on, is in the guide (*Elastic meshes*) and in
-        ``tests/test_context_recovery.py``. The lost ranks are checked first, before anything is touched:
+        ``tests/context/test_context_recovery.py``. The lost ranks are checked first, before anything is touched:
 
         >>> with Context.fake(4, rank=0) as ctx:
         ...     ctx.recover([0])

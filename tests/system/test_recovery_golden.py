@@ -1,7 +1,8 @@
 """``plan --lose`` and ``diff --lose``: the recovery plan's text and JSON, byte for byte, against
 tests/data/recovery_golden.json, and their bad input (one line, exit 2).
 
-``python tests/test_recovery_golden.py`` rewrites the fixture; do that only when a change of output is meant.
+``PYTHONPATH=tests python tests/system/test_recovery_golden.py`` rewrites the fixture; do that only when a change of
+output is meant.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The manifest file and the CLI's output, byte for byte, against tests/data/cli_golden.json.
 
-The fixture was written by the code before plans became typed records (``python tests/test_cli_golden.py``
-rewrites it; do that only when a change of output is meant): the ``fmesh.manifest/1`` files a job wrote
-yesterday must read the same today.
+The fixture was written by the code before plans became typed records
+(``PYTHONPATH=tests python tests/system/test_cli_golden.py`` rewrites it; do that only when a change of output is
+meant): the ``fmesh.manifest/1`` files a job wrote yesterday must read the same today.
 """
 
 from __future__ import annotations
