@@ -23,6 +23,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "sphinx.ext.doctest",
+    "sphinx.ext.viewcode",  # a [source] link beside every documented object
     "myst_nb",
     "sphinx_copybutton",
     "fmesh_docs",

@@ -197,8 +197,14 @@ class GroupRegistry:
             found = None
         if found is None:  # outside the except block: a user's mistake carries no internal cache miss
             return self._new_target(mesh, axes)
-        self._hits += 1
+        self._count_hit()
         return found
+
+    def _count_hit(self) -> None:
+        """One more cache hit, counted in eager code only: a counter written while Dynamo traces becomes a guard
+        on its value, which fails on the next call (a recompile every call)."""
+        if not torch.compiler.is_compiling():
+            self._hits += 1
 
     def _new_target(self, mesh: Mesh, axes: AxesArg) -> Target:
         self.check_open()
@@ -209,7 +215,7 @@ class GroupRegistry:
             self._check_ascending(mesh, names)
         made = Target(mesh, names, ranks, self.spec(names, ranks), member=ranks.index(self._world.rank))
         if made.spec in self._groups:  # another mesh already made this group: shared
-            self._hits += 1
+            self._count_hit()
         self._targets[(mesh, names)] = made
         return made
 
@@ -239,7 +245,7 @@ class GroupRegistry:
         # The thread check is eager's: a compiled region runs on the thread that traced it.
         if not torch.compiler.is_compiling() and (self._owner is None or self._owner[0] != threading.get_ident()):
             self.claim()
-        self._hits += 1
+        self._count_hit()
         return found
 
     def _resolve_by_identity(self, mesh: Mesh, axes: AxesArg) -> tuple[Target, dist.ProcessGroup | None]:

@@ -199,6 +199,9 @@ class GroupSettings:
             if not isinstance(axis, str):
                 raise TypeError(f"axis_options keys are axis names (str), but got {axis!r} "
                                 f"({type(axis).__name__}); write axis_options={{'tp': fmesh.context.AxisOptions(...)}}")
+            if not axis:
+                raise ValueError("axis_options keys are axis names, but got the empty name '' (no axis is named ''); "
+                                 "write axis_options={'tp': fmesh.context.AxisOptions(...)}")
             if not isinstance(override, AxisOptions):
                 raise TypeError(f"axis_options[{axis!r}] must be fmesh.context.AxisOptions, got {override!r}")
         return cls(backend, options, describe_options(options), _required(normalize_timeout(timeout)), overrides,

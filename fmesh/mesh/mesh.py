@@ -13,6 +13,7 @@ layout modes; nothing is ever enumerated over the world.
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -41,6 +42,13 @@ if TYPE_CHECKING:
 AxesArg = str | Sequence[str] | None
 
 _EMPTY = Layout((), ())
+
+
+def _did_you_mean(name: str, choices: Sequence[str]) -> str:
+    """``"; did you mean 'tp'?"`` when a choice is close to ``name`` (a typo), else nothing."""
+    folded = [choice for choice in choices if choice.casefold() == name.casefold()]
+    close = folded or difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _canonical_layouts(layouts: Sequence[Layout]) -> tuple[Layout, ...]:
@@ -240,7 +248,8 @@ class Mesh:
         try:
             return self.axis_names.index(name)
         except ValueError:
-            raise KeyError(f"unknown axis {name!r}: this mesh has axes {self.axis_names}") from None
+            raise KeyError(f"unknown axis {name!r}: this mesh has axes {self.axis_names}"
+                           f"{_did_you_mean(name, self.axis_names)}") from None
 
     def axis_layout(self, name: str) -> Layout:
         """The layout of axis ``name`` over the universe's slots.

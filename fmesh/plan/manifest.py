@@ -404,6 +404,9 @@ def check_manifest(data: Any, source: str = "manifest") -> Any:
     return data
 
 
+MANIFEST_LIMIT = 64 << 20  # bytes read at most from a manifest file
+
+
 def load_manifest(path: str | pathlib.Path) -> dict[str, Any]:
     """Read and check the manifest in ``path``; :class:`~fmesh.errors.ManifestError` in one line if it cannot.
 
@@ -414,7 +417,12 @@ def load_manifest(path: str | pathlib.Path) -> dict[str, Any]:
     """
     source = str(path)
     try:
-        text = pathlib.Path(path).read_text()
+        with open(path, "rb") as file:  # at most one byte past the limit: /dev/zero must not fill the memory
+            data = file.read(MANIFEST_LIMIT + 1)
+        if len(data) > MANIFEST_LIMIT:
+            raise _fail(source, f"larger than {MANIFEST_LIMIT >> 20} MiB: not a manifest (a manifest lists layouts, "
+                                "not ranks; a million-rank job's is a few kB)")
+        text = data.decode()
     except (OSError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         raise _fail(source, f"cannot read it: {reason}") from None

@@ -167,7 +167,7 @@ class ParallelDims:
     >>> ParallelDims(8, dp_shard=3, tp=2)
     Traceback (most recent call last):
     ...
-    ValueError: the degrees do not multiply to world_size 8: pp(1) * dp_replicate(1) * dp_shard(3) * cp(1) * tp(2) = 6
+    ValueError: the degrees do not multiply to world_size 8: ... = 6; give one degree as -1 to infer it ...
     """
 
     world_size: int = attrs.field(validator=_check_world_size)
@@ -228,7 +228,8 @@ class ParallelDims:
         if total != self.world_size:
             raise ValueError(
                 f"the degrees do not multiply to world_size {self.world_size}: "
-                f"{_product_text(self, WORLD_AXES)} = {total}"
+                f"{_product_text(self, WORLD_AXES)} = {total}; give one degree as -1 to infer it "
+                f"(dp_shard=-1 is world_size // the others)"
             )
 
     def _check_expert(self) -> None:

@@ -53,6 +53,11 @@ def test_axis_options_are_normalised_where_they_enter() -> None:
         AxisOptions(timeout="5")
 
 
+def test_an_empty_axis_name_is_refused_in_axis_options() -> None:
+    with pytest.raises(ValueError, match=r"got the empty name ''.*axis_options=\{'tp'"):
+        fmesh.Context.fake(2, axis_options={"": AxisOptions(timeout=5)})
+
+
 def test_axes_are_normalised_once_and_cached_once() -> None:
     import torch
 

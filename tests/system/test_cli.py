@@ -243,3 +243,10 @@ def test_a_deeply_nested_manifest_is_one_line_and_status_2(tmp_path: Path, neste
     code, out, err = run("diff", str(deep), str(deep))
     assert code == 2 and out == ""
     assert err == f"fmesh diff: error: {deep}: not JSON: nested too deeply\n"
+
+
+def test_an_endless_file_is_one_line_and_status_2() -> None:
+    code, out, err = run("diff", "/dev/zero", "/dev/zero")
+    assert code == 2 and out == ""
+    assert err == "fmesh diff: error: /dev/zero: larger than 64 MiB: not a manifest (a manifest lists layouts, not " \
+                  "ranks; a million-rank job's is a few kB)\n"

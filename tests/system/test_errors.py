@@ -41,6 +41,8 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], tuple[str, ...]]] = [
     ("slice nothing", lambda: fmesh.slice(MESH), ValueError, ("at least one", "('dp', 'cp', 'tp')")),
     ("slice twice the same axis", lambda: fmesh.slice(MESH, "tp", "tp"), ValueError, ("'tp'", "more than once")),
     ("unknown axis in group", lambda: MESH.group(0, "ep"), KeyError, ("'ep'", "('dp', 'cp', 'tp')")),
+    ("a typo of an axis", lambda: MESH.group(0, "tpp"), KeyError, ("'tpp'", "did you mean 'tp'?")),
+    ("an axis in the wrong case", lambda: fmesh.slice(MESH, "DP"), KeyError, ("'DP'", "did you mean 'dp'?")),
     ("rank outside universe", lambda: MESH.group(16, "tp"), ValueError, ("16", "0..15")),
     ("negative rank", lambda: MESH.coordinate(-1), ValueError, ("-1", "0..15")),
     ("non-int rank", lambda: MESH.group("0", "tp"), TypeError, ("'0'", "int")),
