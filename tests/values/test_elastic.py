@@ -18,7 +18,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from paths import ROOT
 from reference import dropped_coordinates
-from strategies import jobs, lost_ranks, meshes
+from strategies import Reached, jobs, lost_ranks, meshes
 
 import fmesh
 from fmesh.plan.parallel import MESH_NAMES
@@ -102,24 +102,34 @@ def test_resize_grows_with_old_ranks_keeping_their_numbers_and_shrinks_back(data
     assert fmesh.without(larger, range(world, larger.world_size), axis) == mesh
 
 
-@given(st.data())
-def test_old_and_new_rank_are_inverse(data: st.DataObject) -> None:
-    mesh = data.draw(meshes())
-    axis = data.draw(st.sampled_from(mesh.axis_names))
-    if data.draw(st.booleans()):
-        lost = data.draw(lost_ranks(mesh.world_size))
-        assume(len(dropped_coordinates(mesh, lost, axis)) < mesh.shape[axis])
-        changed = fmesh.without(mesh, lost, axis)
-    else:
-        changed = fmesh.resize(mesh, axis, data.draw(st.integers(1, 6)))
-    for old in range(mesh.world_size):
-        new = fmesh.new_rank(changed, old)
-        assert new is None or fmesh.old_rank(changed, new) == old
-    for new in range(changed.world_size):
-        old = fmesh.old_rank(changed, new)
-        assert old is None or fmesh.new_rank(changed, old) == new
-    kept = [r for r in range(mesh.world_size) if fmesh.new_rank(changed, r) is not None]
-    assert sorted(fmesh.new_rank(changed, r) for r in kept) == list(range(len(kept)))  # type: ignore[type-var]
+def test_old_and_new_rank_are_inverse() -> None:
+    reached = Reached()
+
+    @given(st.data())
+    def law(data: st.DataObject) -> None:
+        mesh = data.draw(meshes())
+        axis = data.draw(st.sampled_from(mesh.axis_names))
+        if data.draw(st.booleans()):
+            lost = data.draw(lost_ranks(mesh.world_size))
+            assume(len(dropped_coordinates(mesh, lost, axis)) < mesh.shape[axis])
+            changed, how = fmesh.without(mesh, lost, axis), "without"
+        else:
+            size = data.draw(st.integers(1, 6))
+            changed = fmesh.resize(mesh, axis, size)
+            change = (size > mesh.shape[axis]) - (size < mesh.shape[axis])
+            how = {-1: "resize smaller", 0: "same", 1: "resize larger"}[change]
+        for old in range(mesh.world_size):
+            new = fmesh.new_rank(changed, old)
+            assert new is None or fmesh.old_rank(changed, new) == old
+        for new in range(changed.world_size):
+            old = fmesh.old_rank(changed, new)
+            assert old is None or fmesh.new_rank(changed, old) == new
+        kept = [r for r in range(mesh.world_size) if fmesh.new_rank(changed, r) is not None]
+        assert sorted(fmesh.new_rank(changed, r) for r in kept) == list(range(len(kept)))  # type: ignore[type-var]
+        reached.example(how)
+
+    law()
+    reached.floor({"without": 0.1, "resize smaller": 0.1, "resize larger": 0.1})
 
 
 def test_without_on_a_selected_mesh_drops_the_uncovered_ranks_slices_too() -> None:
@@ -154,33 +164,41 @@ def test_the_lineage_is_a_value_and_survives_pickling() -> None:
 # --------------------------------------------------------------- job laws
 
 
-@given(st.data())
-def test_shrink_equals_a_restarted_job_for_every_named_mesh(data: st.DataObject) -> None:
-    dims = data.draw(jobs())
-    axis = data.draw(st.sampled_from(("pp", "dp_replicate", "dp_shard")))
-    lost = data.draw(lost_ranks(dims.world_size))
-    world = dims.world_mesh
-    dropped = dropped_coordinates(world, lost, axis)
-    assume(len(dropped) < world.shape[axis])
-    try:
-        restart = restarted(dims, axis, world.shape[axis] - len(dropped))
-    except ValueError as error:  # the smaller degree leaves no valid expert layout: shrink says so
-        assert "ep=" in str(error)
-        with pytest.raises(ValueError, match=re.escape(f"{axis} {world.shape[axis]} -> ") + ".*ep="):
-            scale_down(dims, lost, axes=(axis,))
-        return
-    smaller = scale_down(dims, lost, axes=(axis,))
-    number = {rank: new for new, rank in enumerate(survivors(world, lost, axis))}
+def test_shrink_equals_a_restarted_job_for_every_named_mesh() -> None:
+    reached = Reached()
 
-    assert smaller.world_mesh == fmesh.without(world, lost, axis)
-    keeps_experts = axis != "dp_shard" or (dims.cp * dims.tp) % (dims.ep * dims.etp) == 0
-    for name in MESH_NAMES:
-        new_groups = smaller.mesh(name).groups()
-        assert new_groups == through_rank_map(restart.mesh(name).groups(), smaller.world_mesh.universe), name
-        if keeps_experts or name not in EXPERT_MESHES:
-            assert new_groups == renumbered(dims.mesh(name).groups(), number), name
-    for name in ("dp", "fsdp", "loss", "ep"):
-        assert fmesh.old_rank(smaller.mesh(name), 0) == min(number)
+    @given(st.data())
+    def law(data: st.DataObject) -> None:
+        dims = data.draw(jobs())
+        axis = data.draw(st.sampled_from(("pp", "dp_replicate", "dp_shard")))
+        lost = data.draw(lost_ranks(dims.world_size))
+        world = dims.world_mesh
+        dropped = dropped_coordinates(world, lost, axis)
+        assume(len(dropped) < world.shape[axis])
+        try:
+            restart = restarted(dims, axis, world.shape[axis] - len(dropped))
+        except ValueError as error:  # the smaller degree leaves no valid expert layout: shrink says so
+            assert "ep=" in str(error)
+            with pytest.raises(ValueError, match=re.escape(f"{axis} {world.shape[axis]} -> ") + ".*ep="):
+                scale_down(dims, lost, axes=(axis,))
+            reached.example("no expert layout")
+            return
+        smaller = scale_down(dims, lost, axes=(axis,))
+        number = {rank: new for new, rank in enumerate(survivors(world, lost, axis))}
+
+        assert smaller.world_mesh == fmesh.without(world, lost, axis)
+        keeps_experts = axis != "dp_shard" or (dims.cp * dims.tp) % (dims.ep * dims.etp) == 0
+        for name in MESH_NAMES:
+            new_groups = smaller.mesh(name).groups()
+            assert new_groups == through_rank_map(restart.mesh(name).groups(), smaller.world_mesh.universe), name
+            if keeps_experts or name not in EXPERT_MESHES:
+                assert new_groups == renumbered(dims.mesh(name).groups(), number), name
+        for name in ("dp", "fsdp", "loss", "ep"):
+            assert fmesh.old_rank(smaller.mesh(name), 0) == min(number)
+        reached.example(axis)
+
+    law()
+    reached.floor({"pp": 0.1, "dp_replicate": 0.1, "dp_shard": 0.1, "no expert layout": 0.02})
 
 
 @given(st.data())
