@@ -6,40 +6,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter
 
-from hypothesis import assume, event
+from hypothesis import assume
 from hypothesis import strategies as st
 from reference import RefMesh
 from reference import concat as ref_concat
 
 import fmesh
 from fmesh import Mesh
-
-# ------------------------------------------------------------------ branches a property reaches
-
-
-class Reached:
-    """The branches a property's examples reach. Inside the property, :meth:`example` counts one valid example and
-    the branches it took (each also a hypothesis ``event``, listed by ``--hypothesis-show-statistics``); after the
-    run, :meth:`floor` fails unless each branch was reached in at least its share of the examples, so a strategy
-    that drifts away from a branch fails loudly instead of testing less."""
-
-    def __init__(self) -> None:
-        self.examples = 0
-        self.branches: Counter[str] = Counter()
-
-    def example(self, *branches: str) -> None:
-        self.examples += 1
-        for branch in set(branches):
-            self.branches[branch] += 1
-            event(branch)
-
-    def floor(self, shares: dict[str, float]) -> None:
-        low = {branch: f"{self.branches[branch]}/{self.examples}" for branch, least in shares.items()
-               if self.branches[branch] < least * self.examples}
-        assert self.examples and not low, f"branches reached too rarely: {low}, floors {shares}"
-
 
 # ------------------------------------------------------- meshes after random operations, with their references
 

@@ -14,8 +14,9 @@ from fractions import Fraction
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from laws import Reached
 from reference import dropped_coordinates
-from strategies import Reached, jobs, lost_ranks, meshes
+from strategies import jobs, lost_ranks, meshes
 
 import fmesh
 from fmesh.plan import recovery

@@ -16,9 +16,10 @@ from collections.abc import Callable, Sequence
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from laws import Reached
 from paths import ROOT
 from reference import dropped_coordinates
-from strategies import Reached, jobs, lost_ranks, meshes
+from strategies import jobs, lost_ranks, meshes
 
 import fmesh
 from fmesh.plan.parallel import MESH_NAMES
