@@ -53,8 +53,9 @@ from typing import Any
 import attrs
 
 from fmesh.errors import ManifestError
+from fmesh.layout import flat
+from fmesh.layout.flat import Modes
 from fmesh.layout.int_tuple import is_int, product
-from fmesh.layout.layout import Modes, complement_modes
 from fmesh.plan.communicators import Communicator, plan_communicators
 from fmesh.plan.jobs import job, job_degrees, job_requests
 from fmesh.plan.topology import ORDERS, Topology
@@ -334,7 +335,7 @@ def _check_communicator(entry: Any, index: int, world: int, backend: str, source
                             f"but got shape {shape!r}, stride {stride!r}")
     modes = tuple(zip(shape, stride, strict=True))
     try:
-        complement_modes(modes, world)
+        flat.complement(modes, world)
     except ValueError as error:
         raise _fail(source, f"{where}.layout does not tile a world of {world} ranks: {error}") from None
     size = _count(entry, "size", source, where, least=2)

@@ -18,7 +18,8 @@ from typing import Any
 
 import attrs
 
-from fmesh.layout.layout import Modes, from_modes, sorted_by_stride
+from fmesh.layout.flat import Modes
+from fmesh.layout.layout import from_modes, sorted_by_stride
 from fmesh.plan.manifest import Manifest, ManifestCommunicator
 
 __all__ = ["CHANGES", "SHOWN", "AxisChange", "ManifestDiff", "SharedCommunicator", "compare", "diff_manifests"]
