@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 import attrs
 
@@ -58,15 +58,29 @@ from fmesh.layout.flat import Modes
 from fmesh.layout.int_tuple import is_int, product
 from fmesh.plan.communicators import Communicator, plan_communicators
 from fmesh.plan.jobs import job, job_degrees, job_requests
-from fmesh.plan.topology import ORDERS, Topology
+from fmesh.plan.topology import ORDERS, RankOrder, Topology
 
-__all__ = ["BACKENDS", "SCHEMA", "Manifest", "ManifestCommunicator", "NcclMemory", "build_manifest",
-           "check_manifest", "dump_manifest", "load_manifest", "plan_manifest"]
+__all__ = [
+    "BACKENDS",
+    "SCHEMA",
+    "Backend",
+    "Manifest",
+    "ManifestCommunicator",
+    "NcclMemory",
+    "build_manifest",
+    "check_manifest",
+    "dump_manifest",
+    "load_manifest",
+    "plan_manifest",
+]
 
 SCHEMA = "fmesh.manifest/1"
 """The schema this module writes and reads."""
 
-BACKENDS = ("nccl", "gloo")
+Backend = Literal["nccl", "gloo"]
+"""A backend a manifest may name."""
+
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
 """The backends a manifest may name."""
 
 
@@ -158,9 +172,9 @@ class Manifest:
     universe_id: str
     gpus_per_node: int
     hosts: int
-    rank_order: str
+    rank_order: RankOrder
     degrees: Mapping[str, int]
-    backend: str
+    backend: Backend
     communicators: tuple[ManifestCommunicator, ...]
     trivial: tuple[str, ...]
     memory_model: Mapping[str, object]
@@ -233,8 +247,8 @@ def plan_manifest(
     world_size: int,
     gpus_per_node: int,
     *,
-    rank_order: str = "block",
-    backend: str = "nccl",
+    rank_order: RankOrder = "block",
+    backend: Backend = "nccl",
     memory: NcclMemory | None = None,
     **degrees: int,
 ) -> Manifest:
@@ -268,8 +282,8 @@ def build_manifest(
     world_size: int,
     gpus_per_node: int,
     *,
-    rank_order: str = "block",
-    backend: str = "nccl",
+    rank_order: RankOrder = "block",
+    backend: Backend = "nccl",
     memory: NcclMemory | None = None,
     **degrees: int,
 ) -> dict[str, Any]:
