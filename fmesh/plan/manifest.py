@@ -1,4 +1,4 @@
-"""Every communicator a job will create, before it runs: the manifest, its schema, and a diff of two.
+"""Every communicator a job will create, before it runs: the manifest and its schema.
 
 :func:`build_manifest` lists each distinct communicator layout of a training job (the meshes of
 :func:`fmesh.plan.jobs.job_meshes`) once, in the order a :class:`~fmesh.Context` creates them when handed
@@ -7,7 +7,8 @@ and a group of one rank needs no communicator). Layouts, not ranks: a million ra
 :func:`check_manifest` validates a document against the schema below and :func:`load_manifest` reads one from a
 file. Inside fmesh a manifest is a typed :class:`Manifest` (:func:`plan_manifest`, :meth:`Manifest.from_json`);
 the JSON document exists only at the edge (:meth:`Manifest.to_json`, the file). :mod:`fmesh.plan.manifest_diff`
-compares two and :mod:`fmesh.plan.manifest_table` prints either. Pure: no torch, no process group.
+compares two; :mod:`fmesh.plan.manifest_table` prints a manifest and :mod:`fmesh.plan.diff_table` a diff.
+Pure: no torch, no process group.
 
 Schema ``fmesh.manifest/1`` (a JSON object; sizes in bytes):
 

@@ -83,7 +83,7 @@ def test_without_keeps_the_survivors_groups_renumbered_in_ascending_order(data: 
 
 
 @given(st.data())
-def test_resize_grows_with_old_ranks_keeping_their_numbers_and_shrinks_back(data: st.DataObject) -> None:
+def test_resize_larger_keeps_the_old_ranks_numbers_and_back_is_the_same_mesh(data: st.DataObject) -> None:
     mesh = data.draw(meshes())
     axis = data.draw(st.sampled_from(mesh.axis_names))
     size = mesh.shape[axis]
@@ -165,7 +165,7 @@ def test_the_lineage_is_a_value_and_survives_pickling() -> None:
 # --------------------------------------------------------------- job laws
 
 
-def test_shrink_equals_a_restarted_job_for_every_named_mesh() -> None:
+def test_scale_down_equals_a_restarted_job_for_every_named_mesh() -> None:
     reached = Reached()
 
     @given(st.data())
@@ -203,7 +203,7 @@ def test_shrink_equals_a_restarted_job_for_every_named_mesh() -> None:
 
 
 @given(st.data())
-def test_grow_equals_a_restarted_job_and_shrinking_the_newcomers_returns_the_job(data: st.DataObject) -> None:
+def test_scale_up_equals_a_restarted_job_and_scaling_the_newcomers_down_returns_the_job(data: st.DataObject) -> None:
     dims = data.draw(jobs())
     axis = data.draw(st.sampled_from(("pp", "dp_replicate", "dp_shard")))
     world = dims.world_mesh
