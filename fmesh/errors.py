@@ -40,8 +40,15 @@ class MeshMismatchError(ValueError):
     Raised by the Context on every member of a group it is about to create, when the members'
     descriptions of that group differ (``Mesh(a=2, b=1)`` on rank 0, ``Mesh(a=1, b=2)`` on rank 1).
 
-    >>> str(MeshMismatchError("rank 0 sees Mesh(dp=2; world=2); rank 1 sees Mesh(tp=2; world=2)"))[:6]
-    'rank 0'
+    >>> from datetime import timedelta
+    >>> import torch.distributed as dist
+    >>> from fmesh.context.agreement import Agreement
+    >>> store = dist.HashStore()
+    >>> Agreement(store, "doc", 1, timedelta(seconds=5)).arrive("g", [0, 1], "Mesh(tp=2)", "the dp group")
+    >>> Agreement(store, "doc", 0, timedelta(seconds=5)).agree("g", [0, 1], "Mesh(dp=2)", "the dp group")
+    Traceback (most recent call last):
+    ...
+    fmesh.MeshMismatchError: on rank 0: ranks disagree about the dp group. Rank 0 means: Mesh(dp=2); the first ...
     """
 
 
@@ -119,16 +126,26 @@ class FileDescriptorLimitError(OSError):
     rank that has no room; the other members learn it through the store and raise
     :class:`RankLostError` naming it. :class:`FileDescriptorWarning` comes first, past 80% of the limit.
 
-    >>> issubclass(FileDescriptorLimitError, OSError)
-    True
+    >>> from fmesh.context.connections import Connections
+    >>> Connections().check_room(2**40, held=0, what="a group of 2**40 ranks")
+    Traceback (most recent call last):
+    ...
+    fmesh.errors.FileDescriptorLimitError: creating a group of 2**40 ranks needs about 2199023255554 more file ...
     """
 
 
 class FileDescriptorWarning(UserWarning):
     """This process's open file descriptors passed 80% of its limit while the Context created groups.
 
-    >>> issubclass(FileDescriptorWarning, UserWarning)
-    True
+    >>> import warnings
+    >>> from fmesh.context.connections import RESERVE, WARN_SHARE, Connections, descriptor_budget
+    >>> used, limit = descriptor_budget()
+    >>> size = int(WARN_SHARE * (limit - RESERVE) - used) // 2 + 1  # a group that takes the process past 80%
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     Connections().check_room(size, held=3, what="the dp group")
+    >>> [w.category.__name__ for w in caught]
+    ['FileDescriptorWarning']
     """
 
 
@@ -136,8 +153,11 @@ class LaunchError(RuntimeError):
     """A rank started by :func:`fmesh.launch` failed in a way that cannot be re-raised as itself:
     its exception could not be pickled, or the process died without one.
 
-    >>> str(LaunchError("rank 1 died with exit code -9"))
-    'rank 1 died with exit code -9'
+    >>> import fmesh, os
+    >>> fmesh.launch(lambda ctx: os._exit(3), world_size=1)
+    Traceback (most recent call last):
+    ...
+    fmesh.LaunchError: rank 0 died with exit code 3
     """
 
 
@@ -145,8 +165,12 @@ class RemoteTraceback(Exception):
     """The traceback of an exception raised on a launched rank; the ``__cause__`` of what
     :func:`fmesh.launch` re-raises.
 
-    >>> str(RemoteTraceback("on rank 2: ..."))
-    'on rank 2: ...'
+    >>> import fmesh
+    >>> try:
+    ...     fmesh.launch(lambda ctx: 1 / ctx.rank, world_size=1)
+    ... except ZeroDivisionError as error:
+    ...     print(type(error.__cause__).__name__, str(error.__cause__).splitlines()[0])
+    RemoteTraceback on rank 0:
     """
 
 
@@ -184,8 +208,13 @@ class UnsupportedTorchError(ImportError):
 class CommandLineError(ValueError):
     """Bad flags to ``python -m fmesh``; the command prints it as one line and exits with status 2.
 
-    >>> str(CommandLineError("--tp must be a positive int"))
-    '--tp must be a positive int'
+    >>> import io
+    >>> from fmesh.cli import main
+    >>> err = io.StringIO()
+    >>> main(["plan", "--world-size", "8", "--gpus-per-node", "8", "--absorb", "dp_shard"], stderr=err)
+    2
+    >>> print(err.getvalue(), end="")
+    fmesh plan: error: --absorb says which axes absorb a loss, so it goes with --lose RANKS
     """
 
 
@@ -227,8 +256,13 @@ class NoGradientError(RuntimeError):
     ``product`` on a tensor that requires grad, naming the op and the axes; fmesh never returns a
     silently wrong gradient. Reduce a detached tensor, or write the selection with a sum all_reduce.
 
-    >>> issubclass(NoGradientError, RuntimeError)
-    True
+    >>> import fmesh, torch
+    >>> with fmesh.Context.fake(2) as ctx:
+    ...     best = ctx.all_reduce(torch.ones(2, requires_grad=True), fmesh.make_mesh((2,), ("dp",)), "dp", op="max")
+    ...     best.sum().backward()
+    Traceback (most recent call last):
+    ...
+    fmesh.NoGradientError: all_reduce op='max' along the group [0, 1] along axes ('dp',) of Mesh(dp=2; world=2) has ...
     """
 
 
@@ -239,6 +273,11 @@ class TensorMismatchError(ValueError):
     runs, naming the odd rank(s), their tensor and what the other members hold; without the check such
     a call aborts gloo or hangs NCCL.
 
-    >>> issubclass(TensorMismatchError, ValueError)
-    True
+    >>> import fmesh, torch
+    >>> def odd(ctx):  # rank 1's tensor is longer
+    ...     return ctx.all_reduce(torch.ones(ctx.rank + 1), fmesh.make_mesh((2,), ("dp",)), "dp")
+    >>> fmesh.launch(odd, world_size=2, context_options={"check_tensors": True})
+    Traceback (most recent call last):
+    ...
+    fmesh.TensorMismatchError: on rank ...: all_reduce along the group [0, 1] ...: members hold different tensors: ...
     """

@@ -35,9 +35,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fmesh.layout import flat
+from fmesh.layout.flat import Modes
 from fmesh.layout.int_tuple import product
 from fmesh.layout.int_tuple import row_major_coordinate as _unravel  # one row-major helper: int_tuple's
-from fmesh.layout.layout import Modes, complement_modes, decompose_modes
 from fmesh.mesh.mesh import Mesh
 from fmesh.plan.topology import Topology
 
@@ -159,11 +160,11 @@ class _Instance:
         coordinate = [0] * len(self.sizes)
         for i, digit in zip(self.others, fixed, strict=True):
             coordinate[i] = digit
-        for flat in picks:
-            if flat is None:
+        for pick in picks:
+            if pick is None:
                 ranks.append(None)
                 continue
-            for i, digit in zip(self.highlight, _unravel(flat, hsizes), strict=True):
+            for i, digit in zip(self.highlight, _unravel(pick, hsizes), strict=True):
                 coordinate[i] = digit
             ranks.append(self.rank(coordinate))
         return ranks
@@ -189,8 +190,8 @@ def _instance(mesh: Mesh, highlight: HighlightArg, rank: int | None) -> _Instanc
         base = mesh.offset
     else:
         _, base = layout.decompose(mesh.index_of(rank))
-    instances = complement_modes(layout.modes + mesh.pinned.modes, mesh.world_size)
-    number = decompose_modes(instances, base)[0]
+    instances = flat.complement(layout.modes + mesh.pinned.modes, mesh.world_size)
+    number = flat.decompose(instances, base)[0]
     positions = tuple(mesh.axis_index(name) for name in chosen)
     others = tuple(i for i in range(mesh.ndim) if i not in positions)
     return _Instance(mesh, base, number, positions, others)

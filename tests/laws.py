@@ -1,11 +1,13 @@
-"""Property tests that count: a law must be checked on enough examples, never skipped by an early exit."""
+"""Property tests that count: a law must be checked on enough examples, never skipped by an early exit, and must
+reach its branches often enough (:class:`Reached`)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 
@@ -27,3 +29,25 @@ def holds(law: Callable[..., None], *strategies: st.SearchStrategy[Any], at_leas
         raise TypeError(f"holds() takes one or two strategies, got {len(strategies)}")
     assert len(checked) >= at_least, f"{law.__name__} was checked on only {len(checked)} examples"
     return len(checked)
+
+
+class Reached:
+    """The branches a property's examples reach. Inside the property, :meth:`example` counts one valid example and
+    the branches it took (each also a hypothesis ``event``, listed by ``--hypothesis-show-statistics``); after the
+    run, :meth:`floor` fails unless each branch was reached in at least its share of the examples, so a strategy
+    that drifts away from a branch fails loudly instead of testing less."""
+
+    def __init__(self) -> None:
+        self.examples = 0
+        self.branches: Counter[str] = Counter()
+
+    def example(self, *branches: str) -> None:
+        self.examples += 1
+        for branch in set(branches):
+            self.branches[branch] += 1
+            event(branch)
+
+    def floor(self, shares: dict[str, float]) -> None:
+        low = {branch: f"{self.branches[branch]}/{self.examples}" for branch, least in shares.items()
+               if self.branches[branch] < least * self.examples}
+        assert self.examples and not low, f"branches reached too rarely: {low}, floors {shares}"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fmesh import Mesh
+from fmesh import Mesh, Universe
 
 
 class RefMesh:
@@ -138,3 +138,20 @@ def concat(*meshes: RefMesh) -> RefMesh:
 def dropped_coordinates(mesh: Mesh, lost: Sequence[int], axis: str) -> set[int]:
     position = mesh.axis_index(axis)
     return {coordinate[position] for coordinate in map(mesh.coordinate, lost) if coordinate is not None}
+
+
+def survivors(mesh: Mesh, lost: Sequence[int], axis: str) -> list[int]:
+    """Every rank whose coordinate along ``axis`` holds no lost rank, ascending (a mesh covering its universe)."""
+    position, dropped = mesh.axis_index(axis), dropped_coordinates(mesh, lost, axis)
+    return [r for r in range(mesh.world_size) if (mesh.coordinate(r) or ())[position] not in dropped]
+
+
+def renumbered(groups: Sequence[tuple[int, ...]], number: dict[int, int]) -> tuple[tuple[int, ...], ...]:
+    """The groups' surviving members in the new numbering, groups with no survivor left out."""
+    kept = (tuple(number[r] for r in group if r in number) for group in groups)
+    return tuple(group for group in kept if group)
+
+
+def through_rank_map(groups: Sequence[tuple[int, ...]], universe: Universe) -> tuple[tuple[int, ...], ...]:
+    """A restarted job's groups (over slots, its rank map the identity) read through ``universe``'s rank map."""
+    return tuple(tuple(universe.rank_of(slot) for slot in group) for group in groups)

@@ -9,12 +9,15 @@ Modules, one concept each:
 * ``groups``: the registry of process groups and their creation;
 * ``agreement``: the cross-rank check that members mean the same group;
 * ``connections``: the sockets of each group (cut at once by an abort) and the file-descriptor budget;
+* ``tensors``: the tensors checked at the door of a collective, and the opt-in check across ranks;
 * ``collectives``: collectives along mesh axes;
+* ``autograd``: the backward of every tensor collective;
 * ``objects``: picklable objects along mesh axes, as byte tensors;
 * ``permute``: ``ppermute`` and ``shift`` along one axis, on batched point-to-point operations;
 * ``export``: torch ``DeviceMesh`` objects on the context's groups;
 * ``device_mesh``: fmesh meshes from torch ``DeviceMesh`` objects (:func:`from_device_mesh`);
-* ``group_plan``: which groups a program will need (:class:`GroupPlan`);
+* ``group_plan``: which groups a program will need (:class:`GroupPlan`), on the communicator planner of
+  :mod:`fmesh.plan.communicators`;
 * ``recovery``: after ranks are lost, the new world and what becomes of each group (keep, shrink, create);
 * ``launch``: :func:`launch` and :func:`simulate`, ranks for notebooks and tests;
 * ``_torch``: every private torch name fmesh uses, and nothing else.

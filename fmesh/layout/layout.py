@@ -23,6 +23,8 @@ from typing import Any, cast
 
 import attrs
 
+from fmesh.layout import flat
+from fmesh.layout.flat import Modes
 from fmesh.layout.int_tuple import (
     IntTuple,
     congruent,
@@ -33,8 +35,6 @@ from fmesh.layout.int_tuple import (
     row_major_coordinate,
     suffix_product,
 )
-
-Modes = tuple[tuple[int, int], ...]  # flat (size, stride) pairs, outermost first
 
 
 def _to_int_tuple(value: Any) -> Any:
@@ -138,7 +138,7 @@ class Layout:
         >>> Layout((2, 1, 4), (4, 7, 1)).coalesce()
         Layout((8,):(1,))
         """
-        modes = coalesce_modes(self._modes)
+        modes = flat.coalesce(self._modes)
         if self.shape == tuple(s for s, _ in modes) and self.stride == tuple(d for _, d in modes):
             return self  # already flat and coalesced: values are immutable, share it
         return from_modes(modes)
@@ -160,7 +160,7 @@ class Layout:
                 f"cannot compose {self!r} with {other!r}: it reaches index {other.cosize - 1}, "
                 f"but {self!r} has only {self.size} indices"
             )
-        outer = coalesce_modes(self.modes)
+        outer = flat.coalesce(self.modes)
         return Layout(*_compose(outer, other.shape, other.stride, self, other))
 
     def complement(self, size: int) -> Layout:
@@ -175,7 +175,7 @@ class Layout:
         """
         if not is_int(size) or size < 1:
             raise ValueError(f"complement size must be a positive integer, got {size!r}")
-        return from_modes(complement_modes(self.modes, size, repr(self)))
+        return from_modes(flat.complement(self.modes, size, repr(self)))
 
     def non_overlapping(self) -> bool:
         """True when the modes nest: sorted by stride, each stride is a multiple
@@ -189,7 +189,7 @@ class Layout:
         >>> Layout((2, 2), (1, 2)).non_overlapping(), Layout((2, 2), (1, 1)).non_overlapping()
         (True, False)
         """
-        return _nesting_gap(self.modes) is None
+        return flat.nesting_gap(self.modes) is None
 
     def inverse(self) -> Layout:
         """The layout ``g`` with ``g(self(i)) == i``, for a bijection onto ``range(size)``.
@@ -202,7 +202,7 @@ class Layout:
         modes = [(s, d) for s, d in self.modes if s > 1]
         weights = flatten(suffix_product(tuple(s for s, _ in modes)))
         by_value = sorted(zip(modes, weights, strict=True), key=lambda item: -item[0][1])
-        return from_modes(coalesce_modes(tuple((s, w) for (s, _), w in by_value)))
+        return from_modes(flat.coalesce(tuple((s, w) for (s, _), w in by_value)))
 
     def decompose(self, value: int) -> tuple[int, int]:
         """Split ``value`` into ``(index, rest)`` with ``value == self(index) + rest``.
@@ -213,34 +213,7 @@ class Layout:
         >>> Layout(2, 4).decompose(13)
         (1, 9)
         """
-        return decompose_modes(self._modes, value)
-
-
-def decompose_modes(modes: Modes, value: int) -> tuple[int, int]:
-    """:meth:`Layout.decompose` on flat modes: ``(row-major index along modes, rest)``.
-
-    >>> decompose_modes(((2, 4),), 13)
-    (1, 9)
-    """
-    index = 0
-    rest = value
-    for size, stride in modes:
-        digit = (value // stride) % size if stride else 0
-        index = index * size + digit
-        rest -= digit * stride
-    return index, rest
-
-
-def modes_values(base: int, modes: Modes) -> list[int]:
-    """``base + layout(i)`` for every index ``i`` of a layout with these modes, in order.
-
-    >>> modes_values(10, ((2, 4), (2, 1)))
-    [10, 11, 14, 15]
-    """
-    values = [base]
-    for size, stride in modes:
-        values = [v + c * stride for v in values for c in range(size)]
-    return values
+        return flat.decompose(self._modes, value)
 
 
 def concat(*layouts: Layout) -> Layout:
@@ -279,32 +252,13 @@ def _evaluate(shape: IntTuple, stride: IntTuple, index: IntTuple) -> int:
     return sum(c * d for c, d in zip(digits, flatten(stride), strict=True))
 
 
-def coalesce_modes(modes: Modes) -> Modes:
-    """Drop size-1 modes and merge an outer mode into its inner neighbour when
-    the outer stride is exactly the inner span.
-
-    >>> coalesce_modes(((2, 4), (1, 9), (4, 1)))
-    ((8, 1),)
-    """
-    merged: list[tuple[int, int]] = []
-    for size, stride in reversed(modes):  # innermost first
-        if size == 1:
-            continue
-        if merged and merged[-1][0] * merged[-1][1] == stride:
-            inner_size, inner_stride = merged[-1]
-            merged[-1] = (inner_size * size, inner_stride)
-        else:
-            merged.append((size, stride))
-    return tuple(reversed(merged))
-
-
 def sorted_by_stride(layout: Layout) -> Layout:
     """A flat layout over the same modes, largest stride first, coalesced: one form per set of digits.
 
     >>> sorted_by_stride(Layout((2, 4), (1, 2)))
     Layout((8,):(1,))
     """
-    return from_modes(coalesce_modes(tuple(sorted(layout.modes, key=lambda mode: -mode[1]))))
+    return from_modes(flat.coalesce(tuple(sorted(layout.modes, key=lambda mode: -mode[1]))))
 
 
 def _compose_mode(outer: Modes, size: int, stride: int) -> Modes:
@@ -332,7 +286,7 @@ def _compose_mode(outer: Modes, size: int, stride: int) -> Modes:
             break
     if rest_size > 1:
         result.append((rest_size, rest_stride * (outer[0][1] if outer else 0)))
-    return coalesce_modes(tuple(reversed(result)))
+    return flat.coalesce(tuple(reversed(result)))
 
 
 def _compose(
@@ -355,42 +309,4 @@ def _compose(
         return modes[0]
     return tuple(s for s, _ in modes), tuple(d for _, d in modes)
 
-
-def _nesting_gap(modes: Modes) -> tuple[int, int] | None:
-    """The first ``(stride, span)`` pair that breaks nesting, or ``None``."""
-    span = 1
-    for stride, size in sorted((d, s) for s, d in modes if s > 1):
-        if stride == 0 or stride % span != 0:
-            return stride, span
-        span = stride * size
-    return None
-
-
-def complement_modes(modes: Modes, size: int, label: str | None = None) -> Modes:
-    """Flat modes of the complement of ``modes`` in ``range(size)``, outermost first.
-
-    >>> complement_modes(((4, 2),), 16)
-    ((2, 8), (2, 1))
-    """
-    gap = _nesting_gap(modes)
-    if gap is not None:
-        stride, span = gap
-        raise ValueError(
-            f"{label or modes} overlaps itself: a mode of stride {stride} falls inside "
-            f"the span {span} of the smaller modes; strides must be multiples of that span"
-        )
-    holes: list[tuple[int, int]] = []
-    covered = 1
-    for stride, mode_size in sorted((d, s) for s, d in modes if s > 1):
-        if stride > covered:
-            holes.append((stride // covered, covered))
-        covered = stride * mode_size
-    if size % covered != 0:
-        raise ValueError(
-            f"{label or modes} spans {covered} values, which does not divide {size}; "
-            f"the size must be a multiple of {covered}"
-        )
-    if size > covered:
-        holes.append((size // covered, covered))
-    return tuple(reversed(holes))
 

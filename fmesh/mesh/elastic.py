@@ -1,13 +1,13 @@
 """Elastic meshes: the mesh after ranks are lost or join, as a pure value in a new universe.
 
-:func:`without` drops every slice along one axis that holds a lost rank; :func:`resize` shrinks an
-axis (dropping its last coordinates) or grows it (adding coordinates for joining ranks). Both return
+:func:`without` drops every slice along one axis that holds a lost rank; :func:`resize` makes an
+axis smaller (dropping its last coordinates) or larger (adding coordinates for joining ranks). Both return
 the same axes over a new universe whose :class:`~fmesh.mesh.lineage.Lineage` says where each slot
 came from, so :func:`old_rank` and :func:`new_rank` convert a rank between the two numberings.
 
 New numbering: the ranks that remain, in ascending order of their old rank, are ``0, 1, ...``; the
-ranks a grow adds come after them, in slot order. So a shrink renumbers the survivors as a restarted
-job would, and a grow keeps every old rank's number (the universe's rank map puts the newcomers
+ranks a join adds come after them, in slot order. So a loss renumbers the survivors as a restarted
+job would, and a join keeps every old rank's number (the universe's rank map puts the newcomers
 where the larger mesh has them).
 
 >>> import fmesh
@@ -71,10 +71,10 @@ def without(mesh: Mesh, ranks: Iterable[int], axis: str) -> Mesh:
 
 
 def resize(mesh: Mesh, axis: str, size: int) -> Mesh:
-    """``mesh`` with axis ``axis`` of size ``size``: a shrink drops its last coordinates, a grow
-    adds new ones after the old (the ranks that join, numbered after the old ranks, which keep theirs).
+    """``mesh`` with axis ``axis`` of size ``size``: a smaller size drops its last coordinates, a
+    larger one adds new ones after the old (the ranks that join, numbered after the old ranks, which keep theirs).
 
-    A size-1 axis has no stride of its own; a grow places it as :func:`fmesh.make_mesh` would:
+    A size-1 axis has no stride of its own; a join places it as :func:`fmesh.make_mesh` would:
     just inside the nearest earlier axis (in the mesh's order) of size > 1, or outermost.
 
     >>> import fmesh

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fmesh.layout.layout import Layout, complement_modes, concat, decompose_modes, sorted_by_stride
+from fmesh.layout import flat
+from fmesh.layout.layout import Layout, concat, sorted_by_stride
 
 Frame = tuple[Layout, ...]
 Placement = tuple[list[Layout], Layout, int]  # layouts, pinned, offset
@@ -59,7 +60,7 @@ def to_index(frame: Frame, slot: int) -> int:
     1
     """
     for layout in frame:
-        slot = decompose_modes(layout.modes, slot)[0]
+        slot = flat.decompose(layout.modes, slot)[0]
     return slot
 
 
@@ -99,7 +100,7 @@ def leave(frame: Frame, placement: Placement, world: int) -> Placement:
     for layout in reversed(frame):
         composed = [layout.composition(part) for part in composed]
         offset = layout(offset)
-    complement_modes(tuple(mode for part in composed for mode in part.modes), world)
+    flat.complement(tuple(mode for part in composed for mode in part.modes), world)
     return composed[:-1], composed[-1], offset
 
 

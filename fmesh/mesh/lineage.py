@@ -101,7 +101,7 @@ class Lineage:
         return self.parent.world_size // self.old_size * self.new_size
 
     def old_slot(self, slot: int) -> int | None:
-        """The parent slot that new ``slot`` was, or ``None`` for a slot added by a grow.
+        """The parent slot that new ``slot`` was, or ``None`` for a slot added by a join.
 
         >>> from fmesh.mesh.universe import Universe
         >>> Lineage(Universe(4), "dp", stride=1, old_size=4, coordinates=(1, 3)).old_slot(1)

@@ -21,16 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from fmesh.layout import flat
+from fmesh.layout.flat import Modes
 from fmesh.layout.int_tuple import IntTuple, is_int, product
-from fmesh.layout.layout import (
-    Layout,
-    Modes,
-    complement_modes,
-    concat,
-    decompose_modes,
-    modes_values,
-    sorted_by_stride,
-)
+from fmesh.layout.layout import Layout, concat, sorted_by_stride
 from fmesh.mesh import frame as frames
 from fmesh.mesh import transforms
 from fmesh.mesh.lineage import Lineage
@@ -124,10 +118,10 @@ class Mesh:
             frames.check(self.frame, world)
         modes = frames.axes_modes((*self.layouts, self.pinned))
         try:
-            complement_modes(modes, world)
+            flat.complement(modes, world)
         except ValueError:  # say it again with the layouts named (built only on this path: it costs µs)
             try:
-                complement_modes(modes, world, self._describe_layouts())
+                flat.complement(modes, world, self._describe_layouts())
             except ValueError as error:
                 raise ValueError(f"these axes do not tile a universe of {world} ranks: {error}") from None
         if not is_int(self.offset) or not 0 <= self.offset < world:
@@ -142,7 +136,7 @@ class Mesh:
         # to a layout, or dropping the frame would tile the universe with other instances (other groups).
         world = self.universe.world_size
         try:
-            rest = complement_modes(frames.axes_modes((*self.layouts, self.pinned)), world)
+            rest = flat.complement(frames.axes_modes((*self.layouts, self.pinned)), world)
             instances = Layout(tuple(n for n, _ in rest), tuple(d for _, d in rest))
             layouts, pinned, offset = frames.leave(
                 self.frame, ([*self.layouts, instances], self.pinned, self.offset), world
@@ -322,7 +316,7 @@ class Mesh:
         index = frames.to_index(self.frame, self.universe.slot_of(rank))
         if not self.pinned.modes:
             return index
-        _, rest = decompose_modes(self.pinned.modes, index)
+        _, rest = flat.decompose(self.pinned.modes, index)
         return index if index - rest == self.offset else None
 
     def index_of(self, rank: int) -> int:
@@ -351,7 +345,7 @@ class Mesh:
         index = self._covered_index(rank)
         if index is None:
             return None
-        return tuple(decompose_modes(layout.modes, index)[0] for layout in self.layouts)
+        return tuple(flat.decompose(layout.modes, index)[0] for layout in self.layouts)
 
     def group(self, rank: int, axes: AxesArg = None) -> tuple[int, ...]:
         """Global ranks of ``rank``'s group along ``axes`` (default: all), row-major.
@@ -361,10 +355,10 @@ class Mesh:
         ((0, 2), (0, 4, 1, 5))
         """
         modes = self._axes_modes(axes)
-        _, base = decompose_modes(modes, self.index_of(rank))
+        _, base = flat.decompose(modes, self.index_of(rank))
         if not self.frame and self.universe.is_identity:  # index = slot = rank
-            return tuple(modes_values(base, modes))
-        return tuple(self.rank_at(index) for index in modes_values(base, modes))
+            return tuple(flat.values(base, modes))
+        return tuple(self.rank_at(index) for index in flat.values(base, modes))
 
     def groups(self, axes: AxesArg = None) -> tuple[tuple[int, ...], ...]:
         """Every group along ``axes``; together they partition the covered ranks.
@@ -373,11 +367,11 @@ class Mesh:
         ((0, 2), (1, 3))
         """
         modes = self._axes_modes(axes)
-        others = complement_modes(modes + self.pinned.modes, self.world_size)
+        others = flat.complement(modes + self.pinned.modes, self.world_size)
         rank_at = self.rank_at
         return tuple(
-            tuple(rank_at(index) for index in modes_values(base, modes))
-            for base in modes_values(self.offset, others)
+            tuple(rank_at(index) for index in flat.values(base, modes))
+            for base in flat.values(self.offset, others)
         )
 
     def rank_grid(self, rank: int | None = None) -> IntTuple:
@@ -397,8 +391,8 @@ class Mesh:
                 )
             base = self.offset
         else:
-            _, base = decompose_modes(modes, self.index_of(rank))
-        grid: list[IntTuple] = [self.rank_at(index) for index in modes_values(base, modes)]
+            _, base = flat.decompose(modes, self.index_of(rank))
+        grid: list[IntTuple] = [self.rank_at(index) for index in flat.values(base, modes)]
         for size in reversed(self.axis_sizes):  # nest the innermost axis first
             grid = [tuple(grid[i : i + size]) for i in range(0, len(grid), size)]
         return grid[0]

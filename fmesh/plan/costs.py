@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import Any, Literal, TypeGuard, get_args
 
 import attrs
 
@@ -50,10 +50,25 @@ from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
 from fmesh.plan.topology import AxisSpan, Topology
 
-__all__ = ["COLLECTIVES", "H100_IB", "LOOPBACK", "Estimate", "Links", "as_links", "cost", "estimate",
-           "estimate_span", "format_bytes", "format_seconds"]
+__all__ = [
+    "COLLECTIVES",
+    "H100_IB",
+    "LOOPBACK",
+    "Collective",
+    "Estimate",
+    "Links",
+    "as_links",
+    "cost",
+    "estimate",
+    "estimate_span",
+    "format_bytes",
+    "format_seconds",
+]
 
-COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send")
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send"]
+"""A collective the model knows (a ``send`` is one point-to-point message)."""
+
+COLLECTIVES: tuple[Collective, ...] = get_args(Collective)
 """The collectives the model knows."""
 
 
@@ -129,7 +144,7 @@ class Estimate:
     Estimate(collective='all_gather', nbytes=1024, seconds=0.0, algorithm='none', size=1, hosts=1, bandwidth=0.0)
     """
 
-    collective: str
+    collective: Collective
     nbytes: int
     seconds: float
     algorithm: str
@@ -138,10 +153,10 @@ class Estimate:
     bandwidth: float  # bytes per second each rank moves at (the slowest link of the group)
 
 
-def _check_collective(collective: object) -> str:
+def _check_collective(collective: object) -> Collective:
     if collective not in COLLECTIVES:
         raise ValueError(f"expected a collective among {COLLECTIVES}, but got {collective!r}")
-    return str(collective)
+    return collective
 
 
 def _check_bytes(nbytes: object) -> int:
@@ -154,7 +169,7 @@ def _log2(n: int) -> int:
     return max(0, (n - 1).bit_length())  # ceil(log2 n)
 
 
-def estimate_span(collective: str, nbytes: int, span: AxisSpan, links: Links | Mapping[str, Any] | None = None
+def estimate_span(collective: Collective, nbytes: int, span: AxisSpan, links: Links | Mapping[str, Any] | None = None
                   ) -> Estimate:
     """The model (module docstring) for groups placed as ``span`` says: size, hosts, ranks per host.
 
@@ -199,7 +214,7 @@ def estimate_span(collective: str, nbytes: int, span: AxisSpan, links: Links | M
 def estimate(
     mesh: Mesh,
     axes: AxesArg,
-    collective: str,
+    collective: Collective,
     nbytes: int,
     topology: Topology,
     links: Links | Mapping[str, Any] | None = None,
@@ -219,7 +234,7 @@ def estimate(
 def cost(
     mesh: Mesh,
     axes: AxesArg,
-    collective: str,
+    collective: Collective,
     nbytes: int,
     topology: Topology,
     links: Links | Mapping[str, Any] | None = None,

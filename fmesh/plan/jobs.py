@@ -20,9 +20,9 @@ import attrs
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.plan.communicators import Request
-from fmesh.plan.costs import Estimate, Links, as_links, estimate_span, format_bytes, format_seconds
+from fmesh.plan.costs import Collective, Estimate, Links, as_links, estimate_span, format_bytes, format_seconds
 from fmesh.plan.parallel import DEGREE_NAMES, ParallelDims
-from fmesh.plan.topology import HUNGRY_AXES, AxisSpan, Topology, check_placement
+from fmesh.plan.topology import HUNGRY_AXES, AxisSpan, RankOrder, Topology, check_placement
 
 __all__ = ["DEFAULT_COST_BYTES", "REPRESENTATIVE", "JobPlan", "PlannedMesh", "build_plan", "job", "job_degrees",
            "job_meshes", "job_requests"]
@@ -46,7 +46,7 @@ def _rank0_group(mesh: Mesh) -> tuple[tuple[int, ...], bool]:
 
 
 
-REPRESENTATIVE: dict[str, str] = {
+REPRESENTATIVE: dict[str, Collective] = {
     "pp": "send",  # activations to the next stage
     "dp_replicate": "all_reduce",  # gradients (DDP, HSDP's replicas)
     "dp": "all_reduce",
@@ -67,7 +67,7 @@ DEFAULT_COST_BYTES = 2**28
 """Bytes of the representative collective in the plan's cost column (256 MiB)."""
 
 
-def job(world_size: int, gpus_per_node: int, *, rank_order: str = "block", **degrees: int
+def job(world_size: int, gpus_per_node: int, *, rank_order: RankOrder = "block", **degrees: int
         ) -> tuple[ParallelDims, Topology]:
     """The degrees and hosts of a job, checked: what :func:`build_plan` and :func:`job_meshes` start from.
 
@@ -198,7 +198,7 @@ class JobPlan:
     world_size: int
     gpus_per_node: int
     hosts: int
-    rank_order: str
+    rank_order: RankOrder
     degrees: tuple[tuple[str, int], ...]  # job_degrees, in its order
     data_parallel: str
     links: str
@@ -228,7 +228,7 @@ def build_plan(
     world_size: int,
     gpus_per_node: int,
     *,
-    rank_order: str = "block",
+    rank_order: RankOrder = "block",
     cost_bytes: int = DEFAULT_COST_BYTES,
     links: Links | Mapping[str, Any] | None = None,
     **degrees: int,

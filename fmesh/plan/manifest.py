@@ -1,4 +1,4 @@
-"""Every communicator a job will create, before it runs: the manifest, its schema, and a diff of two.
+"""Every communicator a job will create, before it runs: the manifest and its schema.
 
 :func:`build_manifest` lists each distinct communicator layout of a training job (the meshes of
 :func:`fmesh.plan.jobs.job_meshes`) once, in the order a :class:`~fmesh.Context` creates them when handed
@@ -7,7 +7,8 @@ and a group of one rank needs no communicator). Layouts, not ranks: a million ra
 :func:`check_manifest` validates a document against the schema below and :func:`load_manifest` reads one from a
 file. Inside fmesh a manifest is a typed :class:`Manifest` (:func:`plan_manifest`, :meth:`Manifest.from_json`);
 the JSON document exists only at the edge (:meth:`Manifest.to_json`, the file). :mod:`fmesh.plan.manifest_diff`
-compares two and :mod:`fmesh.plan.manifest_table` prints either. Pure: no torch, no process group.
+compares two; :mod:`fmesh.plan.manifest_table` prints a manifest and :mod:`fmesh.plan.diff_table` a diff.
+Pure: no torch, no process group.
 
 Schema ``fmesh.manifest/1`` (a JSON object; sizes in bytes):
 
@@ -48,24 +49,39 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 import attrs
 
 from fmesh.errors import ManifestError
+from fmesh.layout import flat
+from fmesh.layout.flat import Modes
 from fmesh.layout.int_tuple import is_int, product
-from fmesh.layout.layout import Modes, complement_modes
 from fmesh.plan.communicators import Communicator, plan_communicators
 from fmesh.plan.jobs import job, job_degrees, job_requests
-from fmesh.plan.topology import ORDERS, Topology
+from fmesh.plan.topology import ORDERS, RankOrder, Topology
 
-__all__ = ["BACKENDS", "SCHEMA", "Manifest", "ManifestCommunicator", "NcclMemory", "build_manifest",
-           "check_manifest", "dump_manifest", "load_manifest", "plan_manifest"]
+__all__ = [
+    "BACKENDS",
+    "SCHEMA",
+    "Backend",
+    "Manifest",
+    "ManifestCommunicator",
+    "NcclMemory",
+    "build_manifest",
+    "check_manifest",
+    "dump_manifest",
+    "load_manifest",
+    "plan_manifest",
+]
 
 SCHEMA = "fmesh.manifest/1"
 """The schema this module writes and reads."""
 
-BACKENDS = ("nccl", "gloo")
+Backend = Literal["nccl", "gloo"]
+"""A backend a manifest may name."""
+
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
 """The backends a manifest may name."""
 
 
@@ -157,9 +173,9 @@ class Manifest:
     universe_id: str
     gpus_per_node: int
     hosts: int
-    rank_order: str
+    rank_order: RankOrder
     degrees: Mapping[str, int]
-    backend: str
+    backend: Backend
     communicators: tuple[ManifestCommunicator, ...]
     trivial: tuple[str, ...]
     memory_model: Mapping[str, object]
@@ -232,8 +248,8 @@ def plan_manifest(
     world_size: int,
     gpus_per_node: int,
     *,
-    rank_order: str = "block",
-    backend: str = "nccl",
+    rank_order: RankOrder = "block",
+    backend: Backend = "nccl",
     memory: NcclMemory | None = None,
     **degrees: int,
 ) -> Manifest:
@@ -267,8 +283,8 @@ def build_manifest(
     world_size: int,
     gpus_per_node: int,
     *,
-    rank_order: str = "block",
-    backend: str = "nccl",
+    rank_order: RankOrder = "block",
+    backend: Backend = "nccl",
     memory: NcclMemory | None = None,
     **degrees: int,
 ) -> dict[str, Any]:
@@ -334,7 +350,7 @@ def _check_communicator(entry: Any, index: int, world: int, backend: str, source
                             f"but got shape {shape!r}, stride {stride!r}")
     modes = tuple(zip(shape, stride, strict=True))
     try:
-        complement_modes(modes, world)
+        flat.complement(modes, world)
     except ValueError as error:
         raise _fail(source, f"{where}.layout does not tile a world of {world} ranks: {error}") from None
     size = _count(entry, "size", source, where, least=2)

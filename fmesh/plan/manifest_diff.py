@@ -14,19 +14,24 @@ so the answer is "every rank of both worlds" or "none", per axis. :func:`compare
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 import attrs
 
-from fmesh.layout.layout import Modes, from_modes, sorted_by_stride
+from fmesh.layout.flat import Modes
+from fmesh.layout.layout import from_modes, sorted_by_stride
 from fmesh.plan.manifest import Manifest, ManifestCommunicator
 
-__all__ = ["CHANGES", "SHOWN", "AxisChange", "ManifestDiff", "SharedCommunicator", "compare", "diff_manifests"]
+__all__ = ["CHANGES", "SHOWN", "AxisChange", "Change", "ManifestDiff", "SharedCommunicator", "compare",
+           "diff_manifests"]
 
 SHOWN = 6
 """Ranks of rank 0's group a diff shows (the first ones, then the last)."""
 
-CHANGES = ("same", "reordered", "regrouped", "added", "removed")
+Change = Literal["same", "reordered", "regrouped", "added", "removed"]
+"""How an axis changes between two manifests (:data:`CHANGES`)."""
+
+CHANGES: tuple[Change, ...] = get_args(Change)
 """How an axis changes: same layout; other order, same groups; other groups; only in B; only in A."""
 
 
@@ -51,7 +56,7 @@ class AxisChange:
     and B (None where absent), and rank 0's group in each where the groups are regrouped or reordered."""
 
     name: str
-    change: str
+    change: Change
     size: tuple[int | None, int | None]
     rank0_group: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
@@ -126,6 +131,7 @@ def _size(modes: Modes | None) -> int | None:
 
 
 def _axis_change(name: str, before: Modes | None, after: Modes | None) -> AxisChange:
+    change: Change
     if before is None or after is None:
         change = "added" if before is None else "removed"
     elif before == after:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fmesh.mesh import new_rank
+from fmesh.plan.manifest import Backend
 from fmesh.plan.parallel import DEGREE_NAMES
 from fmesh.plan.recovery import SHRINK_NCCL, SHRINK_TORCH, JobRecovery
 from fmesh.plan.table import format_table
@@ -24,7 +25,7 @@ def _names(names: Sequence[str]) -> str:
     return ", ".join(names[:4]) + (f", +{len(names) - 4}" if len(names) > 4 else "")
 
 
-def format_recovery(job: JobRecovery, backend: str = "nccl") -> str:
+def format_recovery(job: JobRecovery, backend: Backend = "nccl") -> str:
     """A readable account of :func:`~fmesh.plan.recovery.recover_job`: the jobs, the axis and why, the
     communicators and the data.
 

@@ -20,7 +20,7 @@ import os
 import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 import attrs
 
@@ -32,8 +32,10 @@ from fmesh.mesh import Mesh, Universe, make_mesh
 __all__ = [
     "CHEAP_AXES",
     "HUNGRY_AXES",
+    "ORDERS",
     "AxisSpan",
     "PlacementWarning",
+    "RankOrder",
     "Topology",
     "check_placement",
     "warn_placement",
@@ -45,7 +47,10 @@ HUNGRY_AXES: tuple[str, ...] = ("tp", "etp", "cp", "ep")
 CHEAP_AXES: tuple[str, ...] = ("dp_replicate", "dp_shard", "dp", "pp")
 """Axes that tolerate the slower links between hosts."""
 
-ORDERS: tuple[str, ...] = ("block", "cyclic")
+RankOrder = Literal["block", "cyclic"]
+"""How ranks are numbered on hosts: host by host (``block``), or round-robin over hosts (``cyclic``)."""
+
+ORDERS: tuple[RankOrder, ...] = get_args(RankOrder)
 
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -55,9 +60,9 @@ def _positive(instance: object, attribute: attrs.Attribute[Any], value: object) 
         raise ValueError(f"{attribute.name} must be a positive int, got {value}")
 
 
-def _to_order(value: Any) -> str | tuple[int, ...]:
+def _to_order(value: Any) -> RankOrder | tuple[int, ...]:
     if isinstance(value, str):
-        return value
+        return cast(RankOrder, value)  # checked after conversion, with the other fields
     if hasattr(value, "tolist"):
         value = value.reshape(-1).tolist() if hasattr(value, "reshape") else value.tolist()
     if isinstance(value, Sequence):
@@ -143,7 +148,7 @@ class Topology:
 
     hosts: int = attrs.field(validator=_positive)
     ranks_per_host: int = attrs.field(validator=_positive)
-    rank_order: str | tuple[int, ...] = attrs.field(default="block", converter=_to_order)
+    rank_order: RankOrder | tuple[int, ...] = attrs.field(default="block", converter=_to_order)
     _host: tuple[int, ...] | None = attrs.field(init=False, eq=False, repr=False, default=None)
 
     def __attrs_post_init__(self) -> None:
@@ -173,7 +178,7 @@ class Topology:
 
     @classmethod
     def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, rank_order: str | Sequence[int] = "block"
+        cls, environ: Mapping[str, str] | None = None, *, rank_order: RankOrder | Sequence[int] = "block"
     ) -> Topology:
         """From the launcher's ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` (``os.environ`` by default).
 

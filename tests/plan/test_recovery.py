@@ -14,6 +14,7 @@ from fractions import Fraction
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from laws import Reached
 from reference import dropped_coordinates
 from strategies import jobs, lost_ranks, meshes
 
@@ -63,19 +64,9 @@ def brute_counts(before: Sequence[Request], after: Sequence[Request], shrink_gro
 # ----------------------------------------------------------------- laws
 
 
-@given(st.data())
-def test_the_counts_of_a_job_recovery_equal_brute_force_over_every_group(data: st.DataObject) -> None:
-    dims = data.draw(jobs())
-    lost = data.draw(lost_ranks(dims.world_size))
-    axes = data.draw(st.sampled_from((fmesh.plan.rescale.ELASTIC_AXES, ("pp", "dp_replicate", "dp_shard"))))
-    shrink_groups = data.draw(st.booleans())
-    try:
-        after = fmesh.plan.rescale.scale_down(dims, lost, axes=axes)
-    except ValueError:
-        assume(False)
-        raise
-    job = recovery.recover_job(dims, lost, axes=axes, shrink_groups=shrink_groups)
-
+def check_job_recovery(job: recovery.JobRecovery, after: fmesh.ParallelDims, dims: fmesh.ParallelDims,
+                       shrink_groups: bool) -> None:
+    """``job`` against brute force: its counts, its keeps and what each shrink leaves of the old groups."""
     assert job.after == after
     assert job.plan.counts == brute_counts(job_requests(dims), job_requests(after), shrink_groups)
     for communicator in job.plan.communicators:  # a keep reuses a communicator of the same size, unchanged
@@ -89,26 +80,60 @@ def test_the_counts_of_a_job_recovery_equal_brute_force_over_every_group(data: s
             for rank in range(after.world_size):
                 gone = job.plan.to_exclude(communicator, rank)
                 old_group = old_request.mesh.group(fmesh.old_rank(after.world_mesh, rank), old_request.axes)
-                left = tuple(fmesh.new_rank(after.world_mesh, r) for i, r in enumerate(old_group) if i not in gone)
+                left = tuple(fmesh.new_rank(after.world_mesh, r)
+                             for i, r in enumerate(old_group) if i not in gone)
                 assert left == new_request.mesh.group(rank, new_request.axes)
                 assert all(fmesh.new_rank(after.world_mesh, old_group[i]) is None for i in gone)
 
 
-@given(st.data())
-def test_the_counts_of_any_meshes_after_without_equal_brute_force(data: st.DataObject) -> None:
-    mesh = data.draw(meshes())
-    axis = data.draw(st.sampled_from(mesh.axis_names))
-    lost = data.draw(lost_ranks(mesh.world_size))
-    assume(all(mesh.coordinate(r) is not None for r in lost))
-    assume(len(dropped_coordinates(mesh, lost, axis)) < mesh.shape[axis])
-    smaller = fmesh.without(mesh, lost, axis)
-    before: list[object] = [mesh, (mesh, mesh.axis_names)]
-    if data.draw(st.booleans()):  # a larger communicator first: a keep must still win over a shrink
-        before.reverse()
-    after = [smaller, (smaller, smaller.axis_names)]
-    plan = recovery.plan_recovery(before, after, shrink_groups=True)
-    requests = fmesh.plan.communicators.requests_of
-    assert plan.counts == brute_counts(requests(before), requests(after), True)
+def test_the_counts_of_a_job_recovery_equal_brute_force_over_every_group() -> None:
+    reached = Reached()
+
+    @given(st.data())
+    def law(data: st.DataObject) -> None:
+        dims = data.draw(jobs())
+        lost = data.draw(lost_ranks(dims.world_size))
+        axes = data.draw(st.sampled_from((fmesh.plan.rescale.ELASTIC_AXES, ("pp", "dp_replicate", "dp_shard"))))
+        try:
+            after = fmesh.plan.rescale.scale_down(dims, lost, axes=axes)
+        except ValueError:
+            assume(False)
+            raise
+        branches = []
+        for shrink_groups in (True, False):  # every loss on both kinds of backend: one that can shrink, one not
+            job = recovery.recover_job(dims, lost, axes=axes, shrink_groups=shrink_groups)
+            check_job_recovery(job, after, dims, shrink_groups)
+            branches += [c.action + ("" if shrink_groups else " (no shrink)") for c in job.plan.communicators]
+        reached.example(*branches, f"absorbed by {job.axis}")
+
+    law()
+    # At least 30% of the losses shrink a communicator (on a backend that can), each axis absorbs some.
+    reached.floor({"shrink": 0.3, "keep": 0.3, "create (no shrink)": 0.3, "absorbed by dp_replicate": 0.1,
+                   "absorbed by dp_shard": 0.05, "absorbed by pp": 0.05})
+
+
+def test_the_counts_of_any_meshes_after_without_equal_brute_force() -> None:
+    reached = Reached()
+
+    @given(st.data())
+    def law(data: st.DataObject) -> None:
+        mesh = data.draw(meshes())
+        axis = data.draw(st.sampled_from(mesh.axis_names))
+        lost = data.draw(lost_ranks(mesh.world_size))
+        assume(all(mesh.coordinate(r) is not None for r in lost))
+        assume(len(dropped_coordinates(mesh, lost, axis)) < mesh.shape[axis])
+        smaller = fmesh.without(mesh, lost, axis)
+        before: list[object] = [mesh, (mesh, mesh.axis_names)]
+        if data.draw(st.booleans()):  # a larger communicator first: a keep must still win over a shrink
+            before.reverse()
+        after = [smaller, (smaller, smaller.axis_names)]
+        plan = recovery.plan_recovery(before, after, shrink_groups=True)
+        requests = fmesh.plan.communicators.requests_of
+        assert plan.counts == brute_counts(requests(before), requests(after), True)
+        reached.example(*(c.action for c in plan.communicators), *(["dropped"] if plan.dropped else []))
+
+    law()
+    reached.floor({"shrink": 0.3, "keep": 0.1, "dropped": 0.1})
 
 
 @given(st.data())

@@ -71,6 +71,22 @@ def test_every_public_object_is_documented_once(site: pathlib.Path) -> None:
     assert elsewhere == []
 
 
+def test_the_module_to_tests_table_names_files_that_exist() -> None:
+    table = (DOCS / "development.md").read_text().split("## Where the tests are")[1].split("\n## ")[0]
+    rows = [line.split("|")[1:3] for line in table.splitlines() if line.startswith("| `")]
+    assert len(rows) >= 20
+    tests = {path.name: path for path in (ROOT / "tests").rglob("test_*.py")}
+    for modules, files in rows:
+        folder = ""
+        for name in re.findall(r"`([^`]+)`", modules):  # `fmesh/mesh/elastic.py`, `lineage.py`: one folder
+            if "/" in name:
+                folder = name if name.endswith("/") else name.rsplit("/", 1)[0] + "/"
+            assert (ROOT / (name if "/" in name else folder + name)).exists() or not name.endswith((".py", "/")), name
+        for name in re.findall(r"`([^`]+)`", files):
+            found = list(ROOT.glob(name)) if "/" in name else [tests[name]] if name in tests else []
+            assert found, name
+
+
 def test_nitpick_ignores_only_other_projects() -> None:
     conf = (DOCS / "conf.py").read_text()
     patterns = re.findall(r'\("py:[^"]*", r"([^"]+)"\)', conf)

@@ -1,4 +1,4 @@
-"""Elastic meshes and jobs (fmesh.without, fmesh.resize, fmesh.plan.rescale): laws against brute force.
+"""Elastic meshes (fmesh.without, fmesh.resize, fmesh.old_rank, fmesh.new_rank): laws against brute force.
 
 The references here enumerate ranks and read coordinates; the code under test never does.
 """
@@ -6,56 +6,20 @@ The references here enumerate ranks and read coordinates; the code under test ne
 from __future__ import annotations
 
 import doctest
-import math
 import pickle
-import re
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from laws import Reached
 from paths import ROOT
-from reference import dropped_coordinates
-from strategies import jobs, lost_ranks, meshes
+from reference import dropped_coordinates, renumbered, survivors, through_rank_map
+from strategies import lost_ranks, meshes
 
 import fmesh
-from fmesh.plan.parallel import MESH_NAMES
-from fmesh.plan.rescale import ELASTIC_AXES, scale_down, scale_up
-
-EXPERT_MESHES = ("ep", "efsdp", "etp")
-
-
-# ----------------------------------------------------------------- references
-
-
-def survivors(mesh: fmesh.Mesh, lost: Sequence[int], axis: str) -> list[int]:
-    """Every rank whose coordinate along ``axis`` holds no lost rank, ascending (a mesh covering its universe)."""
-    position, dropped = mesh.axis_index(axis), dropped_coordinates(mesh, lost, axis)
-    return [r for r in range(mesh.world_size) if (mesh.coordinate(r) or ())[position] not in dropped]
-
-
-def renumbered(groups: Sequence[tuple[int, ...]], number: dict[int, int]) -> tuple[tuple[int, ...], ...]:
-    """The groups' surviving members in the new numbering, groups with no survivor left out."""
-    kept = (tuple(number[r] for r in group if r in number) for group in groups)
-    return tuple(group for group in kept if group)
-
-
-def through_rank_map(groups: Sequence[tuple[int, ...]], universe: fmesh.Universe) -> tuple[tuple[int, ...], ...]:
-    """A restarted job's groups (over slots, its rank map the identity) read through ``universe``'s rank map."""
-    return tuple(tuple(universe.rank_of(slot) for slot in group) for group in groups)
-
-
-# ----------------------------------------------------------------- strategies
-
-
-def restarted(dims: fmesh.ParallelDims, axis: str, size: int) -> fmesh.ParallelDims:
-    """The job a restart with ``axis`` of ``size`` would launch (identity rank map)."""
-    degrees = {name: getattr(dims, name) for name in ("pp", "dp_replicate", "dp_shard", "cp", "tp")}
-    degrees[axis] = size
-    return fmesh.ParallelDims(math.prod(degrees.values()), **degrees, ep=dims.ep, etp=dims.etp)
-
 
 # --------------------------------------------------------------- mesh laws
 
@@ -82,7 +46,7 @@ def test_without_keeps_the_survivors_groups_renumbered_in_ascending_order(data: 
 
 
 @given(st.data())
-def test_resize_grows_with_old_ranks_keeping_their_numbers_and_shrinks_back(data: st.DataObject) -> None:
+def test_resize_larger_keeps_the_old_ranks_numbers_and_back_is_the_same_mesh(data: st.DataObject) -> None:
     mesh = data.draw(meshes())
     axis = data.draw(st.sampled_from(mesh.axis_names))
     size = mesh.shape[axis]
@@ -102,24 +66,34 @@ def test_resize_grows_with_old_ranks_keeping_their_numbers_and_shrinks_back(data
     assert fmesh.without(larger, range(world, larger.world_size), axis) == mesh
 
 
-@given(st.data())
-def test_old_and_new_rank_are_inverse(data: st.DataObject) -> None:
-    mesh = data.draw(meshes())
-    axis = data.draw(st.sampled_from(mesh.axis_names))
-    if data.draw(st.booleans()):
-        lost = data.draw(lost_ranks(mesh.world_size))
-        assume(len(dropped_coordinates(mesh, lost, axis)) < mesh.shape[axis])
-        changed = fmesh.without(mesh, lost, axis)
-    else:
-        changed = fmesh.resize(mesh, axis, data.draw(st.integers(1, 6)))
-    for old in range(mesh.world_size):
-        new = fmesh.new_rank(changed, old)
-        assert new is None or fmesh.old_rank(changed, new) == old
-    for new in range(changed.world_size):
-        old = fmesh.old_rank(changed, new)
-        assert old is None or fmesh.new_rank(changed, old) == new
-    kept = [r for r in range(mesh.world_size) if fmesh.new_rank(changed, r) is not None]
-    assert sorted(fmesh.new_rank(changed, r) for r in kept) == list(range(len(kept)))  # type: ignore[type-var]
+def test_old_and_new_rank_are_inverse() -> None:
+    reached = Reached()
+
+    @given(st.data())
+    def law(data: st.DataObject) -> None:
+        mesh = data.draw(meshes())
+        axis = data.draw(st.sampled_from(mesh.axis_names))
+        if data.draw(st.booleans()):
+            lost = data.draw(lost_ranks(mesh.world_size))
+            assume(len(dropped_coordinates(mesh, lost, axis)) < mesh.shape[axis])
+            changed, how = fmesh.without(mesh, lost, axis), "without"
+        else:
+            size = data.draw(st.integers(1, 6))
+            changed = fmesh.resize(mesh, axis, size)
+            change = (size > mesh.shape[axis]) - (size < mesh.shape[axis])
+            how = {-1: "resize smaller", 0: "same", 1: "resize larger"}[change]
+        for old in range(mesh.world_size):
+            new = fmesh.new_rank(changed, old)
+            assert new is None or fmesh.old_rank(changed, new) == old
+        for new in range(changed.world_size):
+            old = fmesh.old_rank(changed, new)
+            assert old is None or fmesh.new_rank(changed, old) == new
+        kept = [r for r in range(mesh.world_size) if fmesh.new_rank(changed, r) is not None]
+        assert sorted(fmesh.new_rank(changed, r) for r in kept) == list(range(len(kept)))  # type: ignore[type-var]
+        reached.example(how)
+
+    law()
+    reached.floor({"without": 0.1, "resize smaller": 0.1, "resize larger": 0.1})
 
 
 def test_without_on_a_selected_mesh_drops_the_uncovered_ranks_slices_too() -> None:
@@ -151,77 +125,6 @@ def test_the_lineage_is_a_value_and_survives_pickling() -> None:
     assert twice.universe.lineage is not None and twice.universe.lineage.parent is smaller.universe
 
 
-# --------------------------------------------------------------- job laws
-
-
-@given(st.data())
-def test_shrink_equals_a_restarted_job_for_every_named_mesh(data: st.DataObject) -> None:
-    dims = data.draw(jobs())
-    axis = data.draw(st.sampled_from(("pp", "dp_replicate", "dp_shard")))
-    lost = data.draw(lost_ranks(dims.world_size))
-    world = dims.world_mesh
-    dropped = dropped_coordinates(world, lost, axis)
-    assume(len(dropped) < world.shape[axis])
-    try:
-        restart = restarted(dims, axis, world.shape[axis] - len(dropped))
-    except ValueError as error:  # the smaller degree leaves no valid expert layout: shrink says so
-        assert "ep=" in str(error)
-        with pytest.raises(ValueError, match=re.escape(f"{axis} {world.shape[axis]} -> ") + ".*ep="):
-            scale_down(dims, lost, axes=(axis,))
-        return
-    smaller = scale_down(dims, lost, axes=(axis,))
-    number = {rank: new for new, rank in enumerate(survivors(world, lost, axis))}
-
-    assert smaller.world_mesh == fmesh.without(world, lost, axis)
-    keeps_experts = axis != "dp_shard" or (dims.cp * dims.tp) % (dims.ep * dims.etp) == 0
-    for name in MESH_NAMES:
-        new_groups = smaller.mesh(name).groups()
-        assert new_groups == through_rank_map(restart.mesh(name).groups(), smaller.world_mesh.universe), name
-        if keeps_experts or name not in EXPERT_MESHES:
-            assert new_groups == renumbered(dims.mesh(name).groups(), number), name
-    for name in ("dp", "fsdp", "loss", "ep"):
-        assert fmesh.old_rank(smaller.mesh(name), 0) == min(number)
-
-
-@given(st.data())
-def test_grow_equals_a_restarted_job_and_shrinking_the_newcomers_returns_the_job(data: st.DataObject) -> None:
-    dims = data.draw(jobs())
-    axis = data.draw(st.sampled_from(("pp", "dp_replicate", "dp_shard")))
-    world = dims.world_mesh
-    added = data.draw(st.integers(1, 2))
-    joining = added * world.world_size // world.shape[axis]
-    try:
-        restart = restarted(dims, axis, world.shape[axis] + added)
-    except ValueError as error:
-        assert "ep=" in str(error)
-        with pytest.raises(ValueError, match=re.escape(f"{axis} {world.shape[axis]} -> ") + ".*ep="):
-            scale_up(dims, joining, axes=(axis,))
-        return
-    larger = scale_up(dims, joining, axes=(axis,))
-
-    assert larger.world_size == dims.world_size + joining
-    for name in MESH_NAMES:
-        assert larger.mesh(name).groups() == through_rank_map(restart.mesh(name).groups(),
-                                                              larger.world_mesh.universe), name
-    assert [fmesh.new_rank(larger.world_mesh, r) for r in range(dims.world_size)] == list(range(dims.world_size))
-    back = scale_down(larger, range(dims.world_size, larger.world_size), axes=(axis,))
-    assert back.degrees == dims.degrees
-    for mesh, original in ((back.world_mesh, dims.world_mesh), (back.expert_mesh, dims.expert_mesh)):
-        assert mesh == original and hash(mesh) == hash(original)
-
-
-def test_the_axis_chosen_is_dp_replicate_before_dp_shard_and_pp_only_when_named() -> None:
-    dims = fmesh.ParallelDims(32, pp=2, dp_replicate=2, dp_shard=4, tp=2)
-    assert scale_down(dims, [0]).degrees["dp_replicate"] == 1
-    assert scale_down(dims, [0, 8]).degrees["dp_shard"] == 3  # both replicas hit
-    assert scale_down(dims, [0, 8, 2]).degrees["dp_shard"] == 2
-    with pytest.raises(ValueError, match="pp is tried only when axes names it"):
-        scale_down(dims, [0, 8, 2, 4, 6])
-    assert scale_down(dims, [0, 8, 2, 4, 6], axes=(*ELASTIC_AXES, "pp")).pp == 1
-    assert scale_up(dims, 16).dp_replicate == 3
-    assert scale_up(dims, 8).dp_shard == 5
-
-
 # ------------------------------------------------------------------ errors
 
 ERRORS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
@@ -243,19 +146,6 @@ ERRORS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ("no lineage", lambda: fmesh.old_rank(fmesh.make_mesh((2,), ("dp",)), 0), ValueError, "has no lineage"),
     ("new rank outside", lambda: fmesh.new_rank(fmesh.resize(fmesh.make_mesh((2,), ("dp",)), "dp", 3), 2),
      ValueError, "rank 2 is outside the universe: valid ranks are 0..1"),
-    ("tp absorbs", lambda: scale_down(fmesh.ParallelDims(4, tp=2), [0], axes=("tp",)), ValueError,
-     "axes names 'tp': tp and cp cannot absorb a change"),
-    ("unknown recipe axis", lambda: scale_up(fmesh.ParallelDims(4), 4, axes=("dp",)), ValueError,
-     "unknown axis 'dp' in axes: expected names from ('pp', 'dp_replicate', 'dp_shard')"),
-    ("nothing lost", lambda: scale_down(fmesh.ParallelDims(4), []), ValueError, "at least one lost rank"),
-    ("no slice joins", lambda: scale_up(fmesh.ParallelDims(8, tp=2), 3), ValueError,
-     "dp_shard: a slice along it has 2 ranks, and 3 is not a multiple of 2"),
-    ("everything hit", lambda: scale_down(fmesh.ParallelDims(4, dp_shard=2, tp=2), [0, 2]), ValueError,
-     "dp_replicate=1: the lost ranks lie in all 1 of its slices; dp_shard=2: the lost ranks lie in all 2 of its "
-     "slices (pp is tried only when axes names it; tp and cp cannot absorb a change"),
-    ("expert layout", lambda: scale_down(fmesh.ParallelDims(8, dp_shard=4, tp=2, ep=4), [3]), ValueError,
-     "dp_shard 4 -> 3: ep=4 does not divide dp_shard(3) * cp(1) * tp(2) = 6: with etp=1, ep is carved from "
-     "dp_shard * cp * tp inside one dp_replicate group; valid ep: 1, 2, 3, 6"),
 ]
 
 
