@@ -3,7 +3,7 @@
 >>> import fmesh
 >>> from fmesh.plan.recovery import recover_job
 >>> print(format_recovery(recover_job(fmesh.ParallelDims(8, dp_shard=4, tp=2), [2])).splitlines()[0])
-lost ranks [2] of 8: world 8 -> 6
+lost ranks [2] of 8: world 8 -> 6 (1 lost -> 1 healthy GPUs idle)
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ def format_recovery(job: JobRecovery, backend: Backend = "nccl") -> str:
 the parameters and optimizer state are resharded over fewer ranks
     """
     plan, counts = job.plan, job.plan.counts
+    idle = job.before.world_size - job.after.world_size - len(job.lost)
     lines = [f"lost ranks {list(job.lost)} of {job.before.world_size}: world {job.before.world_size} -> "
-             f"{job.after.world_size}",
+             f"{job.after.world_size} ({len(job.lost)} lost -> {idle} healthy GPUs idle)",
              " -> ".join(" ".join(f"{n}={getattr(d, n)}" for n in DEGREE_NAMES) for d in (job.before, job.after)),
              f"absorbed by {job.axis}: {job.reason}",
              f"communicators: {counts['keep']} keep, {counts['shrink']} shrink, {counts['create']} create; "
@@ -73,18 +74,22 @@ def _format_data(job: JobRecovery) -> list[str]:
              f"covers [j/{resharding.new_shards}, (j+1)/{resharding.new_shards}) of each stage's and part's state, "
              f"{ranks} ranks each"]
     rows = [("new shard", "old shards [part]")]
-    shown = list(range(resharding.new_shards))
-    if len(shown) > _SHOWN:
-        shown = [*shown[: _SHOWN - 1], shown[-1]]
-    for j in shown:
-        rows.append((str(j), ", ".join(map(str, resharding.pieces[j]))))
+    for j in range(resharding.new_shards):
+        if j < _SHOWN - 1 or j == resharding.new_shards - 1:
+            rows.append((str(j), ", ".join(map(str, resharding.pieces[j]))))
+        elif j == _SHOWN - 1:
+            rows.append(("…", f"({resharding.new_shards - _SHOWN} shards not shown)"))
     lines += format_table(rows, (True, False))
     lost = set(job.lost)
-    for load in map(job.load, range(min(job.after.world_size, _SHOWN // 2))):
+    sample = min(job.after.world_size, _SHOWN // 2)
+    lines.append(f"what each new rank loads (a sample: the first {sample} of {job.after.world_size} new ranks; a piece "
+                 "whose every holder is lost comes from the checkpoint):")
+    for load in map(job.load, range(sample)):
         parts = []
         for piece, holders in zip(load.pieces, load.holders, strict=True):
             shown_holders = ", ".join(_holder(job, h, lost) for h in holders)
-            parts.append(f"{piece} from {shown_holders}")
+            alive = any(h not in lost for h in holders)  # a dropped holder is alive and can still send its piece
+            parts.append(f"{piece} from {shown_holders}" + ("" if alive else ": from the checkpoint"))
         lines.append(f"  new rank {load.rank} (old {load.old_rank}): " + "; ".join(parts))
     return lines
 
