@@ -22,7 +22,8 @@ def test_the_docs_show_commands_to_check() -> None:
     assert len(SHOWN) >= 1
 
 
-@pytest.mark.parametrize(("page", "block"), SHOWN, ids=[f"{page}:{block.split(chr(10))[0][2:60]}" for page, block in SHOWN])
+@pytest.mark.parametrize(("page", "block"), SHOWN, ids=[f"{page}:{block.split(chr(10))[0][2:60]}"
+                                                        for page, block in SHOWN])
 def test_a_shown_command_prints_what_the_docs_show(page: object, block: str) -> None:
     command, _, shown = block.partition("\n")
     out, err = io.StringIO(), io.StringIO()
