@@ -133,10 +133,8 @@ def layer_activation_bytes(model: Model, options: Options, tp: int = 1, cp: int 
     tokens = s * b * (model.top_k if model.experts else 1)  # tokens an MLP sees (each routed k times)
     mlp = (4 if model.gated_mlp else 2) * width * tokens * ffn
     inside = width * s * b * (2 * h + 2 * kv) + mlp  # q, k, v and the attention output; the MLP
-    if options.flash_attention:
-        scores = 4 * a * s * b  # the fp32 log-sum-exp per row, kept by FlashAttention
-    else:
-        scores = (5 if options.dropout else 2) * a * s * s * b
+    # FlashAttention keeps only an fp32 log-sum-exp per row; otherwise the scores (and their dropout)
+    scores = 4 * a * s * b if options.flash_attention else (5 if options.dropout else 2) * a * s * s * b
     if options.recompute == "selective":
         scores = 0
     outside = outside // tp if sp else outside

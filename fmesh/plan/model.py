@@ -3,8 +3,9 @@ change its memory and traffic (:class:`Options`), and presets for public configs
 
 Pure values. A model is the sizes a person reads off a config file (layers, hidden size, heads and KV heads,
 FFN size, vocabulary, sequence length, global batch, micro-batch; experts and top-k for a mixture of experts),
-plus the few switches that change which tensors exist (a gated MLP, biases, LayerNorm or RMSNorm, learned
-positions, tied embeddings, separate or fused q/k/v projections). :func:`layer_weights` and
+plus the few switches that change which tensors exist (a gated MLP, biases in the attention and in the MLP,
+LayerNorm or RMSNorm, learned positions, tied embeddings, separate or fused q/k/v projections, an embedding
+and output layer split over ``tp`` or not). :func:`layer_weights` and
 :func:`outer_weights` list every weight tensor with the dimension tensor parallelism splits, which is what
 the byte model (:mod:`fmesh.plan.traffic`) and the memory model (:mod:`fmesh.plan.memory`) read.
 
@@ -77,11 +78,13 @@ class Model:
     top_k: int = attrs.field(default=1, kw_only=True, validator=_positive)
     expert_ffn: int = attrs.field(default=0, kw_only=True, validator=_non_negative)
     gated_mlp: bool = attrs.field(default=False, kw_only=True)
-    biases: bool = attrs.field(default=True, kw_only=True)
+    attention_biases: bool = attrs.field(default=True, kw_only=True)
+    mlp_biases: bool = attrs.field(default=True, kw_only=True)
     rms_norm: bool = attrs.field(default=False, kw_only=True)
     learned_positions: bool = attrs.field(default=False, kw_only=True)
     tied_embeddings: bool = attrs.field(default=False, kw_only=True)
     fused_qkv: bool = attrs.field(default=True, kw_only=True)
+    vocab_parallel: bool = attrs.field(default=True, kw_only=True)
     dtype_bytes: int = attrs.field(default=2, kw_only=True, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
@@ -214,7 +217,7 @@ def _linear(name: str, out: int, inp: int, tp_dim: int, bias: bool, expert: bool
 
 
 def _mlp(model: Model, prefix: str, ffn: int, expert: bool) -> list[Weight]:
-    h, b = model.hidden, model.biases
+    h, b = model.hidden, model.mlp_biases
     if model.gated_mlp:
         return [*_linear(f"{prefix}gate", ffn, h, 0, b, expert), *_linear(f"{prefix}up", ffn, h, 0, b, expert),
                 *_linear(f"{prefix}down", h, ffn, 1, b, expert)]
@@ -226,10 +229,10 @@ def layer_weights(model: Model) -> tuple[Weight, ...]:
     (norms first); q/k/v are one fused tensor unless ``fused_qkv`` is off.
 
     >>> [w.name for w in layer_weights(Model("t", layers=1, hidden=8, heads=2, vocab=4, seq_len=4, global_batch=1,
-    ...                                       biases=False, rms_norm=True))]
+    ...                                       attention_biases=False, mlp_biases=False, rms_norm=True))]
     ['norm1.weight', 'norm2.weight', 'attention.qkv.weight', 'attention.o.weight', 'up.weight', 'down.weight']
     """
-    h, b = model.hidden, model.biases
+    h, b = model.hidden, model.attention_biases
     weights = [*_norm(model, "norm1"), *_norm(model, "norm2")]
     if model.fused_qkv:
         weights += _linear("attention.qkv", h + 2 * model.kv_dim, h, 0, b)
@@ -247,18 +250,19 @@ def layer_weights(model: Model) -> tuple[Weight, ...]:
 
 def outer_weights(model: Model) -> tuple[Weight, ...]:
     """The weights outside the layers, in ``examples/train.py``'s order: the embedding (split over ``tp`` along
-    the vocabulary, Megatron's vocab-parallel embedding, only when the output is tensor-parallel too), the
+    the vocabulary when ``vocab_parallel``, as Megatron's vocab-parallel embedding), the
     learned positions, the final norm and the output projection (absent when tied).
 
     >>> [w.name for w in outer_weights(preset("llama3-8b"))]
     ['embed.weight', 'norm.weight', 'head.weight']
     """
-    weights = [Weight("embed.weight", (model.vocab, model.hidden), 0)]
+    split = 0 if model.vocab_parallel else None
+    weights = [Weight("embed.weight", (model.vocab, model.hidden), split)]
     if model.learned_positions:
         weights.append(Weight("position", (model.seq_len, model.hidden)))
     weights += _norm(model, "norm")
     if not model.tied_embeddings:
-        weights.append(Weight("head.weight", (model.vocab, model.hidden), 0))
+        weights.append(Weight("head.weight", (model.vocab, model.hidden), split))
     return tuple(weights)
 
 
@@ -292,7 +296,8 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: 
     heads, vocabulary 128,256, 8,192-token sequences; torchtitan's separate q/k/v and global batch of
     1,024 sequences (~8M tokens), micro-batch 1."""
     return Model(name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=128256,
-                 seq_len=8192, global_batch=1024, gated_mlp=True, biases=False, rms_norm=True, fused_qkv=False)
+                 seq_len=8192, global_batch=1024, gated_mlp=True, attention_biases=False,
+                 mlp_biases=False, rms_norm=True, fused_qkv=False)
 
 
 def _megatron(name: str, layers: int, hidden: int, heads: int, batch: int) -> Model:
@@ -308,8 +313,8 @@ PRESETS: Mapping[str, Model] = MappingProxyType({
     "llama3-405b": _llama("llama3-405b", 126, 16384, 128, 8, 53248),
     # Mixtral 8x7B (Mistral AI, "Mixtral of Experts", 2024): Mistral 7B's layers with 8 experts, top 2.
     "mixtral-8x7b": Model("mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000,
-                          seq_len=4096, global_batch=1024, experts=8, top_k=2, gated_mlp=True, biases=False,
-                          rms_norm=True, fused_qkv=False),
+                          seq_len=4096, global_batch=1024, experts=8, top_k=2, gated_mlp=True,
+                          attention_biases=False, mlp_biases=False, rms_norm=True, fused_qkv=False),
     "megatron-22b": _megatron("megatron-22b", 48, 6144, 64, 4),
     "megatron-175b": _megatron("megatron-175b", 96, 12288, 96, 64),
     "megatron-530b": _megatron("megatron-530b", 105, 20480, 128, 280),
