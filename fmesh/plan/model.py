@@ -26,11 +26,22 @@ import attrs
 
 from fmesh.layout.int_tuple import is_int
 
-__all__ = ["PRESETS", "RECOMPUTE_MODES", "Model", "Options", "Weight", "active_parameter_count",
-           "layer_weights", "outer_weights", "parameter_count", "preset"]
+__all__ = [
+    "PRESETS",
+    "RECOMPUTE_MODES",
+    "Model",
+    "Options",
+    "Recompute",
+    "Weight",
+    "active_parameter_count",
+    "layer_weights",
+    "outer_weights",
+    "parameter_count",
+    "preset",
+]
 
 Recompute = Literal["none", "selective", "full"]
-RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
 """Activation recomputation: keep every activation, recompute the attention core only (Korthikanti et al.
 2022's *selective*), or keep only each layer's input and recompute the layer (*full*)."""
 

@@ -25,7 +25,7 @@ import attrs
 from fmesh.plan.costs import format_seconds
 from fmesh.plan.hardware import Hardware
 from fmesh.plan.memory import Memory, memory
-from fmesh.plan.model import RECOMPUTE_MODES, Model, Options
+from fmesh.plan.model import RECOMPUTE_MODES, Model, Options, Recompute
 from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.step import StepTime, step_time
 from fmesh.plan.topology import Topology
@@ -41,7 +41,7 @@ class Candidate:
 
     dims: ParallelDims
     rank_order: str
-    recompute: str
+    recompute: Recompute
     memory: Memory
     time: StepTime
 
@@ -87,7 +87,7 @@ def candidates(model: Model, gpus: int) -> Iterator[ParallelDims]:
                     yield ParallelDims(gpus, pp=pp, dp_replicate=replicate, dp_shard=dp // replicate, cp=cp, tp=tp)
 
 
-def fits(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> tuple[str, Memory] | None:
+def fits(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> tuple[Recompute, Memory] | None:
     """The least recomputation with which ``dims`` fits in the GPU's memory, and that memory; ``None`` if none.
 
     >>> from fmesh.plan.hardware import hardware
@@ -155,7 +155,7 @@ def alternatives(model: Model, options: Options, dims: ParallelDims, gpus_per_no
     """
     hosts = max(1, dims.world_size // gpus_per_node)
     fit = fits(model, options, dims, hardware)
-    mode = fit[0] if fit else options.recompute
+    mode: Recompute = fit[0] if fit else options.recompute
     base = step_time(model, attrs.evolve(options, recompute=mode), dims, hardware,
                      Topology(hosts, gpus_per_node, rank_order=rank_order)).total
     axes = ("pp", "dp_replicate", "dp_shard", "cp", "tp")

@@ -124,7 +124,7 @@ def _assumptions(options: Options, hardware: Hardware) -> tuple[str, ...]:
         "tp/cp/ep/pp collectives on the critical path, not overlapped; FSDP/HSDP/loss collectives overlap the "
         "compute (only their excess counts)",
         "collectives at NCCL's ring/tree model on peak link bandwidth (fmesh.plan.costs)",
-        f"1F1B pipeline, {options.recompute} recomputation",
+        f"1F1B pipeline; activation recomputation: {options.recompute}",
     )
 
 
