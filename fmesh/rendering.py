@@ -704,6 +704,7 @@ def traffic_html(dims: ParallelDims, moved: Sequence[Transfer], topology: Topolo
                           for t in transfers)
         out.append(f'<p style="{CAPTION_STYLE}"><b>{_esc(axis)}: {_esc(format_bytes(total))} per step</b>: '
                    f"{_esc(parts)}</p>")
+        highlight: tuple[str, ...]
         if axis in ("ep", "efsdp", "etp"):
             mesh, highlight = dims.expert_mesh, (axis,)
         else:
