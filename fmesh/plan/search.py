@@ -3,7 +3,8 @@ changes worth trying: :func:`alternatives`.
 
 :func:`search` lists every combination of the degrees ``(pp, dp_replicate, dp_shard, cp, tp)`` whose product is
 the number of GPUs (``tp`` dividing the heads and the KV heads, ``cp`` the sequence, ``pp`` at most the layers,
-the data-parallel degree dividing the batch's micro-batches), with each rank order (``block``: torchrun's,
+the data-parallel degree dividing the batch's micro-batches; for a mixture of experts, every ``ep`` dividing the
+experts and ``dp_shard * cp * tp``), with each rank order (``block``: torchrun's,
 ``cyclic``), keeps the ones that fit in the GPU's memory with the least recomputation that makes them fit
 (none, then selective, then full), and ranks them by estimated step time (:mod:`fmesh.plan.step`). Memory is
 checked first (arithmetic only); the step time, which places every group on the hosts, is computed only for
@@ -54,7 +55,7 @@ class Candidate:
         >>> search(preset("llama3-8b"), Options(), 8, 8, hardware("h100"), top=1)[0].label
         'dp_shard=8 block, recompute none'
         """
-        degrees = " ".join(f"{n}={getattr(self.dims, n)}" for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+        degrees = " ".join(f"{n}={getattr(self.dims, n)}" for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
                            if getattr(self.dims, n) > 1) or "single GPU"
         return f"{degrees} {self.rank_order}, recompute {self.recompute}"
 
@@ -84,7 +85,11 @@ def candidates(model: Model, gpus: int) -> Iterator[ParallelDims]:
                 if batches % dp:
                     continue
                 for replicate in _divisors(dp):
-                    yield ParallelDims(gpus, pp=pp, dp_replicate=replicate, dp_shard=dp // replicate, cp=cp, tp=tp)
+                    region = dp // replicate * cp * tp  # where ep is carved from (etp = 1)
+                    for ep in _divisors(model.experts) if model.experts else [1]:
+                        if region % ep == 0:
+                            yield ParallelDims(gpus, pp=pp, dp_replicate=replicate, dp_shard=dp // replicate, cp=cp,
+                                               tp=tp, ep=ep)
 
 
 def fits(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> tuple[Recompute, Memory] | None:
