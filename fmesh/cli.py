@@ -36,7 +36,7 @@ from fmesh.plan.jobs import DEFAULT_COST_BYTES, build_plan, job
 from fmesh.plan.manifest import Manifest, dump_manifest, load_manifest, plan_manifest
 from fmesh.plan.manifest_diff import compare
 from fmesh.plan.manifest_table import format_manifest
-from fmesh.plan.model import PRESETS, Options, preset
+from fmesh.plan.model import PRESETS, Model, Options, from_config, preset
 from fmesh.plan.model_plan import format_model_plan, plan_model
 from fmesh.plan.parallel import DEGREE_NAMES
 from fmesh.plan.recovery import JobRecovery, recover_job, recover_manifests
@@ -131,7 +131,8 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
                       help="backend of the communicators in the manifest (default nccl)")
     plan.add_argument("--manifest", metavar="FILE", help="also write the communicator manifest (JSON) to FILE")
     plan.add_argument("--model", metavar="NAME",
-                      help=f"plan this model (one of {', '.join(PRESETS)}): bytes per axis, memory and step time")
+                      help=f"plan this model (one of {', '.join(PRESETS)}, or a JSON file of "
+                           "fmesh.plan.model.Model's fields): bytes per axis, memory and step time")
     plan.add_argument("--hardware", choices=tuple(HARDWARE), default="h100",
                       help="with --model: the GPUs and links (default h100)")
     plan.add_argument("--search", action="store_true",
@@ -258,10 +259,25 @@ def _model(args: argparse.Namespace, out: TextIO) -> int:
     if args.world_size < 1 or args.gpus_per_node < 1 or args.world_size % args.gpus_per_node:
         raise CommandLineError(f"expected --world-size a positive multiple of --gpus-per-node {args.gpus_per_node}, "
                                f"but got {args.world_size}")
-    plan = plan_model(preset(args.model), Options(), hardware(args.hardware), args.world_size, args.gpus_per_node,
+    plan = plan_model(_model_of(args.model), Options(), hardware(args.hardware), args.world_size, args.gpus_per_node,
                       degrees=None if args.search else _degrees(args), rank_order=args.rank_order, lose=args.lose)
     print(json.dumps(plan.to_json(), indent=2) if args.json else format_model_plan(plan), file=out)
     return 0
+
+
+def _model_of(name: str) -> Model:
+    """A preset by name, or a config file (``.json``) of the model's fields."""
+    if not name.endswith(".json"):
+        return preset(name)
+    try:
+        config = json.loads(pathlib.Path(name).read_text())
+    except OSError as error:
+        raise CommandLineError(f"cannot read the model config {name}: {error.strerror or error}") from None
+    except json.JSONDecodeError as error:
+        raise CommandLineError(f"expected a JSON object in the model config {name}, but got: {error}") from None
+    if not isinstance(config, dict):
+        raise CommandLineError(f"expected a JSON object of model fields in {name}, but got {type(config).__name__}")
+    return from_config(config)
 
 
 def _lose(args: argparse.Namespace, out: TextIO) -> int:

@@ -34,6 +34,7 @@ __all__ = [
     "Recompute",
     "Weight",
     "active_parameter_count",
+    "from_config",
     "layer_weights",
     "outer_weights",
     "parameter_count",
@@ -348,3 +349,27 @@ def preset(name: str) -> Model:
     if name not in PRESETS:
         raise KeyError(f"expected a model among {tuple(PRESETS)}, but got {name!r}")
     return PRESETS[name]
+
+
+def from_config(config: Mapping[str, Any]) -> Model:
+    """A :class:`Model` from a mapping of its fields (a JSON config file's contents); ``name`` defaults to
+    ``"custom"``.
+
+    >>> from_config({"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32, "global_batch": 8}).ffn
+    256
+    >>> from_config({"layers": 2, "width": 64})
+    Traceback (most recent call last):
+    ...
+    ValueError: expected model fields among ('name', 'layers', 'hidden', 'heads', 'vocab', 'seq_len', 'global_batch', \
+'micro_batch', 'kv_heads', 'ffn', 'experts', 'top_k', 'expert_ffn', 'gated_mlp', 'attention_biases', 'mlp_biases', \
+'rms_norm', 'learned_positions', 'tied_embeddings', 'fused_qkv', 'vocab_parallel', 'dtype_bytes'), but got ['width']
+    """
+    known = tuple(field.name for field in attrs.fields(Model))
+    unknown = sorted(set(config) - set(known))
+    if unknown:
+        raise ValueError(f"expected model fields among {known}, but got {unknown}")
+    missing = [name for name in ("layers", "hidden", "heads", "vocab", "seq_len", "global_batch") if name not in config]
+    if missing:
+        raise ValueError(f"expected the model fields {missing} in the config, but got only {sorted(config)}")
+    fields = dict(config)
+    return Model(str(fields.pop("name", "custom")), **fields)

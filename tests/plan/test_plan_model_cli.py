@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import pathlib
 
 import pytest
 
@@ -29,6 +30,17 @@ def test_search_70b_on_4096_gpus_json() -> None:
     assert [r["step_seconds"] for r in plan["ranked"]] == sorted(r["step_seconds"] for r in plan["ranked"])
     assert plan["loss"]["world_size"] + plan["loss"]["idle_gpus"] + 2 == 4096
     assert {t["axis"] for t in plan["bytes_per_step"]} >= {"dp_shard_cp"}
+
+
+def test_a_config_file(tmp_path: pathlib.Path) -> None:
+    config = tmp_path / "model.json"
+    config.write_text(json.dumps({"name": "mine", "layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000,
+                                  "seq_len": 2048, "global_batch": 64}))
+    code, out, _ = run("--model", str(config), "--world-size", "16", "--gpus-per-node", "8", "--search", "--json")
+    assert code == 0 and json.loads(out)["model"] == "mine"
+    config.write_text(json.dumps({"layers": 4, "width": 1024}))
+    code, _, err = run("--model", str(config), "--world-size", "16", "--gpus-per-node", "8", "--search")
+    assert code == 2 and "['width']" in err and err.count("\n") == 1
 
 
 def test_given_degrees_text() -> None:
