@@ -19,7 +19,10 @@ Its memory is split into
   when ``m >= pp``; with ``pp == 1`` one micro-batch of every layer. The logits (fp32, split over ``tp``) count
   where the output layer is;
 * **buffers**: with FSDP, the all-gathered weights of two layers (the one computing and the one prefetched) and
-  one layer's unsharded gradients before the reduce_scatter.
+  one layer's unsharded gradients before the reduce_scatter;
+* **communicators**: NCCL's own buffers for every communicator the rank joins, from the job's manifest
+  (:func:`with_communicators`, :mod:`fmesh.plan.manifest`'s memory model); :func:`memory` leaves it 0, as it
+  knows nothing of hosts.
 
 >>> from fmesh.plan.model import Options, preset
 >>> from fmesh.plan.parallel import ParallelDims
@@ -32,18 +35,19 @@ from __future__ import annotations
 
 import attrs
 
+from fmesh.plan.manifest import plan_manifest
 from fmesh.plan.model import Model, Options, Weight, layer_weights, outer_weights
 from fmesh.plan.parallel import ParallelDims
 
-__all__ = ["Memory", "layer_activation_bytes", "memory", "micro_batches", "owned_parameters"]
+__all__ = ["Memory", "layer_activation_bytes", "memory", "micro_batches", "owned_parameters", "with_communicators"]
 
 
 @attrs.frozen
 class Memory:
     """Bytes per GPU, by what holds them.
 
-    >>> Memory(1, 2, 3, 4, 5).total
-    15
+    >>> Memory(1, 2, 3, 4, 5).total, Memory(1, 2, 3, 4, 5, communicators=6).total
+    (15, 21)
     """
 
     weights: int
@@ -51,6 +55,7 @@ class Memory:
     optimizer: int
     activations: int
     buffers: int
+    communicators: int = 0
 
     @property
     def total(self) -> int:
@@ -59,7 +64,8 @@ class Memory:
         >>> Memory(0, 0, 0, 2**30, 0).total
         1073741824
         """
-        return self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+        return (self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+                + self.communicators)
 
 
 def micro_batches(model: Model, dims: ParallelDims) -> int:
@@ -172,3 +178,15 @@ def memory(model: Model, options: Options, dims: ParallelDims) -> Memory:
         activations=activations,
         buffers=buffers,
     )
+
+
+def with_communicators(used: Memory, dims: ParallelDims, gpus_per_node: int, rank_order: str = "block") -> Memory:
+    """``used`` with the NCCL buffers of every communicator a rank of the job joins (its manifest's
+    ``per_rank`` GPU memory).
+
+    >>> with_communicators(Memory(0, 0, 0, 0, 0), ParallelDims(16, tp=8), 8).communicators / 2**20
+    882.0
+    """
+    degrees = {name: getattr(dims, name) for name in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")}
+    manifest = plan_manifest(dims.world_size, gpus_per_node, rank_order=rank_order, **degrees)
+    return attrs.evolve(used, communicators=manifest.per_rank_gpu_memory_bytes)

@@ -24,7 +24,7 @@ import attrs
 from fmesh.plan.costs import format_bytes, format_seconds
 from fmesh.plan.hardware import Hardware
 from fmesh.plan.jobs import job
-from fmesh.plan.memory import Memory
+from fmesh.plan.memory import Memory, with_communicators
 from fmesh.plan.model import Model, Options, Recompute
 from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.rescale import scale_down
@@ -135,6 +135,10 @@ def plan_model(model: Model, options: Options, hardware: Hardware, world_size: i
             raise ValueError(f"expected degrees whose memory fits in {format_bytes(hardware.memory)} per GPU, but "
                              f"{dims!r} does not with any recomputation ({instead})")
         recompute, used = fit
+        used = with_communicators(used, dims, gpus_per_node, rank_order)
+        if used.total > hardware.memory:
+            raise ValueError(f"expected degrees whose memory fits in {format_bytes(hardware.memory)} per GPU, but "
+                             f"{dims!r} needs {format_bytes(used.total)} with its communicators' buffers")
         reasons = ()
     chosen = attrs.evolve(options, recompute=recompute)
     moved = traffic(model, chosen, dims)
@@ -169,7 +173,7 @@ def format_model_plan(plan: ModelPlan) -> str:
              f"memory per GPU: {format_bytes(m.total)} of {format_bytes(plan.hardware.memory)} (weights "
              f"{format_bytes(m.weights)}, gradients {format_bytes(m.gradients)}, optimizer "
              f"{format_bytes(m.optimizer)}, activations {format_bytes(m.activations)}, buffers "
-             f"{format_bytes(m.buffers)})",
+             f"{format_bytes(m.buffers)}, communicators {format_bytes(m.communicators)})",
              f"step time: {format_seconds(t.total)} (compute {format_seconds(t.compute)} incl. bubble "
              f"{format_seconds(t.bubble)}, optimizer {format_seconds(t.optimizer)}, exposed collectives "
              f"{format_seconds(t.exposed_critical + t.exposed_overlapped)})", "", "bytes per step, one rank:"]

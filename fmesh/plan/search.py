@@ -8,7 +8,8 @@ experts and ``dp_shard * cp * tp``), with each rank order (``block``: torchrun's
 ``cyclic``), keeps the ones that fit in the GPU's memory with the least recomputation that makes them fit
 (none, then selective, then full), and ranks them by estimated step time (:mod:`fmesh.plan.step`). Memory is
 checked first (arithmetic only); the step time, which places every group on the hosts, is computed only for
-the layouts that fit.
+the layouts that fit; the communicators' NCCL buffers (from the job's manifest) are added last, walking the
+ranking from the fastest until ``top`` layouts fit with them.
 
 >>> from fmesh.plan.hardware import hardware
 >>> from fmesh.plan.model import Options, preset
@@ -25,7 +26,7 @@ import attrs
 
 from fmesh.plan.costs import format_seconds
 from fmesh.plan.hardware import Hardware
-from fmesh.plan.memory import Memory, memory
+from fmesh.plan.memory import Memory, memory, with_communicators
 from fmesh.plan.model import RECOMPUTE_MODES, Model, Options, Recompute
 from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.step import StepTime, step_time
@@ -122,7 +123,14 @@ def search(model: Model, options: Options, gpus: int, gpus_per_node: int, hardwa
             topology = Topology(hosts, gpus_per_node, rank_order=order)
             found.append(Candidate(dims, order, mode, used, step_time(model, chosen, dims, hardware, topology)))
     found.sort(key=lambda c: c.time.total)
-    return tuple(found[:top])
+    kept: list[Candidate] = []
+    for candidate in found:  # the communicators' buffers, from the job's manifest, for the fastest only
+        used = with_communicators(candidate.memory, candidate.dims, gpus_per_node, candidate.rank_order)
+        if used.total <= hardware.memory:
+            kept.append(attrs.evolve(candidate, memory=used))
+            if len(kept) == top:
+                break
+    return tuple(kept)
 
 
 def reason(best: Candidate, other: Candidate) -> str:
