@@ -253,6 +253,12 @@ def _diff(args: argparse.Namespace, out: TextIO) -> int:
 def _model(args: argparse.Namespace, out: TextIO) -> int:
     if args.manifest:
         raise CommandLineError("--model prints the model's plan and writes no manifest; write it without --model")
+    ignored = [flag for flag, given in (("--cost-bytes", args.cost_bytes != DEFAULT_COST_BYTES),
+                                        ("--links", args.links != "h100-ib"), ("--backend", args.backend != "nccl"))
+               if given]
+    if ignored:
+        raise CommandLineError(f"--model times every collective of the step on --hardware's links, so it takes no "
+                               f"{', '.join(ignored)}; choose the GPUs and links with --hardware")
     given = {name: value for name, value in _degrees(args).items() if value != (-1 if name == "dp_shard" else 1)}
     if args.search and given:
         raise CommandLineError(f"--search chooses the degrees, but got {given}: give either --search or degrees")
@@ -260,7 +266,8 @@ def _model(args: argparse.Namespace, out: TextIO) -> int:
         raise CommandLineError(f"expected --world-size a positive multiple of --gpus-per-node {args.gpus_per_node}, "
                                f"but got {args.world_size}")
     plan = plan_model(_model_of(args.model), Options(), hardware(args.hardware), args.world_size, args.gpus_per_node,
-                      degrees=None if args.search else _degrees(args), rank_order=args.rank_order, lose=args.lose)
+                      degrees=None if args.search else _degrees(args), rank_order=args.rank_order, lose=args.lose,
+                      absorb=args.absorb or ELASTIC_AXES)
     print(json.dumps(plan.to_json(), indent=2) if args.json else format_model_plan(plan), file=out)
     return 0
 

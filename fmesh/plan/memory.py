@@ -36,7 +36,7 @@ from __future__ import annotations
 import attrs
 
 from fmesh.plan.manifest import plan_manifest
-from fmesh.plan.model import Model, Options, Weight, layer_weights, outer_weights
+from fmesh.plan.model import Model, Options, Weight, first_stage_weights, layer_weights
 from fmesh.plan.parallel import ParallelDims
 
 __all__ = ["Memory", "layer_activation_bytes", "memory", "micro_batches", "owned_parameters", "with_communicators"]
@@ -103,9 +103,7 @@ def owned_parameters(model: Model, dims: ParallelDims) -> int:
         else:
             dense += _local(weight, dims)
     layers = -(-model.layers // dims.pp)
-    outer = outer_weights(model)
-    if dims.pp > 1:  # the first stage: the embedding (and learned positions) only
-        outer = tuple(w for w in outer if w.name in ("embed.weight", "position"))
+    outer = first_stage_weights(model, dims.pp)
     dense_total = layers * dense + sum(_local(w, dims) for w in outer)
     return -(-dense_total // dense_shard) + -(-(layers * expert) // dims.efsdp)
 

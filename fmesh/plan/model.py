@@ -34,6 +34,7 @@ __all__ = [
     "Recompute",
     "Weight",
     "active_parameter_count",
+    "first_stage_weights",
     "from_config",
     "layer_weights",
     "outer_weights",
@@ -276,6 +277,18 @@ def outer_weights(model: Model) -> tuple[Weight, ...]:
     if not model.tied_embeddings:
         weights.append(Weight("head.weight", (model.vocab, model.hidden), split))
     return tuple(weights)
+
+
+def first_stage_weights(model: Model, pp: int) -> tuple[Weight, ...]:
+    """The weights outside the layers that the first of ``pp`` pipeline stages holds: all of them with one
+    stage, else the embedding and the learned positions (the final norm and the output layer are the last
+    stage's).
+
+    >>> [w.name for w in first_stage_weights(preset("llama3-8b"), 4)]
+    ['embed.weight']
+    """
+    outer = outer_weights(model)
+    return outer if pp == 1 else tuple(w for w in outer if w.name in ("embed.weight", "position"))
 
 
 def _count(weights: tuple[Weight, ...], experts: int) -> int:

@@ -27,7 +27,7 @@ from fmesh.plan.jobs import job
 from fmesh.plan.memory import Memory, with_communicators
 from fmesh.plan.model import Model, Options, Recompute
 from fmesh.plan.parallel import ParallelDims
-from fmesh.plan.rescale import scale_down
+from fmesh.plan.rescale import ELASTIC_AXES, scale_down
 from fmesh.plan.search import Candidate, alternatives, fits, reason, search
 from fmesh.plan.step import StepTime, step_time
 from fmesh.plan.table import format_table
@@ -112,11 +112,13 @@ def _no_fit(model: Model, hardware: Hardware, gpus: int, gpus_per_node: int, opt
 
 def plan_model(model: Model, options: Options, hardware: Hardware, world_size: int, gpus_per_node: int, *,
                degrees: Mapping[str, int] | None = None, rank_order: str = "block", top: int = 5,
-               lose: Sequence[int] | None = None) -> ModelPlan:
+               lose: Sequence[int] | None = None, absorb: Sequence[str] = ELASTIC_AXES) -> ModelPlan:
     """The plan of ``model`` on ``world_size`` GPUs: with ``degrees`` (keywords of
     :class:`~fmesh.ParallelDims`), that layout; without, the fastest the search finds (``top`` listed).
 
-    ``ValueError`` names the value when nothing fits, or the given degrees do not fit (with the search's best).
+    ``lose``: ranks whose loss to cost, absorbed by the first axis of ``absorb`` that can
+    (:func:`~fmesh.plan.rescale.scale_down`). ``ValueError`` names the value when nothing fits, or the given
+    degrees do not fit (with the search's best).
     """
     hosts = max(1, world_size // gpus_per_node)
     ranked = search(model, options, world_size, gpus_per_node, hardware, top=top) if degrees is None else ()
@@ -146,7 +148,7 @@ def plan_model(model: Model, options: Options, hardware: Hardware, world_size: i
     changes = alternatives(model, options, dims, gpus_per_node, hardware, rank_order)[:3]
     loss = None
     if lose:
-        smaller = scale_down(dims, lose)
+        smaller = scale_down(dims, lose, axes=absorb)
         small_hosts = max(1, smaller.world_size // gpus_per_node)
         seconds = step_time(model, chosen, smaller, hardware,
                             Topology(small_hosts, min(gpus_per_node, smaller.world_size))).total

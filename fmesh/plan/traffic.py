@@ -44,7 +44,7 @@ from collections.abc import Iterable
 import attrs
 
 from fmesh.plan.memory import micro_batches
-from fmesh.plan.model import Model, Options, Weight, layer_weights, outer_weights
+from fmesh.plan.model import Model, Options, Weight, first_stage_weights, layer_weights
 from fmesh.plan.parallel import ParallelDims
 
 __all__ = ["Transfer", "bytes_by_axis", "fsdp_gather_elements", "traffic"]
@@ -109,7 +109,7 @@ def _fsdp(found: dict[tuple[str, str, str], list[int]], model: Model, options: O
     dense = [w for w in layer_weights(model) if not w.expert]
     expert = [w for w in layer_weights(model) if w.expert]
     experts_here = model.experts // dims.ep if model.experts else 0
-    root = list(outer_weights(model)) if dims.pp == 1 else [w for w in outer_weights(model) if w.name != "position"]
+    root = list(first_stage_weights(model, dims.pp))
     units = [("dp_shard_cp", dims.dp_shard * dims.cp, dims.tp, dense, 2 * m, layers),
              ("dp_shard_cp", dims.dp_shard * dims.cp, dims.tp, root, m, 1),
              ("efsdp", dims.efsdp, dims.etp, expert * experts_here, 2 * m, layers)]
@@ -128,7 +128,8 @@ def _fsdp(found: dict[tuple[str, str, str], list[int]], model: Model, options: O
 
 def traffic(model: Model, options: Options, dims: ParallelDims) -> tuple[Transfer, ...]:
     """Every collective one rank runs in a step, summed per (axis, collective, purpose); the module docstring
-    says what is counted. The rank is a middle pipeline stage's (the first stage's when ``pp == 1``).
+    says what is counted. The rank is the first pipeline stage's (its FSDP root holds the embedding), except
+    that its pipeline sends are counted as a middle stage's (activations forward and gradients back).
 
     >>> from fmesh.plan.model import Options, preset
     >>> moved = traffic(preset("megatron-22b"), Options(sequence_parallel=False, recompute="full"),

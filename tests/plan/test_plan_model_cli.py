@@ -57,6 +57,10 @@ def test_given_degrees_text() -> None:
     (["--model", "llama3-8b", "--world-size", "16", "--gpus-per-node", "8", "--hardware", "v100"], "v100"),
     (["--model", "llama3-8b", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8", "--search"], "--search"),
     (["--world-size", "16", "--gpus-per-node", "8", "--search"], "--model"),
+    (["--model", "llama3-8b", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8", "--links", "loopback"],
+     "--links"),
+    (["--model", "llama3-8b", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8", "--lose", "3", "--absorb",
+      "pp"], "pp"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], says: str) -> None:
     code, out, err = run(*argv)
