@@ -1,6 +1,8 @@
 """``python -m fmesh``: a short demo; ``python -m fmesh plan``: the meshes of a job before launching it
 (``--manifest FILE`` also writes its communicator manifest; ``--lose RANKS`` prints the recovery plan after losing
-those ranks instead); ``python -m fmesh diff A B``: two plans compared (``--lose RANKS``: B is A after that loss).
+those ranks instead; ``--model NAME [--hardware KIND] [--search]`` plans a model on the job: bytes per axis,
+memory and step time, the search's best layouts); ``python -m fmesh diff A B``: two plans compared
+(``--lose RANKS``: B is A after that loss).
 
 Argument parsing and printing only: everything it prints is made in :mod:`fmesh.plan` (the plan
 :mod:`~fmesh.plan.jobs`, the manifest :mod:`~fmesh.plan.manifest`, the diff :mod:`~fmesh.plan.manifest_diff`, the
@@ -28,11 +30,15 @@ from fmesh.errors import CommandLineError
 from fmesh.mesh import make_mesh
 from fmesh.plan.costs import H100_IB, LOOPBACK, Links
 from fmesh.plan.diff_table import format_diff
+from fmesh.plan.hardware import HARDWARE, hardware
 from fmesh.plan.job_table import format_plan
 from fmesh.plan.jobs import DEFAULT_COST_BYTES, build_plan, job
 from fmesh.plan.manifest import Manifest, dump_manifest, load_manifest, plan_manifest
 from fmesh.plan.manifest_diff import compare
 from fmesh.plan.manifest_table import format_manifest
+from fmesh.plan.model import PRESETS, Model, Options, from_config, preset
+from fmesh.plan.model_plan import plan_model
+from fmesh.plan.model_table import format_model_plan
 from fmesh.plan.parallel import DEGREE_NAMES
 from fmesh.plan.recovery import JobRecovery, recover_job, recover_manifests
 from fmesh.plan.recovery_table import format_recovery
@@ -125,6 +131,13 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
                       help="backend of the communicators in the manifest (default nccl)")
     plan.add_argument("--manifest", metavar="FILE", help="also write the communicator manifest (JSON) to FILE")
+    plan.add_argument("--model", metavar="NAME",
+                      help=f"plan this model (one of {', '.join(PRESETS)}, or a JSON file of "
+                           "fmesh.plan.model.Model's fields): bytes per axis, memory and step time")
+    plan.add_argument("--hardware", choices=tuple(HARDWARE), default="h100",
+                      help="with --model: the GPUs and links (default h100)")
+    plan.add_argument("--search", action="store_true",
+                      help="with --model: search every layout for --world-size GPUs instead of taking the degrees")
 
 
 def _parser() -> _Parser:
@@ -199,6 +212,10 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             raise CommandLineError("--absorb says which axes absorb a loss, so it goes with --lose RANKS")
         if args.command == "diff":
             return _diff(args, out)
+        if args.model is not None:
+            return _model(args, out)
+        if args.search:
+            raise CommandLineError("--search looks for the best layout of a model, so it goes with --model NAME")
         if args.lose is not None:
             return _lose(args, out)
         plan = build_plan(args.world_size, args.gpus_per_node, rank_order=args.rank_order,
@@ -232,6 +249,43 @@ def _diff(args: argparse.Namespace, out: TextIO) -> int:
             print(f"\nrecovery (B is A after losing ranks {list(recovery.lost)}):\n"
                   f"{format_recovery(recovery, b.backend)}", file=out)
     return 0
+
+
+def _model(args: argparse.Namespace, out: TextIO) -> int:
+    if args.manifest:
+        raise CommandLineError("--model prints the model's plan and writes no manifest; write it without --model")
+    ignored = [flag for flag, given in (("--cost-bytes", args.cost_bytes != DEFAULT_COST_BYTES),
+                                        ("--links", args.links != "h100-ib"), ("--backend", args.backend != "nccl"))
+               if given]
+    if ignored:
+        raise CommandLineError(f"--model times every collective of the step on --hardware's links, so it takes no "
+                               f"{', '.join(ignored)}; choose the GPUs and links with --hardware")
+    given = {name: value for name, value in _degrees(args).items() if value != (-1 if name == "dp_shard" else 1)}
+    if args.search and given:
+        raise CommandLineError(f"--search chooses the degrees, but got {given}: give either --search or degrees")
+    if args.world_size < 1 or args.gpus_per_node < 1 or args.world_size % args.gpus_per_node:
+        raise CommandLineError(f"expected --world-size a positive multiple of --gpus-per-node {args.gpus_per_node}, "
+                               f"but got {args.world_size}")
+    plan = plan_model(_model_of(args.model), Options(), hardware(args.hardware), args.world_size, args.gpus_per_node,
+                      degrees=None if args.search else _degrees(args), rank_order=args.rank_order, lose=args.lose,
+                      absorb=args.absorb or ELASTIC_AXES)
+    print(json.dumps(plan.to_json(), indent=2) if args.json else format_model_plan(plan), file=out)
+    return 0
+
+
+def _model_of(name: str) -> Model:
+    """A preset by name, or a config file (``.json``) of the model's fields."""
+    if not name.endswith(".json"):
+        return preset(name)
+    try:
+        config = json.loads(pathlib.Path(name).read_text())
+    except OSError as error:
+        raise CommandLineError(f"cannot read the model config {name}: {error.strerror or error}") from None
+    except json.JSONDecodeError as error:
+        raise CommandLineError(f"expected a JSON object in the model config {name}, but got: {error}") from None
+    if not isinstance(config, dict):
+        raise CommandLineError(f"expected a JSON object of model fields in {name}, but got {type(config).__name__}")
+    return from_config(config)
 
 
 def _lose(args: argparse.Namespace, out: TextIO) -> int:

@@ -40,9 +40,12 @@ from fmesh.layout.flat import Modes
 from fmesh.layout.int_tuple import product
 from fmesh.layout.int_tuple import row_major_coordinate as _unravel  # one row-major helper: int_tuple's
 from fmesh.mesh.mesh import Mesh
+from fmesh.plan.costs import format_bytes
+from fmesh.plan.parallel import WORLD_AXES, ParallelDims
 from fmesh.plan.topology import Topology
+from fmesh.plan.traffic import Transfer
 
-__all__ = ["CAPTION_STYLE", "GOLDEN_ANGLE", "group_colour", "html", "render", "show_in_notebooks"]
+__all__ = ["CAPTION_STYLE", "GOLDEN_ANGLE", "group_colour", "html", "render", "show_in_notebooks", "traffic_html"]
 
 HighlightArg = str | Sequence[str] | None
 
@@ -673,3 +676,41 @@ def show_in_notebooks() -> bool:
         return False
     shell.display_formatter.formatters["text/html"].for_type(Mesh, html)
     return True
+
+
+# The world axes each derived mesh of ParallelDims flattens (ParallelDims.mesh); the expert axes live on its
+# expert mesh.
+_WORLD_AXES_OF = {"dp_shard_cp": ("dp_shard", "cp"), "dp": ("dp_replicate", "dp_shard"),
+                  "dp_cp": ("dp_replicate", "dp_shard", "cp")}
+
+
+def traffic_html(dims: ParallelDims, moved: Sequence[Transfer], topology: Topology | None = None) -> str:
+    """The job's mesh once per axis that moves bytes, that axis's groups coloured (:func:`html`), under a caption
+    with the bytes one rank moves along it per step, by collective (:func:`fmesh.plan.traffic.traffic`).
+
+    >>> from fmesh.plan.model import Options, preset
+    >>> from fmesh.plan.traffic import traffic
+    >>> dims = ParallelDims(16, dp_shard=2, tp=8)
+    >>> out = traffic_html(dims, traffic(preset("llama3-8b"), Options(), dims), Topology(2, 8))
+    >>> out.count("<table"), "tp: " in out
+    (3, True)
+    """
+    by_axis: dict[str, list[Transfer]] = {}
+    for transfer in moved:
+        by_axis.setdefault(transfer.axis, []).append(transfer)
+    out = ['<div class="fmesh-traffic">']
+    for axis, transfers in by_axis.items():
+        total = sum(t.nbytes for t in transfers)
+        parts = ", ".join(f"{t.collective} {format_bytes(t.nbytes)} in {t.calls} calls ({t.purpose})"
+                          for t in transfers)
+        out.append(f'<p style="{CAPTION_STYLE}"><b>{_esc(axis)}: {_esc(format_bytes(total))} per step</b>: '
+                   f"{_esc(parts)}</p>")
+        highlight: tuple[str, ...]
+        if axis in ("ep", "efsdp", "etp"):
+            mesh, highlight = dims.expert_mesh, (axis,)
+        else:
+            mesh, highlight = dims.world_mesh, _WORLD_AXES_OF.get(axis, (axis,))
+        if all(name in WORLD_AXES or mesh is dims.expert_mesh for name in highlight):
+            out.append(html(mesh, highlight, topology=topology))
+    out.append("</div>")
+    return "".join(out)

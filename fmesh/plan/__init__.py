@@ -13,9 +13,13 @@ Bottom to top (a module imports only those above it in this list, never the Cont
   the difference of two;
 * :mod:`fmesh.plan.recovery`: the recovery plan after a loss: which communicators are kept, shrunk or created,
   and the data that moves;
+* the model-aware planner: a model and how it is trained (:mod:`fmesh.plan.model`), GPUs and links
+  (:mod:`fmesh.plan.hardware`), memory per GPU (:mod:`fmesh.plan.memory`), bytes per step per axis
+  (:mod:`fmesh.plan.traffic`), step time (:mod:`fmesh.plan.step`), the search over layouts
+  (:mod:`fmesh.plan.search`) and the model's plan (:mod:`fmesh.plan.model_plan`);
 * the tables the command line prints, one module each, on :func:`fmesh.plan.table.format_table`:
   :mod:`fmesh.plan.job_table`, :mod:`fmesh.plan.manifest_table`, :mod:`fmesh.plan.diff_table`,
-  :mod:`fmesh.plan.recovery_table`.
+  :mod:`fmesh.plan.recovery_table`, :mod:`fmesh.plan.model_table`.
 
 Importing :mod:`fmesh.plan` imports them all, so ``fmesh.plan.recovery.recover_job`` works after ``import fmesh``.
 
@@ -28,32 +32,48 @@ from fmesh.plan import (
     communicators,
     costs,
     diff_table,
+    hardware,
     job_table,
     jobs,
     manifest,
     manifest_diff,
     manifest_table,
+    memory,
+    model,
+    model_plan,
+    model_table,
     parallel,
     recovery,
     recovery_table,
     rescale,
+    search,
+    step,
     table,
     topology,
+    traffic,
 )
 
 __all__ = [
     "communicators",
     "costs",
     "diff_table",
+    "hardware",
     "job_table",
     "jobs",
     "manifest",
     "manifest_diff",
     "manifest_table",
+    "memory",
+    "model",
+    "model_plan",
+    "model_table",
     "parallel",
     "recovery",
     "recovery_table",
     "rescale",
+    "search",
+    "step",
     "table",
     "topology",
+    "traffic",
 ]

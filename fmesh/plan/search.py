@@ -1,0 +1,196 @@
+"""The best layouts of a model on N GPUs, before any GPU is touched: :func:`search`, and for a given layout the
+changes worth trying: :func:`alternatives`.
+
+:func:`search` lists every combination of the degrees ``(pp, dp_replicate, dp_shard, cp, tp)`` whose product is
+the number of GPUs (``tp`` dividing the heads and the KV heads, ``cp`` the sequence, ``pp`` at most the layers,
+the data-parallel degree dividing the batch's micro-batches; for a mixture of experts, every ``ep`` dividing the
+experts and ``dp_shard * cp * tp``), with each rank order (``block``: torchrun's,
+``cyclic``), keeps the ones that fit in the GPU's memory with the least recomputation that makes them fit
+(none, then selective, then full), and ranks them by estimated step time (:mod:`fmesh.plan.step`). Memory is
+checked first (arithmetic only); the step time, which places every group on the hosts, is computed only for
+the layouts that fit; the communicators' NCCL buffers (from the job's manifest) are added last, walking the
+ranking from the fastest until ``top`` layouts fit with them.
+
+>>> from fmesh.plan.hardware import hardware
+>>> from fmesh.plan.model import Options, preset
+>>> best = search(preset("llama3-8b"), Options(), 64, 8, hardware("h100"), top=3)
+>>> len(best), best[0].dims.world_size
+(3, 64)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import attrs
+
+from fmesh.plan.costs import format_seconds
+from fmesh.plan.hardware import Hardware
+from fmesh.plan.memory import Memory, memory, with_communicators
+from fmesh.plan.model import RECOMPUTE_MODES, Model, Options, Recompute
+from fmesh.plan.parallel import ParallelDims
+from fmesh.plan.step import StepTime, step_time
+from fmesh.plan.topology import ORDERS, RankOrder, Topology
+
+__all__ = ["RANK_ORDERS", "Candidate", "alternatives", "candidates", "fits", "reason", "search"]
+
+RANK_ORDERS = ORDERS  # every rank order the search tries
+
+
+@attrs.frozen
+class Candidate:
+    """One layout: its degrees, rank order and recomputation, and what it costs (memory per GPU, step time)."""
+
+    dims: ParallelDims
+    rank_order: RankOrder
+    recompute: Recompute
+    memory: Memory
+    time: StepTime
+
+    @property
+    def label(self) -> str:
+        """The degrees that are not 1, the rank order and the recomputation, in one line.
+
+        >>> from fmesh.plan.hardware import hardware
+        >>> from fmesh.plan.model import preset
+        >>> search(preset("llama3-8b"), Options(), 8, 8, hardware("h100"), top=1)[0].label
+        'dp_shard=8 block, recompute none'
+        """
+        degrees = " ".join(f"{n}={getattr(self.dims, n)}" for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+                           if getattr(self.dims, n) > 1) or "single GPU"
+        return f"{degrees} {self.rank_order}, recompute {self.recompute}"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(model: Model, gpus: int) -> Iterator[ParallelDims]:
+    """Every valid degree set for ``gpus`` GPUs (module docstring).
+
+    >>> from fmesh.plan.model import preset
+    >>> len(list(candidates(preset("llama3-8b"), 16)))
+    69
+    """
+    batches = model.global_batch // model.micro_batch
+    for tp in _divisors(gpus):
+        if model.heads % tp or model.kv_heads % tp:
+            continue
+        for cp in _divisors(gpus // tp):
+            if model.seq_len % cp:
+                continue
+            for pp in _divisors(gpus // (tp * cp)):
+                if pp > model.layers:
+                    continue
+                dp = gpus // (tp * cp * pp)
+                if batches % dp:
+                    continue
+                for replicate in _divisors(dp):
+                    region = dp // replicate * cp * tp  # where ep is carved from (etp = 1)
+                    for ep in _divisors(model.experts) if model.experts else [1]:
+                        if region % ep == 0:
+                            yield ParallelDims(gpus, pp=pp, dp_replicate=replicate, dp_shard=dp // replicate, cp=cp,
+                                               tp=tp, ep=ep)
+
+
+def fits(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> tuple[Recompute, Memory] | None:
+    """The least recomputation with which ``dims`` fits in the GPU's memory, and that memory; ``None`` if none.
+
+    >>> from fmesh.plan.hardware import hardware
+    >>> from fmesh.plan.model import preset
+    >>> fits(preset("llama3-70b"), Options(), ParallelDims(8, tp=8, dp_shard=1), hardware("h100")) is None
+    True
+    """
+    for mode in RECOMPUTE_MODES:
+        used = memory(model, attrs.evolve(options, recompute=mode), dims)
+        if used.total <= hardware.memory:
+            return mode, used
+    return None
+
+
+def search(model: Model, options: Options, gpus: int, gpus_per_node: int, hardware: Hardware, top: int = 5
+           ) -> tuple[Candidate, ...]:
+    """The ``top`` fastest layouts that fit (module docstring), fastest first; empty when none fits."""
+    hosts = max(1, gpus // gpus_per_node)
+    found = []
+    for dims in candidates(model, gpus):
+        fit = fits(model, options, dims, hardware)
+        if fit is None:
+            continue
+        mode, used = fit
+        chosen = attrs.evolve(options, recompute=mode)
+        for order in RANK_ORDERS:
+            topology = Topology(hosts, gpus_per_node, rank_order=order)
+            found.append(Candidate(dims, order, mode, used, step_time(model, chosen, dims, hardware, topology)))
+    found.sort(key=lambda c: c.time.total)
+    kept: list[Candidate] = []
+    for candidate in found:  # the communicators' buffers, from the job's manifest, for the fastest only
+        used = with_communicators(candidate.memory, candidate.dims, gpus_per_node, candidate.rank_order)
+        if used.total <= hardware.memory:
+            kept.append(attrs.evolve(candidate, memory=used))
+            if len(kept) == top:
+                break
+    return tuple(kept)
+
+
+def reason(best: Candidate, other: Candidate) -> str:
+    """Why ``best`` beats ``other``, in one line: the biggest of the differences in their step times.
+
+    >>> from fmesh.plan.hardware import hardware
+    >>> from fmesh.plan.model import preset
+    >>> a, b = search(preset("llama3-8b"), Options(), 64, 8, hardware("h100"), top=2)
+    >>> reason(a, b).startswith("-")
+    True
+    """
+    parts = {
+        "compute": other.time.compute - best.time.compute,
+        "exposed tp/cp/ep/pp collectives": other.time.exposed_critical - best.time.exposed_critical,
+        "FSDP/DP collectives beyond the compute": other.time.exposed_overlapped - best.time.exposed_overlapped,
+        "optimizer step": other.time.optimizer - best.time.optimizer,
+    }
+    biggest = max(parts, key=lambda name: parts[name])
+    saved = other.time.total - best.time.total
+    share = saved / other.time.total if other.time.total else 0.0
+    return f"-{share:.1%} step time vs {other.label}: {format_seconds(parts[biggest])} less {biggest}"
+
+
+def alternatives(model: Model, options: Options, dims: ParallelDims, gpus_per_node: int, hardware: Hardware,
+                 rank_order: RankOrder = "block") -> tuple[tuple[str, float], ...]:
+    """Changes worth trying for a given layout: a factor of 2 moved between two axes, or the other rank order,
+    each with its change in step time (negative: faster), best first; only changes that fit and help.
+
+    >>> from fmesh.plan.hardware import hardware
+    >>> from fmesh.plan.model import preset
+    >>> changes = alternatives(preset("llama3-8b"), Options(), ParallelDims(64, dp_shard=4, tp=16), 8,
+    ...                        hardware("h100"))
+    >>> changes[0][0]
+    'tp 8 instead of 16, pp 2 instead of 1'
+    """
+    hosts = max(1, dims.world_size // gpus_per_node)
+    fit = fits(model, options, dims, hardware)
+    mode: Recompute = fit[0] if fit else options.recompute
+    base = step_time(model, attrs.evolve(options, recompute=mode), dims, hardware,
+                     Topology(hosts, gpus_per_node, rank_order=rank_order)).total
+    axes = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+    valid = {tuple(getattr(d, n) for n in axes): d for d in candidates(model, dims.world_size)}
+    found: list[tuple[str, float]] = []
+    degrees = [getattr(dims, n) for n in axes]
+    for i, src in enumerate(axes):
+        for j, dst in enumerate(axes):
+            if i == j or degrees[i] % 2:
+                continue
+            changed = list(degrees)
+            changed[i] //= 2
+            changed[j] *= 2
+            other = valid.get(tuple(changed))
+            if other is None or (other_fit := fits(model, options, other, hardware)) is None:
+                continue
+            seconds = step_time(model, attrs.evolve(options, recompute=other_fit[0]), other, hardware,
+                                Topology(hosts, gpus_per_node, rank_order=rank_order)).total
+            text = f"{src} {changed[i]} instead of {degrees[i]}, {dst} {changed[j]} instead of {degrees[j]}"
+            found.append((text, seconds / base - 1))
+    flipped = "cyclic" if rank_order == "block" else "block"
+    seconds = step_time(model, attrs.evolve(options, recompute=mode), dims, hardware,
+                        Topology(hosts, gpus_per_node, rank_order=flipped)).total
+    found.append((f"rank order {flipped} instead of {rank_order}", seconds / base - 1))
+    return tuple(sorted((f for f in found if f[1] < 0), key=lambda f: f[1]))

@@ -1,0 +1,149 @@
+"""Time per training step, from the model's FLOPs and its bytes per axis: :func:`step_time`.
+
+**Compute.** The FLOPs of a step are counted as Narayanan et al. 2021 count them (a multiply-add is 2 FLOPs;
+the attention scores ``QK^T`` and their product with ``V`` are ``4·s·h`` per token per layer, the causal mask
+not discounted): one forward pass is ``tokens · (layers · (2 · active layer parameters + 4 · s · h) + 2 · v · h)``,
+and a step runs 3 of them (forward, and backward at twice the forward), plus the recomputation: a forward of
+the attention scores with selective recomputation, a whole forward with full recomputation. Every GPU does an
+equal share at ``efficiency`` times the GPU's peak, and a 1F1B pipeline of ``pp`` stages and ``m``
+micro-batches idles ``(pp - 1) / m`` of it (the bubble).
+
+**The optimizer step** reads and writes every parameter's Adam state once, at the GPU's memory bandwidth:
+``2 · (param_bytes + master_bytes + moment_bytes) + grad_bytes`` bytes per parameter the GPU owns.
+
+**Communication** (:mod:`fmesh.plan.traffic` for the bytes, :func:`fmesh.plan.costs.estimate_span` for the time
+of each call on the job's hosts): tensor, context and expert parallelism and the pipeline's sends sit on the
+critical path of every micro-batch (not overlapped, as in Megatron-LM of 2022), so they count in full and pay
+the bubble too; FSDP's gathers and reductions, HSDP's and the loss's all_reduce run beside the compute (FSDP2
+prefetches), so only what exceeds the compute counts.
+
+>>> from fmesh.plan.hardware import hardware
+>>> from fmesh.plan.model import Options, preset
+>>> from fmesh.plan.parallel import ParallelDims
+>>> from fmesh.plan.topology import Topology
+>>> t = step_time(preset("llama3-8b"), Options(), ParallelDims(64, dp_shard=8, tp=8), hardware("h100"),
+...               Topology(8, 8))
+>>> round(t.total, 2), round(t.compute, 2)
+(23.68, 16.49)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from fmesh.plan.costs import estimate_span
+from fmesh.plan.hardware import Hardware
+from fmesh.plan.memory import micro_batches, owned_parameters
+from fmesh.plan.model import Model, Options, active_parameter_count
+from fmesh.plan.parallel import ParallelDims
+from fmesh.plan.topology import Topology
+from fmesh.plan.traffic import Transfer, traffic
+
+__all__ = ["CRITICAL_AXES", "AxisTime", "StepTime", "step_flops", "step_time", "transfer_seconds"]
+
+CRITICAL_AXES: tuple[str, ...] = ("tp", "cp", "ep", "pp")
+"""Axes whose collectives wait on the critical path of every micro-batch; the others overlap the compute."""
+
+
+@attrs.frozen
+class AxisTime:
+    """Seconds per step of one (axis, collective): ``seconds`` in all, ``exposed`` of them not hidden."""
+
+    axis: str
+    collective: str
+    seconds: float
+    critical: bool
+
+
+@attrs.frozen
+class StepTime:
+    """A step's estimated seconds: ``compute`` (the bubble included), the collectives' time, what is exposed,
+    and the assumptions it rests on (printed by the command line).
+
+    >>> StepTime(2.0, 0.25, 0.0, (AxisTime("tp", "all_reduce", 0.5, True),), 0.5, 0.0, ()).total
+    2.5
+    """
+
+    compute: float
+    bubble: float
+    optimizer: float
+    collectives: tuple[AxisTime, ...]
+    exposed_critical: float
+    exposed_overlapped: float
+    assumptions: tuple[str, ...]
+
+    @property
+    def total(self) -> float:
+        """Compute plus the communication that is not hidden.
+
+        >>> StepTime(1.0, 0.0, 0.5, (), 0.25, 0.25, ()).total
+        2.0
+        """
+        return self.compute + self.optimizer + self.exposed_critical + self.exposed_overlapped
+
+
+def step_flops(model: Model, options: Options) -> float:
+    """FLOPs of one step, the whole job, the recomputation included (module docstring).
+
+    >>> from fmesh.plan.model import preset
+    >>> round(step_flops(preset("megatron-22b"), Options(recompute="full")) / 1e15, 3)
+    1.52
+    """
+    tokens = model.global_batch * model.seq_len
+    layer_matmuls = (active_parameter_count(model) - model.vocab * model.hidden) // model.layers
+    scores = 4 * model.seq_len * model.hidden
+    forward = tokens * (model.layers * (2 * layer_matmuls + scores) + 2 * model.vocab * model.hidden)
+    total = 3.0 * forward
+    if options.recompute == "full":
+        total += forward - tokens * 2 * model.vocab * model.hidden  # the layers again, not the output layer
+    elif options.recompute == "selective":
+        total += tokens * model.layers * scores
+    return total
+
+
+def transfer_seconds(transfer: Transfer, dims: ParallelDims, topology: Topology, hardware: Hardware) -> float:
+    """Seconds one rank spends in ``transfer``'s calls: each call costed on the hosts its group spans.
+
+    >>> from fmesh.plan.hardware import hardware
+    >>> dims = ParallelDims(16, tp=8)
+    >>> round(transfer_seconds(Transfer("tp", "all_reduce", 10, 10 * 2**26, ""), dims, Topology(2, 8),
+    ...                        hardware("h100")), 5)
+    0.00317
+    """
+    if transfer.calls == 0:
+        return 0.0
+    span = topology.span(dims.mesh(transfer.axis), transfer.axis)
+    return transfer.calls * estimate_span(transfer.collective, transfer.per_call, span, hardware.links).seconds
+
+
+def _assumptions(options: Options, hardware: Hardware) -> tuple[str, ...]:
+    return (
+        f"compute at {options.efficiency:.0%} of {hardware.flops / 1e12:.0f} TFLOP/s per GPU ({hardware.name})",
+        "tp/cp/ep/pp collectives on the critical path, not overlapped; FSDP/HSDP/loss collectives overlap the "
+        "compute (only their excess counts)",
+        "collectives at NCCL's ring/tree model on peak link bandwidth (fmesh.plan.costs)",
+        f"1F1B pipeline; activation recomputation: {options.recompute}",
+    )
+
+
+def step_time(model: Model, options: Options, dims: ParallelDims, hardware: Hardware, topology: Topology,
+              moved: Sequence[Transfer] | None = None) -> StepTime:
+    """The step's estimated time (module docstring); ``moved`` is :func:`~fmesh.plan.traffic.traffic`'s answer
+    when the caller has it already.
+    """
+    m = micro_batches(model, dims)
+    bubble_factor = (m + dims.pp - 1) / m
+    ideal = step_flops(model, options) / (dims.world_size * hardware.flops * options.efficiency)
+    compute = ideal * bubble_factor
+    times = tuple(
+        AxisTime(t.axis, t.collective, transfer_seconds(t, dims, topology, hardware), t.axis in CRITICAL_AXES)
+        for t in (traffic(model, options, dims) if moved is None else moved)
+    )
+    critical = sum(t.seconds for t in times if t.critical) * bubble_factor
+    overlapped = sum(t.seconds for t in times if not t.critical)
+    touched = 2 * (options.param_bytes + options.master_bytes + options.moment_bytes) + options.grad_bytes
+    optimizer = owned_parameters(model, dims) * touched / hardware.memory_bandwidth
+    return StepTime(compute, compute - ideal, optimizer, times, critical, max(0.0, overlapped - compute),
+                    _assumptions(options, hardware))

@@ -1,0 +1,184 @@
+"""Bytes exact: the planner's bytes per axis per step (``fmesh.plan.traffic``) equal every collective
+``examples/train.py`` runs in one training step, recorded per group on torch's fake backend.
+
+The script's own model, sharding (``shard_model``: FSDP2/HSDP + DTensor tensor parallelism) and step (forward,
+backward, AdamW, the loss averaged over ``dp`` by the Context) run in this process as one rank of a fake world;
+a ``TorchDispatchMode`` sees every c10d and functional collective with its tensors and its process group. Each
+recorded call is keyed by the ranks of its group and its kind; the planner's :class:`Transfer` list is keyed
+the same way through the job's meshes (``ParallelDims.mesh(axis).group(rank)``). The two must agree to the byte
+and to the call. Rank 0 is recorded (one fake rank per configuration: DTensor caches its redistribution plans by
+mesh, so a second rank of the same world in this process would reuse the first one's group names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from paths import ROOT
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fmesh
+from fmesh.plan.model import Model, Options
+from fmesh.plan.parallel import ParallelDims
+from fmesh.plan.traffic import traffic
+
+pytestmark = pytest.mark.slow  # 24 one-step trainings in this process: ~20 s on two busy cores
+
+_spec = importlib.util.spec_from_file_location("train_for_bytes", ROOT / "examples" / "train.py")
+assert _spec is not None and _spec.loader is not None
+train = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(train)
+
+Key = tuple[tuple[int, ...], str]
+
+
+class Recorder(TorchDispatchMode):
+    """Every collective dispatched while active: (group ranks, kind) -> [calls, bytes]."""
+
+    def __init__(self, names: dict[str, tuple[int, ...]]) -> None:
+        super().__init__()
+        self.names = names
+        self.seen: dict[Key, list[int]] = {}
+
+    def _add(self, ranks: tuple[int, ...], kind: str, tensor: torch.Tensor, scale: int = 1) -> None:
+        entry = self.seen.setdefault((ranks, kind), [0, 0])
+        entry[0] += 1
+        entry[1] += tensor.numel() * tensor.element_size() * scale
+
+    def _group(self, boxed: Any) -> tuple[int, ...]:
+        return tuple(dist.get_process_group_ranks(dist.ProcessGroup.unbox(boxed)))
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func.overloadpacket)
+        if name == "c10d._allgather_base_":
+            self._add(self._group(args[2]), "all_gather", args[0])
+        elif name == "c10d._reduce_scatter_base_":
+            self._add(self._group(args[2]), "reduce_scatter", args[1])
+        elif name == "c10d.allreduce_":
+            for tensor in args[0]:
+                self._add(self._group(args[1]), "all_reduce", tensor)
+        elif name == "_c10d_functional.all_reduce":
+            self._add(self.names[args[2]], "all_reduce", args[0])
+        elif name == "_c10d_functional.all_gather_into_tensor":
+            self._add(self.names[args[2]], "all_gather", args[0], scale=args[1])
+        elif name == "_c10d_functional.reduce_scatter_tensor":
+            self._add(self.names[args[3]], "reduce_scatter", args[0])
+        elif "c10d" in name and name not in ("_c10d_functional.wait_tensor", "_c10d_functional._wrap_tensor_autograd"):
+            raise AssertionError(f"a collective the test does not count: {name}")
+        return func(*args, **(kwargs or {}))
+
+
+def train_model(args: argparse.Namespace, dims: ParallelDims) -> Model:
+    """``examples/train.py``'s ``LanguageModel`` as a planner :class:`Model`, its real sizes: a byte vocabulary,
+    learned positions, LayerNorm, q/k/v/o without biases, a 4x GELU MLP with biases, an untied head, nothing
+    split over tp outside the layers, fp32; one micro-batch of the whole local batch."""
+    dp = dims.dp_replicate * dims.dp_shard
+    return Model("train.py", layers=args.layers, hidden=args.dim, heads=args.heads, vocab=256, seq_len=args.seq_len,
+                 global_batch=args.batch_size, micro_batch=args.batch_size // dp, attention_biases=False,
+                 mlp_biases=True, learned_positions=True, fused_qkv=False, vocab_parallel=False, dtype_bytes=4)
+
+
+TRAIN_OPTIONS = Options(recompute="none", sequence_parallel=False, param_bytes=4, grad_bytes=4, master_bytes=0)
+
+
+def group_names(ctx: fmesh.Context, dims: ParallelDims) -> dict[str, tuple[int, ...]]:
+    """Group name -> ranks, for every group the step can use (the functional collectives name their group)."""
+    names = {}
+    for mesh in dims.meshes().values():
+        if mesh.size > 1:
+            group = ctx.group(mesh)
+            names[group.group_name] = tuple(dist.get_process_group_ranks(group))
+    return names
+
+
+def recorded_step(world: int, rank: int, argv: list[str]) -> tuple[dict[Key, list[int]], argparse.Namespace,
+                                                                   ParallelDims]:
+    """One step of ``examples/train.py``'s loop, as rank ``rank`` of a fake world of ``world``."""
+    args = train.parse(argv)
+    with fmesh.Context.fake(world, rank=rank) as ctx:
+        dims = train.check_degrees(args, world)
+        torch.manual_seed(args.seed)
+        model = train.LanguageModel(256, args.dim, args.heads, args.layers, args.seq_len)
+        train.shard_model(model, ctx, dims)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        dp_mesh = dims.mesh("dp")
+        (dp_index,) = dp_mesh.coordinate(ctx.rank) or (0,)
+        recorder = Recorder(group_names(ctx, dims))
+        with recorder:
+            batch = train.batches(args.seed, args.batch_size, args.seq_len)
+            local = batch.chunk(dp_mesh.size)[dp_index]
+            logits = model(local[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), local[:, 1:].reshape(-1))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            ctx.all_reduce(loss.detach(), dp_mesh, op="avg")
+    return recorder.seen, args, dims
+
+
+def planned(args: argparse.Namespace, dims: ParallelDims, rank: int) -> dict[Key, list[int]]:
+    found: dict[Key, list[int]] = {}
+    for transfer in traffic(train_model(args, dims), TRAIN_OPTIONS, dims):
+        entry = found.setdefault((dims.mesh(transfer.axis).group(rank), transfer.collective), [0, 0])
+        entry[0] += transfer.calls
+        entry[1] += transfer.nbytes
+    return found
+
+
+def flags(**degrees: int) -> list[str]:
+    return [f"--{name.replace('_', '-')}={value}" for name, value in degrees.items()]
+
+
+# (world, flags): the degree sets torchtitan launches (FSDP, HSDP, TP, 2-D, 3-D, DDP) and model sizes whose
+# weights do not split evenly (FSDP2 pads each shard).
+CONFIGS: list[tuple[int, list[str]]] = [
+    (2, flags(dp_shard=2)),
+    (4, flags(dp_shard=4)),
+    (8, flags(dp_shard=8)),
+    (4, flags(tp=2)),
+    (4, flags(tp=4)),
+    (8, flags(tp=2)),
+    (8, flags(tp=4)),
+    (8, flags(dp_replicate=2, tp=2)),
+    (8, flags(dp_replicate=2, dp_shard=4)),
+    (8, flags(dp_replicate=4, dp_shard=2)),
+    (4, flags(dp_replicate=4, dp_shard=1)),
+    (8, flags(dp_replicate=2, dp_shard=1, tp=4)),
+    (16, flags(dp_replicate=2, dp_shard=2, tp=4)),
+    (16, flags(dp_shard=4, tp=4)),
+    (16, flags(dp_replicate=4, dp_shard=2, tp=2)),
+    (3, [*flags(dp_shard=3), "--batch-size=6", "--seq-len=30"]),
+    (6, [*flags(dp_shard=3, tp=2), "--batch-size=12", "--dim=96", "--heads=6"]),
+    (12, [*flags(dp_replicate=2, dp_shard=3, tp=2), "--batch-size=12", "--dim=40", "--heads=2", "--layers=3"]),
+    (5, [*flags(dp_shard=5), "--batch-size=10", "--dim=48", "--seq-len=20"]),
+    (8, [*flags(dp_shard=4, tp=2), "--layers=1", "--seq-len=16"]),
+    (8, [*flags(dp_shard=2, tp=4), "--dim=128", "--heads=8", "--layers=3"]),
+    (2, [*flags(tp=2), "--batch-size=3", "--heads=2"]),
+    (6, [*flags(dp_replicate=3, dp_shard=2), "--batch-size=12", "--dim=72", "--heads=3"]),
+    (16, [*flags(dp_shard=16), "--batch-size=16", "--seq-len=24"]),
+]
+
+
+CASES = [pytest.param(world, argv, id=f"{world}:{' '.join(argv)}") for world, argv in CONFIGS]
+
+
+@pytest.mark.parametrize(("world", "argv"), CASES)
+def test_planned_bytes_equal_recorded_bytes(world: int, argv: list[str]) -> None:
+    seen, args, dims = recorded_step(world, 0, argv)
+    assert seen, "the step ran no collective: nothing was compared"
+    assert planned(args, dims, 0) == seen
+
+
+def test_the_comparison_sees_a_missing_collective() -> None:
+    seen, args, dims = recorded_step(8, 0, flags(dp_replicate=2, tp=2))
+    plan = planned(args, dims, 0)
+    assert plan == seen
+    tp_group = dims.mesh("tp").group(0)
+    plan[(tp_group, "all_reduce")][1] -= 4  # four bytes off: the test must notice
+    assert plan != seen
