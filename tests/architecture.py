@@ -60,9 +60,8 @@ TORCH_INTERNALS = "fmesh.context._torch"
 TORCH_LAYERS = {LAYERS["fmesh.context"], LAYERS["fmesh.spmd"], LAYERS["bench"]}
 CONTEXT = "fmesh.context"
 PLAN = "fmesh.plan"
-# What the Context may take from the plan: the planner. fmesh.plan.recovery is here only for the three action
-# names and can_shrink, until they move into the planner (issue #25: one keep/shrink/create rule).
-CONTEXT_MAY_USE = frozenset({"fmesh.plan.communicators", "fmesh.plan.topology", "fmesh.plan.recovery"})
+# What the Context may take from the plan: the planner (the communicators and their one recovery rule; hosts).
+CONTEXT_MAY_USE = frozenset({"fmesh.plan.communicators", "fmesh.plan.topology"})
 BENCH = "bench"
 ERRORS = "fmesh.errors"
 _EXCEPTION_BASES = {"BaseException", "Exception", "ArithmeticError", "LookupError"}

@@ -100,7 +100,7 @@ from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 
 from fmesh.layout import Layout  # noqa: E402
 from fmesh.mesh import Mesh, Universe  # noqa: E402
-from fmesh.plan.recovery import can_shrink as shrink_rule  # noqa: E402
+from fmesh.plan.communicators import can_shrink as shrink_rule  # noqa: E402
 
 # One _FlatLayout per dim from 2.13; before, one _MeshLayout whose top-level modes are the dims.
 FLAT_LAYOUTS = hasattr(mesh_layout, "_FlatLayout")
@@ -301,7 +301,8 @@ def attach_group(detached: Detached, ranks: Sequence[int]) -> dist.ProcessGroup:
 
 
 def can_shrink(backend: str) -> bool:
-    """Whether a communicator of ``backend`` can drop lost members in place here: :func:`fmesh.plan.recovery.can_shrink`
+    """Whether a communicator of ``backend`` can drop lost members in place here:
+    :func:`fmesh.plan.communicators.can_shrink`
     (NCCL >= 2.27) with this torch and this NCCL, and a torch build that has ``dist.shrink_group``."""
     if not hasattr(dist, "shrink_group") or not torch.cuda.is_available():
         return False

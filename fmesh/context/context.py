@@ -46,7 +46,7 @@ from fmesh.context.world import World
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
-from fmesh.plan.recovery import CREATE, SHRINK
+from fmesh.plan.communicators import CREATE, SHRINK, renewals
 
 
 class Context:
@@ -599,9 +599,10 @@ class Context:
 
         The survivors first agree, through the store, on ``lost`` (:class:`~fmesh.RecoveryError` naming both
         sets if they disagree, or naming the survivors that never came, after the creation timeout: never a
-        hang). Then each group is kept, shrunk or made again (``fmesh.context.recovery.renewal``): a
-        group whose members all survive keeps its communicator (renumbered, no new rendezvous); an NCCL
-        group that lost members is shrunk in place where torch has ``shrink_group`` and NCCL is >= 2.27;
+        hang). Then each group is kept, shrunk or made again by the rule ``python -m fmesh plan --lose`` prints by
+        (:func:`fmesh.plan.communicators.renewal`): a group whose members all go on keeps its communicator
+        (renumbered, no new rendezvous); an NCCL group some of whose members do not (lost, or dropped by ``mesh``)
+        is shrunk in place where torch has ``shrink_group`` and NCCL is >= 2.27;
         every other group, and the default group, is aborted, all in one torch call. The default group is
         made again over the new world, in a namespace of the store of its own (no key of the old world is
         met again), and the groups not kept are created in it when first needed. A kept group must be idle:
@@ -632,16 +633,18 @@ class Context:
         renumber = {old: new for new, old in enumerate(world)}
         taken: list[tuple[Any, _torch.Detached, frozenset[Any]]] = []
         # One order on every rank (a shrink is collective among the group's survivors).
-        for spec in sorted(held, key=lambda s: s.digest()):
-            choice = recovery.renewal(
-                spec.ranks, lost=gone, world=world, backend=spec.backend, shrinkable=_torch.can_shrink(spec.backend),
-                held_everywhere=all(spec.digest() in holding[m] for m in spec.ranks if m in holding))
+        specs = sorted(held, key=lambda s: (len(s.ranks), s.digest()))  # the rule takes the smallest first
+        choices = renewals([spec.ranks for spec in specs], renumber,
+                           shrinkable=[_torch.can_shrink(spec.backend) for spec in specs],
+                           held_everywhere=[all(spec.digest() in holding[m] for m in spec.ranks if m in holding)
+                                            for spec in specs])
+        for spec, choice in zip(specs, choices, strict=True):
             group, members = held[spec], spec.ranks
             if choice == CREATE:
                 continue
-            if choice == SHRINK:
-                group = _torch.shrink_group(group, [spec.ranks.index(r) for r in gone if r in spec.ranks])
-                members = tuple(r for r in spec.ranks if r not in gone)
+            if choice == SHRINK:  # the members that do not go on, lost or dropped by the new world, are excluded
+                group = _torch.shrink_group(group, [i for i, r in enumerate(spec.ranks) if r not in renumber])
+                members = tuple(r for r in spec.ranks if r in renumber)
             sockets = self._agreement.connections.take(group.group_name)
             taken.append((attrs.evolve(spec, ranks=tuple(renumber[m] for m in members)), _torch.detach_group(group),
                           sockets))

@@ -1,55 +1,19 @@
-"""Recovering from lost ranks: which ranks form the new world, and what becomes of each group.
+"""Recovering from lost ranks: which ranks form the new world.
 
 Pure functions; :meth:`fmesh.Context.recover` acts on them. The new world is the survivors, renumbered
 ``0, 1, ...`` in ascending order of their old rank (as :func:`fmesh.without` and
-:func:`fmesh.plan.rescale.scale_down` number them), or the ranks of a mesh made by :func:`fmesh.without`. Each
-group this rank holds is then, by :func:`renewal`:
-
-* ``keep``: every member survives into the new world (and holds it): the same communicator, renumbered;
-* ``shrink``: members were lost, and the backend can drop them from the communicator in place (NCCL
-  through ``torch.distributed.shrink_group``, NCCL >= 2.27): the survivors' communicator;
-* ``create``: anything else: aborted now; made again, in the new world's own namespace of the store,
-  when a collective first needs it.
-
->>> renewal((0, 1), lost=(3,), world=(0, 1, 2), backend="gloo", shrinkable=False)
-'keep'
->>> renewal((1, 2, 3), lost=(3,), world=(0, 1, 2), backend="nccl", shrinkable=True)
-'shrink'
->>> renewal((1, 2, 3), lost=(3,), world=(0, 1, 2), backend="gloo", shrinkable=False)
-'create'
+:func:`fmesh.plan.rescale.scale_down` number them), or the ranks of a mesh made by :func:`fmesh.without`. What
+becomes of each group this rank holds (keep, shrink or create) is the planner's one rule,
+:func:`fmesh.plan.communicators.renewal`, which ``python -m fmesh plan --lose`` prints by too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from fmesh.layout.int_tuple import is_int, is_many
 from fmesh.mesh import Mesh
 from fmesh.mesh.elastic import old_rank
-from fmesh.plan.recovery import CREATE, KEEP, SHRINK
-
-
-def renewal(members: Sequence[int], *, lost: Iterable[int], world: Sequence[int], backend: str, shrinkable: bool,
-            held_everywhere: bool = True) -> str:
-    """What becomes of the group of ``members`` (old ranks) when ``lost`` are gone and ``world`` (old ranks)
-    forms the new world: ``keep``, ``shrink`` or ``create`` (see the module docstring). ``shrinkable``:
-    whether torch and the backend in use can shrink a communicator (:func:`fmesh.context._torch.can_shrink`);
-    ``held_everywhere``: whether every member holds the group (one still connecting it cannot keep it).
-
-    The same three actions as the job-level plan (:mod:`fmesh.plan.recovery`, which reads them off the meshes
-    before and after); this is the Context's view of one group it holds.
-
-    >>> renewal((0, 2), lost=[2], world=(0, 1), backend="nccl", shrinkable=False)
-    'create'
-    """
-    gone = set(lost)
-    kept = set(world)
-    if not gone.intersection(members) and kept.issuperset(members) and held_everywhere:
-        return KEEP
-    survivors = [m for m in members if m not in gone]
-    if backend == "nccl" and shrinkable and len(survivors) > 1 and kept.issuperset(survivors) and held_everywhere:
-        return SHRINK
-    return CREATE
 
 
 def check_lost(lost: object, world_size: int, rank: int) -> tuple[int, ...]:

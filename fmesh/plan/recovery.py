@@ -10,8 +10,8 @@ in the old numbering:
 * **keep**: every group is a group of one old communicator, with the same members in the same order. No member
   was lost, so the old communicator can be used as it is;
 * **shrink**: every group is the members that remain of a group of one old communicator, in the old order, and
-  some groups lost members. A backend that can shrink a communicator (:func:`can_shrink`) makes it from the old
-  one;
+  some groups lost members. A backend that can shrink a communicator
+  (:func:`~fmesh.plan.communicators.can_shrink`) makes it from the old one;
 * **create**: anything else, and a shrink where the backend cannot shrink. The communicator is made anew.
 
 The old communicators that no new one keeps or shrinks are **dropped**: they are aborted.
@@ -38,45 +38,23 @@ import attrs
 
 from fmesh.layout.int_tuple import is_int, is_many
 from fmesh.mesh import Universe, new_rank, old_rank
-from fmesh.plan.communicators import Request, plan_communicators, requests_of
+from fmesh.plan.communicators import (
+    ACTIONS,
+    CREATE,
+    SHRINK,
+    Request,
+    plan_communicators,
+    renewal,
+    requests_of,
+)
 from fmesh.plan.jobs import job, job_degrees, job_requests
 from fmesh.plan.manifest import Manifest
 from fmesh.plan.parallel import DEGREE_NAMES, ParallelDims
 from fmesh.plan.rescale import ELASTIC_AXES, scale_down
 
-__all__ = ["ACTIONS", "CREATE", "KEEP", "SHRINK", "SHRINK_NCCL", "SHRINK_TORCH", "JobRecovery", "OldCommunicator",
-           "RecoveredCommunicator", "RecoveryPlan", "Resharding", "ShardLoad", "ShardPiece", "can_shrink",
+__all__ = ["JobRecovery", "OldCommunicator", "RecoveredCommunicator", "RecoveryPlan", "Resharding", "ShardLoad",
+           "ShardPiece",
            "plan_recovery", "recover_job", "recover_manifests"]
-
-KEEP, SHRINK, CREATE = "keep", "shrink", "create"
-ACTIONS: tuple[str, ...] = (KEEP, SHRINK, CREATE)
-"""What happens to each communicator of the new job."""
-
-SHRINK_TORCH: tuple[int, int] = (2, 10)
-"""The first torch release with ``torch.distributed.shrink_group`` (pytorch/pytorch#164518; 2.10.0 has it)."""
-
-SHRINK_NCCL: tuple[int, int, int] = (2, 27, 0)
-"""The first NCCL with ``ncclCommShrink``: torch's NCCL backend reports ``supports_shrinking`` only when built with
-NCCL >= 2.27 (``NCCL_HAS_COMM_SHRINK``), and its shrink checks the NCCL it runs with against the same version."""
-
-
-def can_shrink(backend: str, torch_release: tuple[int, int], nccl_version: tuple[int, ...] | None = None) -> bool:
-    """Whether a communicator of ``backend`` can be shrunk: NCCL only, with torch >= :data:`SHRINK_TORCH` and NCCL
-    >= :data:`SHRINK_NCCL` (``torch.cuda.nccl.version()``; ``None``: unknown, so no). Gloo cannot (its backend does
-    not support shrinking in any torch release up to 2.15), nor can any other backend.
-
-    >>> can_shrink("nccl", (2, 13), (2, 27, 5)), can_shrink("nccl", (2, 13), (2, 26, 2)), can_shrink("gloo", (2, 15))
-    (True, False, False)
-    """
-    if not isinstance(backend, str):
-        raise TypeError(f"expected a backend name such as 'nccl' or 'gloo', but got {backend!r}")
-    if not (isinstance(torch_release, tuple) and len(torch_release) == 2 and all(map(is_int, torch_release))):
-        raise TypeError(f"expected the torch release as (major, minor) such as (2, 13), but got {torch_release!r}")
-    if nccl_version is not None and not (isinstance(nccl_version, tuple) and all(map(is_int, nccl_version))):
-        raise TypeError(f"expected the NCCL version as a tuple such as (2, 27, 5) or None, but got {nccl_version!r}")
-    return (backend == "nccl" and torch_release >= SHRINK_TORCH and nccl_version is not None
-            and nccl_version >= SHRINK_NCCL)
-
 
 @attrs.frozen
 class OldCommunicator:
@@ -96,10 +74,10 @@ class OldCommunicator:
 
 @attrs.frozen
 class RecoveredCommunicator:
-    """A communicator of the new job and what it takes (:data:`ACTIONS`). ``source`` is the old communicator it
-    keeps, or whose remaining members its groups are (for a shrink, and for a create where the backend cannot
-    shrink); ``None`` where its groups are new. ``groups_shrunk`` counts its groups that lost members; ``request``
-    is the first that asks for it (a mesh of the new job and its axes)."""
+    """A communicator of the new job and what it takes (:data:`~fmesh.plan.communicators.ACTIONS`). ``source`` is
+    the old communicator it keeps, or whose remaining members its groups are (for a shrink, and for a create where
+    the backend cannot shrink); ``None`` where its groups are new. ``groups_shrunk`` counts its groups that lost
+    members; ``request`` is the first that asks for it (a mesh of the new job and its axes)."""
 
     order: int
     names: tuple[str, ...]
@@ -135,7 +113,7 @@ class RecoveryPlan:
     @property
     def counts(self) -> dict[str, int]:
         """How many communicators each action takes, and how many old ones are dropped."""
-        found = {action: sum(c.action == action for c in self.communicators) for action in ACTIONS}
+        found: dict[str, int] = {action: sum(c.action == action for c in self.communicators) for action in ACTIONS}
         return {**found, "dropped": len(self.dropped)}
 
     def to_exclude(self, communicator: RecoveredCommunicator, rank: int) -> tuple[int, ...]:
@@ -173,7 +151,7 @@ def plan_recovery(before: Iterable[object], after: Iterable[object], *, shrink_g
     meshes (every axis, one by one) and ``(mesh, axes)`` pairs over one universe; the universe after must descend
     from the one before through :func:`fmesh.without`/:func:`fmesh.resize` (a rank that joined is in no old
     group, so its groups are created). ``shrink_groups``: whether the backend can shrink a communicator
-    (:func:`can_shrink`).
+    (:func:`~fmesh.plan.communicators.can_shrink`).
 
     >>> import fmesh
     >>> mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))
@@ -225,22 +203,34 @@ def _new_rank(chain: Sequence[Universe], rank: int) -> int | None:
     return found
 
 
-def _match(request: Request, groups: Sequence[tuple[int | None, ...]], alive: bytearray) -> int | None:
+def _match(request: Request, groups: Sequence[tuple[int | None, ...]], alive: bytearray
+           ) -> tuple[int, tuple[int, ...]] | None:
     """How many of ``groups`` (old numbering) lost members, if each is the remaining members of its old group along
-    ``request`` in the old order; ``None`` if one is not."""
+    ``request`` in the old order, and one old group that lost members (else the first); ``None`` if one is not."""
     mesh, axes = request.mesh, request.axes
-    shrunk = 0
+    shrunk, example = 0, None
     for group in groups:
         first = group[0]
         if first is None or mesh.coordinate(first) is None:
             return None
         old = mesh.group(first, axes)
         if old == group:
+            example = example or old
             continue
         if tuple(r for r in old if alive[r]) != group:
             return None
-        shrunk += 1
-    return shrunk
+        shrunk, example = shrunk + 1, old if shrunk == 0 else example
+    return None if example is None else (shrunk, example)
+
+
+@attrs.frozen
+class _Alive:
+    """The old ranks that go on, as marks indexed by old rank (a set would cost memory at a million ranks)."""
+
+    marks: bytearray
+
+    def __contains__(self, rank: object) -> bool:
+        return is_int(rank) and bool(self.marks[rank])
 
 
 def _plan(before: Sequence[Request], after: Sequence[Request], can: bool) -> RecoveryPlan:
@@ -259,15 +249,16 @@ def _plan(before: Sequence[Request], after: Sequence[Request], can: bool) -> Rec
         first = communicator.first
         groups = [tuple(to_old[r] for r in group) for group in first.mesh.groups(first.axes)]
         action, source, shrunk = CREATE, None, 0
-        # An old communicator of the same size can only be kept: try those first, so a keep wins over a shrink.
-        for candidate in sorted(old, key=lambda found: found.size != communicator.size):
+        # The smallest old communicator first (one of the same size can only be kept, so a keep wins over a shrink),
+        # as Context.recover chooses among the groups it holds (fmesh.plan.communicators.renewals).
+        for candidate in sorted(old, key=lambda found: found.size):
             if candidate.size < communicator.size:
                 continue
             matched = _match(candidate.request, groups[:1], alive)  # the first group rules out most at once
             matched = None if matched is None else _match(candidate.request, groups, alive)
             if matched is not None:
-                source, shrunk = candidate, matched
-                action = KEEP if matched == 0 else SHRINK if can else CREATE
+                source, (shrunk, example) = candidate, matched
+                action = renewal(example, _Alive(alive), shrinkable=can)  # the rule Context.recover runs by
                 break
         if action != CREATE and source is not None:
             used.add(source.order)

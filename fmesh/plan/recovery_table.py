@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fmesh.mesh import new_rank
+from fmesh.plan.communicators import SHRINK_NCCL, SHRINK_TORCH
 from fmesh.plan.manifest import Backend
 from fmesh.plan.parallel import DEGREE_NAMES
-from fmesh.plan.recovery import SHRINK_NCCL, SHRINK_TORCH, JobRecovery
+from fmesh.plan.recovery import JobRecovery
 from fmesh.plan.table import format_table
 
 __all__ = ["format_recovery"]

@@ -20,31 +20,9 @@ from support import launch
 import fmesh
 from fmesh import Context
 from fmesh.context.agreement import Agreement
-from fmesh.context.recovery import CREATE, KEEP, SHRINK, check_lost, new_world, renewal
+from fmesh.context.recovery import check_lost, new_world
 
 # ------------------------------------------------------------------------------------- pure choices
-
-
-@pytest.mark.parametrize(("members", "world", "backend", "shrinkable", "held", "expected"), [
-    ((0, 1), (0, 1, 2), "gloo", False, True, KEEP),  # nobody lost: the same communicator
-    ((0, 1), (0, 1, 2), "nccl", True, True, KEEP),  # nobody lost, on NCCL too: keeping beats shrinking
-    ((0, 1), (0, 1, 2), "gloo", False, False, CREATE),  # a member does not hold it (was still connecting)
-    ((2, 1, 0), (0, 1, 2), "gloo", False, True, KEEP),  # any order of members
-    ((1, 2), (0, 2), "gloo", False, True, CREATE),  # nobody lost, but rank 1 leaves (outside the new world)
-    ((1, 2), (0, 2), "nccl", True, True, CREATE),  # and no shrink drops a rank that is not lost
-    ((2, 3), (0, 1, 2), "gloo", False, True, CREATE),  # one survivor: a group of one needs no communicator
-    ((0, 2, 3), (0, 1, 2), "gloo", False, True, CREATE),  # gloo cannot shrink
-    ((0, 2, 3), (0, 1, 2), "gloo", True, True, CREATE),  # whatever torch has: shrink_group is NCCL's
-    ((0, 2, 3), (0, 1, 2), "nccl", False, True, CREATE),  # NCCL < 2.27, or a torch without shrink_group
-    ((0, 2, 3), (0, 1, 2), "nccl", True, True, SHRINK),  # NCCL that can: the survivors' communicator in place
-    ((0, 2, 3), (0, 1, 2), "nccl", True, False, CREATE),
-    ((0, 2, 3), (0, 2), "nccl", True, True, SHRINK),  # its survivors stay in the new world
-    ((0, 1, 3), (0, 2), "nccl", True, True, CREATE),  # its survivors include rank 1, which leaves
-])
-def test_renewal_keeps_shrinks_or_creates(members: tuple[int, ...], world: tuple[int, ...], backend: str,
-                                          shrinkable: bool, held: bool, expected: str) -> None:
-    assert renewal(members, lost=(3,), world=world, backend=backend, shrinkable=shrinkable,
-                   held_everywhere=held) == expected
 
 
 def test_the_lost_ranks_and_the_new_world_are_checked_before_anything() -> None:

@@ -20,7 +20,7 @@ from strategies import jobs, lost_ranks, meshes
 
 import fmesh
 from fmesh.plan import recovery
-from fmesh.plan.communicators import Request
+from fmesh.plan.communicators import Request, can_shrink
 from fmesh.plan.jobs import job_requests
 from fmesh.plan.manifest import plan_manifest
 
@@ -224,7 +224,7 @@ def test_a_recovery_from_two_manifests_is_that_of_the_job() -> None:
 ])
 def test_only_nccl_with_new_enough_torch_and_nccl_shrinks(backend: str, torch_release: tuple[int, int],
                                                           nccl: tuple[int, ...] | None, expected: bool) -> None:
-    assert recovery.can_shrink(backend, torch_release, nccl) is expected
+    assert can_shrink(backend, torch_release, nccl) is expected
 
 
 # ----------------------------------------------------------------- errors
@@ -250,9 +250,9 @@ ERRORS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
      "to_exclude answers for a communicator to shrink, but ('pp',) is to keep"),
     ("no shards", lambda: recovery.Resharding.even(4, 0), ValueError,
      "expected shard counts as positive ints, but got 4 -> 0"),
-    ("torch as text", lambda: recovery.can_shrink("nccl", "2.13", (2, 27)), TypeError,  # type: ignore[arg-type]
+    ("torch as text", lambda: can_shrink("nccl", "2.13", (2, 27)), TypeError,  # type: ignore[arg-type]
      "expected the torch release as (major, minor) such as (2, 13), but got '2.13'"),
-    ("backend not text", lambda: recovery.can_shrink(None, (2, 13)), TypeError,  # type: ignore[arg-type]
+    ("backend not text", lambda: can_shrink(None, (2, 13)), TypeError,  # type: ignore[arg-type]
      "expected a backend name such as 'nccl' or 'gloo', but got None"),
 ]
 
