@@ -28,7 +28,7 @@ import atexit
 import gc
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import torch
@@ -47,6 +47,9 @@ from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
 from fmesh.plan.communicators import CREATE, SHRINK, renewals
+
+Ending = Literal["close", "abort", "hand_over"]
+"""How a context ends (:meth:`Context._end`)."""
 
 
 class Context:
@@ -553,12 +556,16 @@ class Context:
     # ------------------------------------------------------------- lifecycle
 
     def stats(self) -> dict[str, Any]:
-        """What this context built: ``groups_created``, ``cache_hits``, and more.
+        """What this context built: ``groups_created``, ``cache_hits``, the groups a recovery kept or shrunk
+        (``groups_kept``, ``groups_shrunk``; :meth:`recover`), and more.
 
         >>> import fmesh
         >>> with fmesh.Context.fake(4) as ctx:
-        ...     sorted(ctx.stats())
-        ['cache_hits', 'creation_seconds', 'device_meshes', 'groups', 'groups_created', 'meshes_seen']
+        ...     stats = ctx.stats()
+        >>> sorted(stats)[:4]
+        ['cache_hits', 'creation_seconds', 'device_meshes', 'groups']
+        >>> sorted(stats)[4:]
+        ['groups_created', 'groups_kept', 'groups_shrunk', 'meshes_seen']
         """
         return {**self._groups.stats(), "device_meshes": len(self._exports)}
 
@@ -572,7 +579,7 @@ class Context:
         >>> ctx.close(); ctx.close(); ctx
         Context(rank=0, world=2, fake, closed)
         """
-        self._end(abort=False, error=None)
+        self._end("close")
 
     def abort(self) -> None:
         """Tear down every group this context made at once, without waiting for peers or for any lock (a rank
@@ -585,7 +592,7 @@ class Context:
         >>> ctx.abort(); ctx
         Context(rank=0, world=2, fake, closed)
         """
-        self._end(abort=True, error=None)
+        self._end("abort")
 
     def recover(self, lost: Sequence[int], mesh: Mesh | None = None) -> Context | None:
         """The Context of the world without the ``lost`` ranks, for every survivor to call after a
@@ -631,7 +638,7 @@ class Context:
                 self._agreement.connections.sever(group.group_name)
         holding = self._agreement.agree_on_loss(survivors, gone, [spec.digest() for spec in held])
         renumber = {old: new for new, old in enumerate(world)}
-        taken: list[tuple[Any, _torch.Detached, frozenset[Any]]] = []
+        taken: list[tuple[Any, _torch.Detached, str, frozenset[Any]]] = []
         # One order on every rank (a shrink is collective among the group's survivors).
         specs = sorted(held, key=lambda s: (len(s.ranks), s.digest()))  # the rule takes the smallest first
         choices = renewals([spec.ranks for spec in specs], renumber,
@@ -647,16 +654,11 @@ class Context:
                 members = tuple(r for r in spec.ranks if r in renumber)
             sockets = self._agreement.connections.take(group.group_name)
             taken.append((attrs.evolve(spec, ranks=tuple(renumber[m] for m in members)), _torch.detach_group(group),
-                          sockets))
+                          choice, sockets))
         base = self._world.store()
         namespace = f"{self._agreement.prefix}/recovered"
         old = self._world
-        self._agreement.close_quietly(aborted=True)
-        self._exports.clear()
-        self._groups.hand_over()
-        self._world = attrs.evolve(old, owns_default_group=False)  # this context no longer ends the default group
-        _torch.abort_group(None)  # the default group and every group not taken, at once
-        gc.collect()
+        self._end("hand_over")
         if self.rank not in renumber:
             return None
         renewed_world = World.start(
@@ -665,24 +667,34 @@ class Context:
             gpus_per_node=min(old.local_world_size, len(world)), name=old.name, generation=old.generation + 1)
         renewed = Context.__new__(Context)
         renewed._own(renewed_world, self._settings, self._simulated, check_tensors=self._check_tensors)
-        for spec, detached, sockets in taken:
-            renewed._groups.adopt(spec, _torch.attach_group(detached, spec.ranks), sockets)
+        for spec, detached, action, sockets in taken:
+            renewed._groups.adopt(spec, _torch.attach_group(detached, spec.ranks), action, sockets)
         return renewed
 
-    def _end(self, *, abort: bool, error: BaseException | None) -> None:
+    def _end(self, how: Ending, error: BaseException | None = None) -> None:
+        """The one way a context ends, every step in every mode: ``close`` (destroy the groups), ``abort`` (tear them
+        down without waiting), ``hand_over`` (a recovery took the groups it keeps; the default group and every
+        other group are aborted at once, and the new world is another context's)."""
         if self._groups.closed:
             return
-        if abort:  # first, before any store operation: ends this rank's waits and frees the peers blocked with it
+        if how == "abort":  # first, before any store operation: ends this rank's waits and frees the peers blocked
             self._groups.halt()
         if self._agreement is not None:  # tell peers waiting for this rank why it will not come
-            atexit.unregister(self._agreement.post_exit)
+            atexit.unregister(self._agreement.post_exit)  # (the hook also held the agreement's store connection)
             if error is not None:
                 self._agreement.failed(error)
             else:
-                self._agreement.close_quietly(aborted=abort)
+                self._agreement.close_quietly(aborted=how != "close")
         self._exports.clear()
-        released = self._groups.abort() if abort else self._groups.close()
-        if (self._world.close(abort=abort) or released) and not self._world.fake:
+        if how == "hand_over":
+            self._groups.hand_over()
+            self._world = attrs.evolve(self._world, owns_default_group=False)  # this context no longer ends it
+            _torch.abort_group(None)  # the default group and every group the recovery did not take, at once
+            released = True
+        else:
+            released = self._groups.abort() if how == "abort" else self._groups.close()
+            released = self._world.close(abort=how == "abort") or released
+        if released and not self._world.fake:
             # One collection for both rooms: the C++ groups (and their worker threads) end here, not at
             # interpreter exit. A full collection costs ~80 ms with torch loaded: a dry run (no threads, no
             # sockets) and a context that made nothing pay none.
@@ -694,7 +706,7 @@ class Context:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
         # After an exception peers may still be inside collectives: destroying groups in the orderly way
         # could wait for them forever, so abort instead (torchtitan learned the same).
-        self._end(abort=error is not None, error=error)
+        self._end("close" if error is None else "abort", error)
 
     def __repr__(self) -> str:
         state = "closed" if self._groups.closed else f"{len(self._groups)} groups"

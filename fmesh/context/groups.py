@@ -140,6 +140,7 @@ class GroupRegistry:
         self._creating = threading.Lock()  # two threads asking for one group create it once
         self._splits: set[str] = set()  # split_group calls made (every rank makes the same ones)
         self._hits = 0
+        self._adopted: dict[GroupSpec, str] = {}  # groups a recovery handed over: kept or shrunk
         self._seconds = 0.0
         self._closed = False
         self._owner: tuple[int, str] | None = None  # (ident, name) of the thread that uses this context
@@ -417,18 +418,24 @@ class GroupRegistry:
         rest (all at once); forgets every group, as :meth:`close` does."""
         self._end(lambda group: None)
 
-    def adopt(self, spec: GroupSpec, group: dist.ProcessGroup, sockets: frozenset[Any] = frozenset()) -> None:
-        """Hold ``group`` (kept or shrunk by a recovery) as the group of ``spec``, with its ``sockets``."""
+    def adopt(self, spec: GroupSpec, group: dist.ProcessGroup, action: str, sockets: frozenset[Any] = frozenset()
+              ) -> None:
+        """Hold ``group`` (``action``: kept or shrunk by a recovery) as the group of ``spec``, with its ``sockets``."""
         self._groups[spec] = group
+        self._adopted[spec] = action
         if self._agreement is not None:
             self._agreement.connections.note(group.group_name, sockets)
 
     # ------------------------------------------------------------ lifecycle
 
     def stats(self) -> dict[str, Any]:
-        """Groups created, cache hits, targets seen, seconds spent creating groups, and the groups."""
+        """Groups created, kept and shrunk (handed over by a recovery), cache hits, targets seen, seconds spent
+        creating groups, and the groups."""
+        adopted = [self._adopted[spec] for spec in self._groups if spec in self._adopted]
         return {
-            "groups_created": len(self._groups),
+            "groups_created": len(self._groups) - len(adopted),
+            "groups_kept": adopted.count("keep"),
+            "groups_shrunk": adopted.count("shrink"),
             "cache_hits": self._hits,
             "meshes_seen": len(self._targets),
             "creation_seconds": round(self._seconds, 6),

@@ -6,6 +6,7 @@ Every multi-process run is bounded by its launch timeout: a hang fails the test 
 
 from __future__ import annotations
 
+import atexit
 import os
 import pathlib
 import time
@@ -66,6 +67,30 @@ def test_a_survivor_that_never_comes_to_recover_ends_the_wait_with_its_name() ->
 # ---------------------------------------------------------------------------------- real processes
 
 
+class ExitHooks:
+    """Records, while entered, the exit hooks registered (``+``) and withdrawn (``-``), by qualified name."""
+
+    def __init__(self) -> None:
+        self.changes: list[str] = []
+        self._saved = (atexit.register, atexit.unregister)
+
+    def __enter__(self) -> None:
+        register, unregister = self._saved
+
+        def recording_register(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            self.changes.append(f"+{fn.__qualname__}")
+            return register(fn, *args, **kwargs)
+
+        def recording_unregister(fn: Any) -> None:
+            self.changes.append(f"-{fn.__qualname__}")
+            unregister(fn)
+
+        atexit.register, atexit.unregister = recording_register, recording_unregister  # type: ignore[assignment]
+
+    def __exit__(self, *error: object) -> None:
+        atexit.register, atexit.unregister = self._saved  # type: ignore[assignment]
+
+
 def keeps_the_group_that_lost_nobody(ctx: Context) -> Any:
     """Rank 3 dies; the survivors recover onto the mesh without the dp slice holding it (ranks 0 and 1: rank 2
     leaves). The tp group (0, 1) lost nobody: the recovered context runs a collective on that very communicator."""
@@ -77,25 +102,31 @@ def keeps_the_group_that_lost_nobody(ctx: Context) -> Any:
     with pytest.raises(fmesh.RankLostError, match=r"the launcher saw the processes of ranks \[3\] end"):
         ctx.all_reduce(torch.ones(1), mesh, ("dp", "tp"))
     smaller = fmesh.without(mesh, [3], "dp")
-    renewed = ctx.recover([3], smaller)
-    if renewed is None:
-        return "left", repr(ctx)
+    hooks = ExitHooks()
+    with hooks:
+        renewed = ctx.recover([3], smaller)
+    if renewed is None:  # the old context's exit hook goes with it
+        return "left", repr(ctx), hooks.changes
     with renewed:
         total = renewed.all_reduce(torch.tensor([renewed.rank + 1.0]), smaller, "tp").item()
         same = renewed.group(smaller, "tp") is pair
-        created = renewed.stats()["creation_seconds"]
+        stats = renewed.stats()
+        created = stats["creation_seconds"], stats["groups_kept"], stats["groups_created"]
         world = renewed.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("all",)), "all").item()
-        return total, same, created, world, dist.get_world_size(), repr(ctx)
+        # The old context's exit hook is withdrawn and the renewed one's added (the old one leaked, once per
+        # recovery, and posted "exited" into the old world at interpreter exit).
+        return total, same, created, world, dist.get_world_size(), repr(ctx), hooks.changes
 
 
 @pytest.mark.slow
 def test_recover_keeps_an_intact_group_and_renumbers_the_survivors() -> None:
     results = launch(keeps_the_group_that_lost_nobody, 4, timeout=60, on_rank_loss="continue")
     assert isinstance(results[3], fmesh.LaunchError) and results[3].exitcode == 3
-    assert results[2] == ("left", "Context(rank=2, world=4, gloo, closed)")
+    assert results[2] == ("left", "Context(rank=2, world=4, gloo, closed)", ["-Agreement.post_exit"])
     for rank in (0, 1):
-        total, same, created, world, size, old = results[rank]
-        assert (total, same, created, world, size) == (3.0, True, 0.0, 2.0, 2), results[rank]
+        total, same, created, world, size, old, hooks = results[rank]
+        assert (total, same, created, world, size) == (3.0, True, (0.0, 1, 0), 2.0, 2), results[rank]
+        assert hooks == ["-Agreement.post_exit", "+Agreement.post_exit"], results[rank]
         assert old == f"Context(rank={rank}, world=4, gloo, closed)"
 
 
