@@ -436,58 +436,92 @@ class Agreement:
 
     def roll_call(self, label: str, members: Sequence[int], seconds: float, answer: str = "here") -> list[int]:
         """The ``members`` that do not answer within ``seconds`` (the survivors of a failed collective
-        each call this with the same ``label``, answering what went wrong for them: :meth:`answers`);
-        O(group size) store checks, on a failure path only."""
+        each call this with the same ``label``, answering what went wrong for them: :meth:`answers`).
+
+        A constant number of store operations per member: each answers, adds its rank to the list of those who
+        answered, counts itself (the last to answer writes the outcome) and blocks once on the outcome key. The
+        first to answer watches, past a second and then at doubling intervals, for members that will never
+        answer (their status is final, or the launcher saw their process end); it writes the outcome then, or
+        at ``seconds``: the members that did not answer."""
         base = f"{self.prefix}/roll/{label}"
+        done = f"{base}/done"
         self.store.set(f"{base}/{self.rank}", answer[:2000])
-        keys = [f"{base}/{m}" for m in members]
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not self.store.check(keys):
-            self.check_halted(f"calling the roll of {label}")
-            silent = [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
-            if all(status.get("state") in FINAL_STATES for status in self.statuses(silent).values()):
-                break  # every member that has not answered failed or closed: none of them ever will
-            if self.launcher_store is not None and self.launcher_store.check([ended_key(m) for m in silent]):
-                break  # the launcher saw every one of their processes end
-            time.sleep(0.05)
-        return [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
+        self.store.append(f"{base}/answered", f"{self.rank},")
+        count = int(self.store.add(f"{base}/count", 1))
+        if count >= len(members):
+            self.store.compare_set(done, "", "[]")
+
+        def silent() -> list[int]:
+            answered = {int(r) for r in self.store.get(f"{base}/answered").decode().split(",") if r}
+            return [m for m in members if m not in answered]
+
+        def look() -> bool:
+            quiet = silent()
+            statuses = self.statuses(quiet) if quiet else {}
+            alive = [m for m in quiet if statuses[m].get("state") not in FINAL_STATES]
+            gone = not alive or (self.launcher_store is not None
+                                 and bool(self.launcher_store.check([ended_key(m) for m in alive])))
+            if gone:  # every member that has not answered failed, closed, or its process ended: none ever will
+                self.store.compare_set(done, "", json.dumps(quiet))
+            return gone
+
+        watcher = count == 1
+        came = self.wait_for(done, seconds if watcher else seconds + 2 * POLL_MAX_SECONDS,
+                             look if watcher else None, f"calling the roll of {label}")
+        if not came and not self.store.check([done]):  # the deadline: the watcher writes who is silent
+            self.store.compare_set(done, "", json.dumps(silent()))
+        return [int(m) for m in json.loads(self.store.get(done).decode())]
 
     # -------------------------------------------------------------- recovery
 
     def post_loss(self, lost: Sequence[int], groups: Sequence[str]) -> None:
-        """Post the ranks this survivor recovers without, and the digests of the groups it holds."""
+        """Post the ranks this survivor recovers without, and the digests of the groups it holds; the first
+        survivor to post fixes the lost set, one that means another writes the outcome (a mismatch) at once, and
+        the one that brings the count to ``survivors`` writes ``ok`` (:meth:`agree_on_loss` waits for it)."""
         self.store.set(f"{self.prefix}/recovery/{self.rank}", json.dumps({"lost": sorted(lost),
                                                                           "groups": sorted(groups)}))
+        mine = json.dumps(sorted(lost))
+        base = f"{self.prefix}/recovery-agreement"
+        first = self.store.compare_set(f"{base}/lost", "", mine).decode()
+        if first != mine:
+            self.store.compare_set(f"{base}/done", "", json.dumps({"rank": self.rank, "lost": sorted(lost),
+                                                                   "first": json.loads(first)}))
+        else:
+            self.store.add(f"{base}/count", 1)
 
     def agree_on_loss(self, survivors: Sequence[int], lost: Sequence[int],
                       groups: Sequence[str]) -> dict[int, frozenset[str]]:
         """Post ``lost`` and ``groups`` (:meth:`post_loss`), wait for every one of ``survivors`` to post theirs,
         and return the digests of the groups each holds. :class:`~fmesh.RecoveryError` as soon as one posts
-        other lost ranks (naming both sets), or when one has not come within the creation timeout."""
+        other lost ranks (naming both sets), or when one has not come within the creation timeout.
+
+        A constant number of store operations per survivor: it posts, blocks once on the outcome key, then reads
+        every survivor's post in one ``multi_get``."""
         self.post_loss(lost, groups)
-        mine = sorted(lost)
-        keys = {rank: f"{self.prefix}/recovery/{rank}" for rank in survivors}
-        posted: dict[int, dict[str, Any]] = {}
-        deadline = time.monotonic() + self.creation_timeout.total_seconds()
-        waits = pauses()
-        while True:
-            for rank, key in keys.items():
-                if rank not in posted and self.store.check([key]):
-                    posted[rank] = _loads(self.store.get(key))
-                    if posted[rank].get("lost") != mine:
-                        raise RecoveryError(
-                            f"on rank {self.rank}: the survivors disagree about the ranks lost: rank {self.rank} says "
-                            f"{mine}, rank {rank} says {posted[rank].get('lost')}. Expected every survivor to "
-                            "recover without the same ranks; take them from one source (the launcher's, or the "
-                            "roll call of the failed collective)")
-            if len(posted) == len(keys):
-                return {rank: frozenset(posted[rank].get("groups", ())) for rank in survivors}
-            self.check_halted("agreeing on the ranks lost")
-            if time.monotonic() >= deadline:
-                missing = sorted(set(keys) - set(posted))
-                doing = "; ".join(describe_status(m, s) for m, s in self.statuses(missing[:8]).items())
-                raise RecoveryError(
-                    f"on rank {self.rank}: survivors {missing} did not come to recover without {mine} within "
-                    f"{self.creation_timeout.total_seconds():g}s ({doing}). Expected every rank not lost to call "
-                    "recover(); if those ranks are gone too, recover without them as well")
-            time.sleep(next(waits))
+        base = f"{self.prefix}/recovery-agreement"
+        done = f"{base}/done"
+        keys = [f"{self.prefix}/recovery/{rank}" for rank in survivors]
+        if int(self.store.add(f"{base}/count", 0)) >= len(survivors):
+            self.store.compare_set(done, "", OK)
+        if not self.wait_for(done, self.creation_timeout.total_seconds(), doing="agreeing on the ranks lost") and (
+                not self.store.check([done])):
+            missing = [rank for rank, key in zip(survivors, keys, strict=True) if not self.store.check([key])]
+            doing = "; ".join(describe_status(m, s) for m, s in self.statuses(missing[:8]).items())
+            raise RecoveryError(
+                f"on rank {self.rank}: survivors {missing} did not come to recover without {sorted(lost)} within "
+                f"{self.creation_timeout.total_seconds():g}s ({doing}). Expected every rank not lost to call "
+                "recover(); if those ranks are gone too, recover without them as well")
+        verdict = self.store.get(done).decode()
+        if verdict != OK:
+            disagreement = json.loads(verdict)
+            other, theirs = disagreement["rank"], disagreement["lost"]
+            if other == self.rank or theirs == sorted(lost):  # name a survivor that means the first set
+                theirs = disagreement["first"]
+                other = next((rank for rank, key in zip(survivors, keys, strict=True) if self.store.check([key])
+                              and _loads(self.store.get(key)).get("lost") == theirs), "?")
+            raise RecoveryError(
+                f"on rank {self.rank}: the survivors disagree about the ranks lost: rank {self.rank} says "
+                f"{sorted(lost)}, rank {other} says {theirs}. Expected every survivor to recover without the same "
+                "ranks; take them from one source (the launcher's, or the roll call of the failed collective)")
+        posts = self.store.multi_get(keys)
+        return {rank: frozenset(_loads(raw).get("groups", ())) for rank, raw in zip(survivors, posts, strict=True)}
