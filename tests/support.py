@@ -15,11 +15,14 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+import strict_nccl
 import torch
 import torch.distributed as dist
 
 import fmesh
 from fmesh import Context, Mesh
+
+strict_nccl.install()  # in every process a multi-process test starts: NCCL's rules on each rank (strict_nccl.py)
 
 
 def patience(seconds: float, processes: int = 1) -> float:

@@ -11,13 +11,13 @@ a constant number of store operations and bytes, whatever the group size:
 2. ``compare_set(<key>/digest, "", mine)``: the first member's digest stays, and the store hands it
    back; a member whose digest differs writes a mismatch verdict to ``<key>/done``;
 3. ``add(<key>/arrived, 1)``: the member that brings the count to the group size writes ``ok``;
-4. ``check(<key>/done)`` until the verdict is there, pausing 1 ms, then 2, 4, ... up to 0.1 s between
-   checks, and read it; post ``status/<rank>``: running. (A store's blocking ``wait`` is not used: each
-   one that expires makes torch log a warning, a thread blocked in it runs no signal handler, and
-   ``ctx.abort()`` could not end it.)
+4. wait for ``<key>/done``, which every outcome writes (the last arrival ``ok``, a mismatch, a failure, an
+   abort, a timeout), with ONE blocking store wait as long as the creation timeout (:meth:`Agreement.wait_for`:
+   on a connection of its own and a thread of its own, so ``ctx.abort()`` and signal handlers still end it at
+   once; torch logs nothing when the key comes); read it; post ``status/<rank>``: running.
 
-Full descriptions are read only to write an error. Past a grace period, one waiter (elected with
-``add``) now and then reads the statuses of the members (one ``multi_get``) and follows the
+Full descriptions are read only to write an error. Past a grace period, one waiter (the first to arrive, known
+from its ``add``) now and then reads the statuses of the members (one ``multi_get``) and follows the
 members that have not arrived to what each is waiting for. A member whose status is final (it failed,
 closed or aborted its context, or its process exited without closing it) will never come: the wait ends with
 its error. A cycle
@@ -40,8 +40,9 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -147,6 +148,8 @@ class Agreement:
     connections: Connections = attrs.field(factory=Connections, eq=False, repr=False)
     # The process this rank is: a child it forks inherits the exit hook, and its exit is not this rank's.
     pid: int = attrs.field(factory=os.getpid, eq=False, repr=False)
+    # This rank's second store connection, for blocking waits (waiting_store): made at the first wait.
+    waiter: list[dist.Store] = attrs.field(factory=list, eq=False, repr=False)
 
     # ------------------------------------------------------------ statuses
 
@@ -206,60 +209,111 @@ class Agreement:
         :class:`~fmesh.MeshMismatchError`, :class:`~fmesh.RankLostError` or
         :class:`~fmesh.GroupTimeoutError`; on success every member has arrived and agrees.
         """
-        self.arrive(key, members, description, what)
-        self.settle(key, members, description, what)
+        watcher = self.arrive(key, members, description, what)
+        self.settle(key, members, description, what, watcher)
 
-    def arrive(self, key: str, members: Sequence[int], description: str, what: str) -> None:
-        """Steps 1-3: post this rank's status, compare digests, count the arrival (no waiting)."""
+    def arrive(self, key: str, members: Sequence[int], description: str, what: str) -> bool:
+        """Steps 1-3: post this rank's status, compare digests, count the arrival (no waiting). Whether this
+        member arrived first: the one that watches the missing members while they all wait."""
         base = f"{self.prefix}/agree/{key}"
         mine = digest(description)
         self.post("waiting", at=key, what=what, description=description)
         first = self.store.compare_set(f"{base}/digest", "", mine).decode()
-        if first == mine:
-            if not self.store.check([f"{base}/description"]):
-                self.store.set(f"{base}/description", description)
-            if self.store.add(f"{base}/arrived", 1) == len(members):
-                self.store.compare_set(f"{base}/done", "", OK)
-        else:
+        if first != mine:
             theirs = self.store.get(f"{base}/description").decode()
             verdict = (f"ranks disagree about {what}. Rank {self.rank} means: {description}; the first member "
                        f"to arrive means: {theirs}")
             self.store.compare_set(f"{base}/done", "", f"{MISMATCH}\n{verdict}")
+            return False
+        if not self.store.check([f"{base}/description"]):
+            self.store.set(f"{base}/description", description)
+        arrived = int(self.store.add(f"{base}/arrived", 1))
+        if arrived == len(members):
+            self.store.compare_set(f"{base}/done", "", OK)
+        return arrived == 1
 
-    def settle(self, key: str, members: Sequence[int], description: str, what: str) -> None:
-        """Step 4: wait for the verdict (looking into a slow wait), raise it unless it is ``ok``."""
-        self._wait(f"{self.prefix}/agree/{key}", key, members, description, what)
+    def settle(self, key: str, members: Sequence[int], description: str, what: str, watcher: bool = False) -> None:
+        """Step 4: wait for the verdict (the ``watcher`` looks into a slow wait), raise it unless it is ``ok``."""
+        self._wait(f"{self.prefix}/agree/{key}", key, members, what, watcher)
         self.post("running")
 
-    def _wait(self, base: str, key: str, members: Sequence[int], description: str, what: str) -> None:
-        # Every waiter polls the verdict with `check`, which never blocks: a store's `wait` that expires logs a
-        # warning (torch's "[c10d] waitForInput ... timed out"), and a thread blocked in the store runs no signal
-        # handler and cannot be woken by `abort()`. The pause between polls doubles up to POLL_MAX_SECONDS, so a
-        # group made in milliseconds costs a few checks. Past the grace period one waiter (elected with `add`)
-        # looks now and then at the missing members and writes the verdict of a cycle or of a member that will
-        # never come (failed, closed, exited); any waiter past the creation timeout writes the timeout.
+    def wait_for(self, key: str, seconds: float, look: Callable[[], bool] | None = None,
+                 doing: str = "waiting") -> bool:
+        """Wait up to ``seconds`` for ``key`` to be set, with one blocking store wait: a constant number of
+        operations, however long, and nothing logged when it comes. Whether it came.
+
+        The wait runs on a thread of its own over a connection of its own (:meth:`waiting_store`: a store
+        client serves one call at a time, and this one blocks), while the caller's thread waits on an event,
+        so a signal handler and ``ctx.abort()`` still end the wait at once (:meth:`check_halted`; the caller
+        writes ``key`` then, which ends the blocked thread). ``look``, when given, is called past the grace
+        period, then at doubling intervals up to ``MAX_POLL_SECONDS``, on the caller's thread (the elected
+        watcher's look at the missing members); it returns True to stop waiting.
+
+        >>> import torch.distributed as dist
+        >>> store = dist.HashStore(); store.set("k", "v")
+        >>> Agreement(store, "doc", 0, timedelta(seconds=1)).wait_for("k", 1.0)
+        True
+        """
+        came = threading.Event()
+        outcome: list[bool] = []
+
+        def block() -> None:
+            try:
+                self.waiting_store().wait([key], timedelta(seconds=max(seconds, 0.001)))
+                outcome.append(True)
+            except Exception:  # the store's timeout (it logs its own warning), or the store is gone
+                outcome.append(False)
+            finally:
+                came.set()
+
+        threading.Thread(target=block, name=f"fmesh-wait-{self.rank}", daemon=True).start()
         started = time.monotonic()
-        deadline = started + self.creation_timeout.total_seconds()
-        done = f"{base}/done"
-        look_at, look_every, elected, waits = started + self.grace, self.grace, None, pauses()
-        while not self.store.check([done]):
-            if self.connections.halted.is_set():  # aborted: the group cannot be made; tell the members now
-                with contextlib.suppress(Exception):
-                    self.store.compare_set(done, "", f"{LOST}\nrank {self.rank} aborted its context while waiting "
-                                           "to create this group (a member of it)")
-                self.check_halted(f"waiting to create {what}")
-            now = time.monotonic()
-            if now >= deadline:
-                self._write_timeout(base, key, members, what, started)
-                break
-            if now >= look_at:
-                if elected is None:
-                    elected = self.store.add(f"{base}/diagnoser", 1) == 1
-                if elected:
-                    self._diagnose(key, members)
+        look_at, look_every = started + self.grace, self.grace
+        while not came.wait(min(POLL_MAX_SECONDS, max(0.0, look_at - time.monotonic()))
+                            if look is not None else POLL_MAX_SECONDS):
+            self.check_halted(doing)
+            if look is not None and time.monotonic() >= look_at:
+                if look():
+                    break
                 look_every = min(look_every * 2, MAX_POLL_SECONDS)
-                look_at = now + look_every
-            time.sleep(min(next(waits), max(0.0, deadline - now)))
+                look_at = time.monotonic() + look_every
+        came.wait(POLL_MAX_SECONDS)  # a look that ended the wait wrote the key: the blocked thread returns now
+        return bool(outcome and outcome[0])
+
+    def waiting_store(self) -> dist.Store:
+        """This rank's second connection to the store, for blocking waits (made at the first, then kept)."""
+        if not self.waiter:
+            try:
+                self.waiter.append(self.store.clone())
+            except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone: shared
+                self.waiter.append(self.store)
+        return self.waiter[0]
+
+    def _wait(self, base: str, key: str, members: Sequence[int], what: str, watcher: bool) -> None:
+        # Every member blocks on the verdict key (wait_for): success, a mismatch, a failure a member posts,
+        # an abort, a timeout all write it. Only the first member to arrive (the watcher) looks, past the
+        # grace period, at the missing members: a member that failed, closed or exited, or a cycle, is a
+        # verdict it writes. Any member past the creation timeout writes the timeout.
+        started = time.monotonic()
+        done = f"{base}/done"
+
+        looks: list[None] = []
+
+        def look() -> bool:
+            self._diagnose(key, members, publish=not looks)
+            looks.append(None)
+            return False
+
+        try:
+            came = self.wait_for(done, self.creation_timeout.total_seconds(), look if watcher else None,
+                                 f"waiting to create {what}")
+        except ContextClosedError:  # aborted: the group cannot be made; tell the members now
+            with contextlib.suppress(Exception):
+                self.store.compare_set(done, "", f"{LOST}\nrank {self.rank} aborted its context while waiting "
+                                       "to create this group (a member of it)")
+            raise
+        if not came and not self.store.check([done]):
+            self._write_timeout(base, key, members, what, started)
         verdict = self.store.get(done).decode()
         if verdict == OK:
             return
@@ -318,10 +372,11 @@ class Agreement:
 
     # ------------------------------------------------------------- diagnosis
 
-    def _diagnose(self, key: str, members: Sequence[int]) -> None:
-        """The slow path: publish this group's members, then look for a member that failed or a cycle."""
+    def _diagnose(self, key: str, members: Sequence[int], publish: bool = True) -> None:
+        """The slow path: publish this group's members (at the first look), then look for a member that failed
+        or a cycle."""
         base = f"{self.prefix}/agree/{key}"
-        if not self.store.check([f"{base}/members"]):
+        if publish:
             self.store.set(f"{base}/members", json.dumps(list(members)))
         statuses = self.statuses(members)
         for member in members:
@@ -342,7 +397,7 @@ class Agreement:
     def _cycle(self, start: str, members: Sequence[int],
                statuses: dict[int, dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
         """A cycle of waiting ranks through ``start``, as ``(rank, status)``; empty if none is known."""
-        me = self.statuses([self.rank])[self.rank]
+        me = statuses[self.rank] if self.rank in statuses else self.statuses([self.rank])[self.rank]
         stack: list[tuple[str, Sequence[int], dict[int, dict[str, Any]], list[tuple[int, dict[str, Any]]]]] = [
             (start, members, statuses, [(self.rank, me)])
         ]
@@ -381,58 +436,92 @@ class Agreement:
 
     def roll_call(self, label: str, members: Sequence[int], seconds: float, answer: str = "here") -> list[int]:
         """The ``members`` that do not answer within ``seconds`` (the survivors of a failed collective
-        each call this with the same ``label``, answering what went wrong for them: :meth:`answers`);
-        O(group size) store checks, on a failure path only."""
+        each call this with the same ``label``, answering what went wrong for them: :meth:`answers`).
+
+        A constant number of store operations per member: each answers, adds its rank to the list of those who
+        answered, counts itself (the last to answer writes the outcome) and blocks once on the outcome key. The
+        first to answer watches, past a second and then at doubling intervals, for members that will never
+        answer (their status is final, or the launcher saw their process end); it writes the outcome then, or
+        at ``seconds``: the members that did not answer."""
         base = f"{self.prefix}/roll/{label}"
+        done = f"{base}/done"
         self.store.set(f"{base}/{self.rank}", answer[:2000])
-        keys = [f"{base}/{m}" for m in members]
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not self.store.check(keys):
-            self.check_halted(f"calling the roll of {label}")
-            silent = [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
-            if all(status.get("state") in FINAL_STATES for status in self.statuses(silent).values()):
-                break  # every member that has not answered failed or closed: none of them ever will
-            if self.launcher_store is not None and self.launcher_store.check([ended_key(m) for m in silent]):
-                break  # the launcher saw every one of their processes end
-            time.sleep(0.05)
-        return [m for m, k in zip(members, keys, strict=True) if not self.store.check([k])]
+        self.store.append(f"{base}/answered", f"{self.rank},")
+        count = int(self.store.add(f"{base}/count", 1))
+        if count >= len(members):
+            self.store.compare_set(done, "", "[]")
+
+        def silent() -> list[int]:
+            answered = {int(r) for r in self.store.get(f"{base}/answered").decode().split(",") if r}
+            return [m for m in members if m not in answered]
+
+        def look() -> bool:
+            quiet = silent()
+            statuses = self.statuses(quiet) if quiet else {}
+            alive = [m for m in quiet if statuses[m].get("state") not in FINAL_STATES]
+            gone = not alive or (self.launcher_store is not None
+                                 and bool(self.launcher_store.check([ended_key(m) for m in alive])))
+            if gone:  # every member that has not answered failed, closed, or its process ended: none ever will
+                self.store.compare_set(done, "", json.dumps(quiet))
+            return gone
+
+        watcher = count == 1
+        came = self.wait_for(done, seconds if watcher else seconds + 2 * POLL_MAX_SECONDS,
+                             look if watcher else None, f"calling the roll of {label}")
+        if not came and not self.store.check([done]):  # the deadline: the watcher writes who is silent
+            self.store.compare_set(done, "", json.dumps(silent()))
+        return [int(m) for m in json.loads(self.store.get(done).decode())]
 
     # -------------------------------------------------------------- recovery
 
     def post_loss(self, lost: Sequence[int], groups: Sequence[str]) -> None:
-        """Post the ranks this survivor recovers without, and the digests of the groups it holds."""
+        """Post the ranks this survivor recovers without, and the digests of the groups it holds; the first
+        survivor to post fixes the lost set, one that means another writes the outcome (a mismatch) at once, and
+        the one that brings the count to ``survivors`` writes ``ok`` (:meth:`agree_on_loss` waits for it)."""
         self.store.set(f"{self.prefix}/recovery/{self.rank}", json.dumps({"lost": sorted(lost),
                                                                           "groups": sorted(groups)}))
+        mine = json.dumps(sorted(lost))
+        base = f"{self.prefix}/recovery-agreement"
+        first = self.store.compare_set(f"{base}/lost", "", mine).decode()
+        if first != mine:
+            self.store.compare_set(f"{base}/done", "", json.dumps({"rank": self.rank, "lost": sorted(lost),
+                                                                   "first": json.loads(first)}))
+        else:
+            self.store.add(f"{base}/count", 1)
 
     def agree_on_loss(self, survivors: Sequence[int], lost: Sequence[int],
                       groups: Sequence[str]) -> dict[int, frozenset[str]]:
         """Post ``lost`` and ``groups`` (:meth:`post_loss`), wait for every one of ``survivors`` to post theirs,
         and return the digests of the groups each holds. :class:`~fmesh.RecoveryError` as soon as one posts
-        other lost ranks (naming both sets), or when one has not come within the creation timeout."""
+        other lost ranks (naming both sets), or when one has not come within the creation timeout.
+
+        A constant number of store operations per survivor: it posts, blocks once on the outcome key, then reads
+        every survivor's post in one ``multi_get``."""
         self.post_loss(lost, groups)
-        mine = sorted(lost)
-        keys = {rank: f"{self.prefix}/recovery/{rank}" for rank in survivors}
-        posted: dict[int, dict[str, Any]] = {}
-        deadline = time.monotonic() + self.creation_timeout.total_seconds()
-        waits = pauses()
-        while True:
-            for rank, key in keys.items():
-                if rank not in posted and self.store.check([key]):
-                    posted[rank] = _loads(self.store.get(key))
-                    if posted[rank].get("lost") != mine:
-                        raise RecoveryError(
-                            f"on rank {self.rank}: the survivors disagree about the ranks lost: rank {self.rank} says "
-                            f"{mine}, rank {rank} says {posted[rank].get('lost')}. Expected every survivor to "
-                            "recover without the same ranks; take them from one source (the launcher's, or the "
-                            "roll call of the failed collective)")
-            if len(posted) == len(keys):
-                return {rank: frozenset(posted[rank].get("groups", ())) for rank in survivors}
-            self.check_halted("agreeing on the ranks lost")
-            if time.monotonic() >= deadline:
-                missing = sorted(set(keys) - set(posted))
-                doing = "; ".join(describe_status(m, s) for m, s in self.statuses(missing[:8]).items())
-                raise RecoveryError(
-                    f"on rank {self.rank}: survivors {missing} did not come to recover without {mine} within "
-                    f"{self.creation_timeout.total_seconds():g}s ({doing}). Expected every rank not lost to call "
-                    "recover(); if those ranks are gone too, recover without them as well")
-            time.sleep(next(waits))
+        base = f"{self.prefix}/recovery-agreement"
+        done = f"{base}/done"
+        keys = [f"{self.prefix}/recovery/{rank}" for rank in survivors]
+        if int(self.store.add(f"{base}/count", 0)) >= len(survivors):
+            self.store.compare_set(done, "", OK)
+        if not self.wait_for(done, self.creation_timeout.total_seconds(), doing="agreeing on the ranks lost") and (
+                not self.store.check([done])):
+            missing = [rank for rank, key in zip(survivors, keys, strict=True) if not self.store.check([key])]
+            doing = "; ".join(describe_status(m, s) for m, s in self.statuses(missing[:8]).items())
+            raise RecoveryError(
+                f"on rank {self.rank}: survivors {missing} did not come to recover without {sorted(lost)} within "
+                f"{self.creation_timeout.total_seconds():g}s ({doing}). Expected every rank not lost to call "
+                "recover(); if those ranks are gone too, recover without them as well")
+        verdict = self.store.get(done).decode()
+        if verdict != OK:
+            disagreement = json.loads(verdict)
+            other, theirs = disagreement["rank"], disagreement["lost"]
+            if other == self.rank or theirs == sorted(lost):  # name a survivor that means the first set
+                theirs = disagreement["first"]
+                other = next((rank for rank, key in zip(survivors, keys, strict=True) if self.store.check([key])
+                              and _loads(self.store.get(key)).get("lost") == theirs), "?")
+            raise RecoveryError(
+                f"on rank {self.rank}: the survivors disagree about the ranks lost: rank {self.rank} says "
+                f"{sorted(lost)}, rank {other} says {theirs}. Expected every survivor to recover without the same "
+                "ranks; take them from one source (the launcher's, or the roll call of the failed collective)")
+        posts = self.store.multi_get(keys)
+        return {rank: frozenset(_loads(raw).get("groups", ())) for rank, raw in zip(survivors, posts, strict=True)}

@@ -21,6 +21,9 @@ And the tensor-parallel pair, for a loss every member computes alike: :class:`Su
 (identity forward, all_reduce backward) and :class:`SumPartials` (all_reduce forward, identity
 backward).
 
+Each backward runs its collective through the Function of that collective (never the bare collective), so a
+gradient of a gradient (``torch.autograd.grad(..., create_graph=True)``) is recorded and right.
+
 The Context goes through a Function only when autograd records (``torch.is_grad_enabled()`` and the
 input ``requires_grad``); otherwise it calls the collective directly, as before.
 """
@@ -59,7 +62,7 @@ class AllReduce(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         target, process_group, op, agreement = ctx.link
-        return collectives.all_reduce(target, process_group, grad, op, agreement), None, None, None, None
+        return AllReduce.apply(grad, target, process_group, op, agreement), None, None, None, None
 
 
 class NoGradient(torch.autograd.Function):  # type: ignore[misc]
@@ -90,7 +93,7 @@ class AllGather(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         target, process_group, dim, agreement = ctx.link
-        return collectives.reduce_scatter(target, process_group, grad, dim, "sum", agreement), None, None, None, None
+        return ReduceScatter.apply(grad, target, process_group, dim, "sum", agreement), None, None, None, None
 
 
 class ReduceScatter(torch.autograd.Function):  # type: ignore[misc]
@@ -106,7 +109,7 @@ class ReduceScatter(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         target, process_group, dim, op, agreement = ctx.link
-        gathered = collectives.all_gather(target, process_group, grad, dim, agreement)
+        gathered = AllGather.apply(grad, target, process_group, dim, agreement)
         return gathered / target.size if op == "avg" else gathered, None, None, None, None, None
 
 
@@ -122,8 +125,8 @@ class AllToAll(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         target, process_group, split_dim, concat_dim, agreement = ctx.link
-        return collectives.all_to_all(target, process_group, grad, concat_dim, split_dim,
-                                      agreement), None, None, None, None, None
+        return (AllToAll.apply(grad, target, process_group, concat_dim, split_dim, agreement),
+                None, None, None, None, None)
 
 
 class Broadcast(torch.autograd.Function):  # type: ignore[misc]
@@ -138,8 +141,11 @@ class Broadcast(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         target, process_group, src, agreement = ctx.link
-        summed = collectives.all_reduce(target, process_group, grad, "sum", agreement)
-        return (summed if target.member == src else torch.zeros_like(summed)), None, None, None, None
+        summed = AllReduce.apply(grad, target, process_group, "sum", agreement)
+        if target.member == src:
+            return summed, None, None, None, None
+        # Zeros; under create_graph still tied to the sum, so every member runs its backward (the same collective).
+        return (summed * 0 if summed.requires_grad else torch.zeros_like(summed)), None, None, None, None
 
 
 class Permute(torch.autograd.Function):  # type: ignore[misc]
@@ -155,8 +161,8 @@ class Permute(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         target, process_group, send_to, receive_from, agreement = ctx.link
-        return permute.permute(target, process_group, grad, receive_from, send_to,
-                               agreement), None, None, None, None, None
+        return (Permute.apply(grad, target, process_group, receive_from, send_to, agreement),
+                None, None, None, None, None)
 
 
 class SumGradients(torch.autograd.Function):  # type: ignore[misc]
@@ -171,7 +177,7 @@ class SumGradients(torch.autograd.Function):  # type: ignore[misc]
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         target, process_group, agreement = ctx.link
-        return collectives.all_reduce(target, process_group, grad, "sum", agreement), None, None, None
+        return AllReduce.apply(grad, target, process_group, "sum", agreement), None, None, None
 
 
 class SumPartials(torch.autograd.Function):  # type: ignore[misc]

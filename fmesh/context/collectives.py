@@ -179,7 +179,7 @@ def all_reduce(target: Target, process_group: dist.ProcessGroup | None, tensor: 
         return tensor.clone()
     if compiling():
         return _traced_reduce(tensor, op, lambda t, o: _torch.traced_all_reduce(t, o, process_group), target.size)
-    result = tensor.clone()
+    result = tensor.clone(memory_format=torch.contiguous_format)  # NCCL refuses a non-contiguous tensor
     # The hot path: no closure, and a string compare rather than ReduceOp's (slower) __eq__.
     started = time.monotonic()
     try:
@@ -232,7 +232,7 @@ def broadcast(target: Target, process_group: dist.ProcessGroup | None, tensor: t
     """Member ``src``'s ``tensor`` on every member; ``src`` checked by the caller."""
     if process_group is not None and compiling():
         return _torch.traced_broadcast(tensor.contiguous(), src, process_group)
-    result = tensor.clone()
+    result = tensor.clone(memory_format=torch.contiguous_format)  # NCCL refuses a non-contiguous tensor
     if process_group is not None:
         run("broadcast", target, process_group,
             lambda: dist.broadcast(result, src=target.ranks[src], group=process_group), agreement)

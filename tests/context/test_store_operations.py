@@ -1,0 +1,121 @@
+"""What waiting costs the store host: per member, a constant number of store operations, however long a member is
+late and however many members wait (threads of this process against one real ``TCPStore``, each member with its
+own counting connection)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from support import in_threads
+
+from fmesh.context.agreement import Agreement
+
+BOUND = 16  # store operations per member, the issue's bound (#27)
+
+
+class MemberStore:
+    """One member's connection to a shared store, counting its operations (its second connection's too)."""
+
+    def __init__(self, inner: Any, counts: dict[int, int], rank: int) -> None:
+        self.inner, self.counts, self.rank = inner, counts, rank
+
+    def clone(self) -> MemberStore:
+        return MemberStore(self.inner.clone(), self.counts, self.rank)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        call = getattr(self.inner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            with LOCK:
+                self.counts[self.rank] = self.counts.get(self.rank, 0) + 1
+            return call(*args, **kwargs)
+
+        return counted
+
+
+LOCK = threading.Lock()
+ELAPSED: dict[int, float] = {}  # the last wall time of each size
+
+
+def tcp_store() -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=120), wait_for_workers=False,
+                         use_libuv=True)
+
+
+def costs(size: int, late: float, step: Callable[[Agreement, int], object]) -> dict[int, int]:
+    """Each member's store operations for ``step`` (on its own Agreement) with ``size`` members, the last of
+    them ``late`` seconds late."""
+    server, counts = tcp_store(), {}
+    for rank in range(size):  # as every Context does at its start: its status is there before any wait
+        Agreement(server, "ops", rank, timedelta(seconds=120)).post("running")
+
+    def member(rank: int) -> None:
+        store = MemberStore(server.clone(), counts, rank)
+        if rank == size - 1:
+            time.sleep(late)
+        step(Agreement(store, "ops", rank, timedelta(seconds=120), grace=1.0), rank)  # type: ignore[arg-type]
+
+    started = time.monotonic()
+    in_threads(member, list(range(size)), timeout=300 + late)
+    assert len(counts) == size
+    ELAPSED[size] = time.monotonic() - started
+    return counts
+
+
+def agreement_costs(size: int, late: float) -> dict[int, int]:
+    """Each member's store operations for one agreement of ``size`` members in which the last is ``late``."""
+    return costs(size, late, lambda agreement, rank: agreement.agree("group", range(size), "Mesh(dp=N)", "dp"))
+
+
+# 2,048 members are 2,048 threads and connections: minutes on a busy 2-core machine.
+SIZES = [(64, 2.0), pytest.param(2048, 2.0, marks=pytest.mark.slow), pytest.param(64, 8.0, marks=pytest.mark.slow)]
+
+
+def within_bound(counts: dict[int, int], elapsed: float) -> bool:
+    """Every member within :data:`BOUND`, but the one watcher: it looks at the missing members at 1, 3, 7 s,
+    then at doubling intervals (2 operations a look), so a wait that the machine's load stretches past 8 s
+    costs it 2 more per doubling."""
+    ordered = sorted(counts.values())
+    extra = 2 * max(0, math.ceil(math.log2(max(elapsed, 8.0) / 8.0)))
+    return ordered[-2] <= BOUND and ordered[-1] <= BOUND + extra
+
+
+@pytest.mark.parametrize("size, late", SIZES)
+def test_a_roll_call_with_a_late_member_costs_each_member_a_constant_number_of_operations(size: int,
+                                                                                         late: float) -> None:
+    missing: dict[int, list[int]] = {}
+
+    def call(agreement: Agreement, rank: int) -> None:
+        missing[rank] = agreement.roll_call("failed", range(size), late + 30)
+
+    counts = costs(size, late, call)
+    assert set(map(tuple, missing.values())) == {()}  # the late member answered in time
+    assert within_bound(counts, ELAPSED[size]), (ELAPSED[size], sorted(counts.items(), key=lambda kv: -kv[1])[:4])
+
+
+@pytest.mark.parametrize("size, late", SIZES)
+def test_recovery_agreement_with_a_late_survivor_costs_each_a_constant_number_of_operations(size: int,
+                                                                                           late: float) -> None:
+    held: dict[int, object] = {}
+
+    def recover(agreement: Agreement, rank: int) -> None:
+        held[rank] = agreement.agree_on_loss(range(size), [size], [f"g{rank % 2}"])
+
+    counts = costs(size, late, recover)
+    assert len(held) == size and held[0] == {r: frozenset({f"g{r % 2}"}) for r in range(size)}
+    assert within_bound(counts, ELAPSED[size]), (ELAPSED[size], sorted(counts.items(), key=lambda kv: -kv[1])[:4])
+
+
+@pytest.mark.parametrize("size, late", SIZES)
+def test_an_agreement_with_a_late_member_costs_each_member_a_constant_number_of_operations(size: int,
+                                                                                          late: float) -> None:
+    counts = agreement_costs(size, late)
+    assert len(counts) == size
+    assert within_bound(counts, ELAPSED[size]), (ELAPSED[size], sorted(counts.items(), key=lambda kv: -kv[1])[:4])

@@ -1,0 +1,112 @@
+"""NCCL's rules on CPU: with ``FMESH_STRICT_NCCL=1``, the c10d calls fmesh makes refuse what ProcessGroupNCCL
+refuses, with NCCL's messages: a non-contiguous tensor ("Tensors must be contiguous"), a sparse one ("Tensors must
+be CUDA and dense"), a tensor on a device other than the group's, and a dtype NCCL lacks. gloo checks none of
+these, so without this a test on CPU passes what a GPU job refuses.
+
+Installed by ``tests/conftest.py`` for the test session and by ``tests/support.py`` in every process the
+multi-process tests start (they import it), so the rules hold on every rank. The patching lives here, in the
+tests, never in fmesh's runtime path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+ENV = "FMESH_STRICT_NCCL"
+# ProcessGroupNCCL's getNcclDataType: the dtypes with an NCCL type (bool travels as uint8).
+NCCL_DTYPES = frozenset({torch.int8, torch.uint8, torch.int32, torch.int64, torch.uint32, torch.uint64, torch.float16,
+                         torch.float32, torch.float64, torch.bfloat16, torch.bool, torch.float8_e5m2,
+                         torch.float8_e4m3fn})
+PATCHED = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
+           "all_gather_single", "reduce_scatter_single")  # point-to-point: through P2POp (patches)
+
+
+def enabled() -> bool:
+    """Whether this process runs under NCCL's rules (``FMESH_STRICT_NCCL=1``)."""
+    return os.environ.get(ENV, "0") == "1"
+
+
+def check(tensor: torch.Tensor, group: Any = None) -> None:
+    """Refuse ``tensor`` as ProcessGroupNCCL would, with its messages.
+
+    >>> check(torch.ones(2, 3).t())
+    Traceback (most recent call last):
+    ...
+    ValueError: Tensors must be contiguous
+    """
+    if tensor.layout != torch.strided:
+        raise ValueError("Tensors must be CUDA and dense")
+    if not tensor.is_contiguous():
+        raise ValueError("Tensors must be contiguous")
+    if tensor.dtype not in NCCL_DTYPES:
+        raise TypeError(f"Unsupported data type for NCCL process group: {tensor.dtype}")
+    devices = _group_devices(group)
+    if devices and tensor.device.type not in devices:
+        raise ValueError(f"Tensors must be on the group's device ({sorted(devices)}), but got {tensor.device}")
+
+
+def _group_devices(group: Any) -> set[str]:
+    with_default = group if group is not None else (dist.group.WORLD if dist.is_initialized() else None)
+    if with_default is None:
+        return set()
+    try:
+        backend = dist.get_backend(with_default)
+    except (RuntimeError, ValueError):
+        return set()
+    return {"cuda"} if backend == "nccl" else {"cpu"} if backend == "gloo" else set()
+
+
+def _tensors(args: Iterable[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    found = [a for a in args if isinstance(a, torch.Tensor)]
+    found += [v for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k != "group"]
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, list | tuple):
+            found += [t for t in value if isinstance(t, torch.Tensor)]
+    return found
+
+
+def strict(call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call``, refusing first what NCCL refuses in any tensor it is given."""
+    if getattr(call, "fmesh_strict", False):
+        return call
+
+    @functools.wraps(call)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        group = kwargs.get("group")
+        for tensor in _tensors(args, kwargs):
+            check(tensor, group)
+        return call(*args, **kwargs)
+
+    checked.fmesh_strict = True  # type: ignore[attr-defined]
+    return checked
+
+
+def patches() -> list[tuple[Any, str, Any]]:
+    """``(owner, name, strict replacement)`` for each c10d call fmesh makes (``dist``'s, the ones ``_torch`` bound
+    at its import, and ``P2POp``'s constructor, which ``batch_isend_irecv`` takes its tensors from)."""
+    from fmesh.context import _torch  # bound to torch's functions at its import: patched there too
+
+    found = [(dist, name, strict(getattr(dist, name))) for name in PATCHED if hasattr(dist, name)]
+    found += [(_torch, name, strict(getattr(_torch, name))) for name in ("all_gather_single", "reduce_scatter_single")]
+    op_init = dist.P2POp.__init__
+    if not getattr(op_init, "fmesh_strict", False):
+        def init(self: Any, op: Any, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+            check(tensor, kwargs.get("group", args[1] if len(args) > 1 else None))
+            op_init(self, op, tensor, *args, **kwargs)
+
+        init.fmesh_strict = True  # type: ignore[attr-defined]
+        found.append((dist.P2POp, "__init__", init))
+    return found
+
+
+def install() -> None:
+    """Put NCCL's rules on the c10d calls for good, when :func:`enabled`; idempotent."""
+    if enabled():
+        for owner, name, replacement in patches():
+            setattr(owner, name, replacement)
