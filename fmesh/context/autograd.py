@@ -33,11 +33,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from fmesh.context import collectives, permute
-from fmesh.context.agreement import Agreement
-from fmesh.context.groups import Target
+from fmesh.context.groups import Route
 from fmesh.errors import NoGradientError
 
 
@@ -54,15 +52,14 @@ class AllReduce(torch.autograd.Function):  # type: ignore[misc]
     """all_reduce with ``op`` sum or avg; the backward is the same all_reduce of the gradients."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None, op: str,
-                agreement: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, process_group, op, agreement)
-        return collectives.all_reduce(target, process_group, tensor, op, agreement)
+    def forward(ctx: Any, tensor: torch.Tensor, route: Route, op: str) -> torch.Tensor:
+        ctx.link = (route, op)
+        return collectives.all_reduce(route, tensor, op)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, process_group, op, agreement = ctx.link
-        return AllReduce.apply(grad, target, process_group, op, agreement), None, None, None, None
+        route, op = ctx.link
+        return AllReduce.apply(grad, route, op), None, None
 
 
 class NoGradient(torch.autograd.Function):  # type: ignore[misc]
@@ -85,109 +82,98 @@ class AllGather(torch.autograd.Function):  # type: ignore[misc]
     """all_gather along ``dim``; the backward is a sum reduce_scatter along ``dim``."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None, dim: int,
-                agreement: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, process_group, dim, agreement)
-        return collectives.all_gather(target, process_group, tensor, dim, agreement)
+    def forward(ctx: Any, tensor: torch.Tensor, route: Route, dim: int) -> torch.Tensor:
+        ctx.link = (route, dim)
+        return collectives.all_gather(route, tensor, dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, process_group, dim, agreement = ctx.link
-        return ReduceScatter.apply(grad, target, process_group, dim, "sum", agreement), None, None, None, None
+        route, dim = ctx.link
+        return ReduceScatter.apply(grad, route, dim, "sum"), None, None
 
 
 class ReduceScatter(torch.autograd.Function):  # type: ignore[misc]
     """reduce_scatter (sum or avg) along ``dim``; the backward is an all_gather along ``dim`` (1/n for avg)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None, dim: int,
-                op: str,
-                agreement: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, process_group, dim, op, agreement)
-        return collectives.reduce_scatter(target, process_group, tensor, dim, op, agreement)
+    def forward(ctx: Any, tensor: torch.Tensor, route: Route, dim: int, op: str) -> torch.Tensor:
+        ctx.link = (route, dim, op)
+        return collectives.reduce_scatter(route, tensor, dim, op)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, process_group, dim, op, agreement = ctx.link
-        gathered = AllGather.apply(grad, target, process_group, dim, agreement)
-        return gathered / target.size if op == "avg" else gathered, None, None, None, None, None
+        route, dim, op = ctx.link
+        gathered = AllGather.apply(grad, route, dim)
+        return gathered / route.target.size if op == "avg" else gathered, None, None, None
 
 
 class AllToAll(torch.autograd.Function):  # type: ignore[misc]
     """all_to_all; the backward is the inverse all_to_all (``split_dim`` and ``concat_dim`` swapped)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None, split_dim: int,
-                concat_dim: int, agreement: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, process_group, split_dim, concat_dim, agreement)
-        return collectives.all_to_all(target, process_group, tensor, split_dim, concat_dim, agreement)
+    def forward(ctx: Any, tensor: torch.Tensor, route: Route, split_dim: int, concat_dim: int) -> torch.Tensor:
+        ctx.link = (route, split_dim, concat_dim)
+        return collectives.all_to_all(route, tensor, split_dim, concat_dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, process_group, split_dim, concat_dim, agreement = ctx.link
-        return (AllToAll.apply(grad, target, process_group, concat_dim, split_dim, agreement),
-                None, None, None, None, None)
+        route, split_dim, concat_dim = ctx.link
+        return AllToAll.apply(grad, route, concat_dim, split_dim), None, None, None
 
 
 class Broadcast(torch.autograd.Function):  # type: ignore[misc]
     """broadcast from member ``src``; the backward sums the gradients into ``src`` (zeros elsewhere)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None, src: int,
-                agreement: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, process_group, src, agreement)
-        return collectives.broadcast(target, process_group, tensor, src, agreement)
+    def forward(ctx: Any, tensor: torch.Tensor, route: Route, src: int) -> torch.Tensor:
+        ctx.link = (route, src)
+        return collectives.broadcast(route, tensor, src)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, process_group, src, agreement = ctx.link
-        summed = AllReduce.apply(grad, target, process_group, "sum", agreement)
-        if target.member == src:
-            return summed, None, None, None, None
+        route, src = ctx.link
+        summed = AllReduce.apply(grad, route, "sum")
+        if route.target.member == src:
+            return summed, None, None
         # Zeros; under create_graph still tied to the sum, so every member runs its backward (the same collective).
-        return (summed * 0 if summed.requires_grad else torch.zeros_like(summed)), None, None, None, None
+        return (summed * 0 if summed.requires_grad else torch.zeros_like(summed)), None, None
 
 
 class Permute(torch.autograd.Function):  # type: ignore[misc]
     """ppermute / shift; the backward sends each gradient back to where its value came from."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None,
-                send_to: int | None,
-                receive_from: int | None, agreement: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, process_group, send_to, receive_from, agreement)
-        return permute.permute(target, process_group, tensor, send_to, receive_from, agreement)
+    def forward(ctx: Any, tensor: torch.Tensor, route: Route, send_to: int | None,
+                receive_from: int | None) -> torch.Tensor:
+        ctx.link = (route, send_to, receive_from)
+        return permute.permute(route, tensor, send_to, receive_from)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, process_group, send_to, receive_from, agreement = ctx.link
-        return (Permute.apply(grad, target, process_group, receive_from, send_to, agreement),
-                None, None, None, None, None)
+        route, send_to, receive_from = ctx.link
+        return Permute.apply(grad, route, receive_from, send_to), None, None, None
 
 
 class SumGradients(torch.autograd.Function):  # type: ignore[misc]
     """Identity forward; the backward is a sum all_reduce of the gradients (Megatron's "f")."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None,
-                agreement: Agreement | None) -> torch.Tensor:
-        ctx.link = (target, process_group, agreement)
+    def forward(ctx: Any, tensor: torch.Tensor, route: Route) -> torch.Tensor:
+        ctx.route = route
         return tensor.view_as(tensor)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        target, process_group, agreement = ctx.link
-        return AllReduce.apply(grad, target, process_group, "sum", agreement), None, None, None
+        return AllReduce.apply(grad, ctx.route, "sum"), None
 
 
 class SumPartials(torch.autograd.Function):  # type: ignore[misc]
     """Sum all_reduce forward; identity backward (Megatron's "g")."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, target: Target, process_group: dist.ProcessGroup | None,
-                agreement: Agreement | None) -> torch.Tensor:
-        return collectives.all_reduce(target, process_group, tensor, "sum", agreement)
+    def forward(ctx: Any, tensor: torch.Tensor, route: Route) -> torch.Tensor:
+        return collectives.all_reduce(route, tensor, "sum")
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return grad, None, None, None
+        return grad, None

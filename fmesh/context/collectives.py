@@ -1,5 +1,5 @@
-"""Collectives along mesh axes: each takes a :class:`~fmesh.context.groups.Target` and its process
-group, leaves its input alone and returns a new tensor.
+"""Collectives along mesh axes: each takes a :class:`~fmesh.context.groups.Route` (the target, its process
+group and the agreement), leaves its input alone and returns a new tensor.
 
 The group is ``None`` for a group of one, where every collective is a copy. Arguments are checked
 by the ``check_*`` helpers before the Context asks for a group, so a bad call never creates one.
@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from fmesh.context import _torch
 from fmesh.context.agreement import FAILED, Agreement, describe_status
-from fmesh.context.groups import Target
+from fmesh.context.groups import Route, Target
 from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
 from fmesh.layout.int_tuple import is_int
 
@@ -89,8 +89,20 @@ def _traced_reduce(tensor: torch.Tensor, op: str, reduce: Callable[[torch.Tensor
     return reduce(tensor, op)
 
 
+def check_dim(what: str, label: str, tensor: torch.Tensor, dim: object) -> int:
+    """``dim`` if it names a dimension of ``tensor`` (negative counts from the end); ``TypeError``/``IndexError``
+    naming both otherwise."""
+    if not is_int(dim):
+        raise TypeError(f"{what}: expected an int {label}, but got {dim!r}")
+    if not -tensor.dim() <= dim < tensor.dim():
+        raise IndexError(f"{what}: expected {label} in {-tensor.dim()}..{tensor.dim() - 1} for a tensor of shape "
+                         f"{tuple(tensor.shape)}, but got {dim}")
+    return int(dim)
+
+
 def check_divisible(what: str, label: str, tensor: torch.Tensor, dim: int, size: int) -> None:
     """``ValueError`` unless ``tensor.shape[dim]`` splits into ``size`` equal chunks."""
+    check_dim(what, label, tensor, dim)
     if tensor.shape[dim] % size:
         raise ValueError(f"{what}: {label} {dim} has size {tensor.shape[dim]}, not divisible by group size {size}")
 
@@ -101,6 +113,8 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     fake backend (no store): then only the timeout is told apart. ``group``, broken now, is aborted
     first, so that members still blocked in it fail at once and answer the roll call too."""
     where = "the default group" if target is None else target.label()
+    if isinstance(error, NotImplementedError):  # torch refused the call itself, before any byte was sent
+        raise error
     if agreement is not None and agreement.connections.halted.is_set():
         raise ContextClosedError(f"on rank {agreement.rank}: {what} along {where} ended: this context was aborted "
                                  "(ctx.abort())") from None
@@ -162,19 +176,19 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     raise explained from error
 
 
-def run(what: str, target: Target, process_group: dist.ProcessGroup, call: Callable[[], object],
-        agreement: Agreement | None) -> None:
-    """``call()`` on ``group``, with its errors explained by :func:`failed`."""
+def run(what: str, route: Route, call: Callable[[], object]) -> None:
+    """``call()`` on the route's group, with its errors explained by :func:`failed`."""
     started = time.monotonic()
     try:
         call()
     except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
-        failed(what, target, target.ranks, target.spec.timeout, started, error, agreement, process_group)
+        target = route.target
+        failed(what, target, target.ranks, target.spec.timeout, started, error, route.agreement, route.group)
 
 
-def all_reduce(target: Target, process_group: dist.ProcessGroup | None, tensor: torch.Tensor, op: str,
-               agreement: Agreement | None) -> torch.Tensor:
+def all_reduce(route: Route, tensor: torch.Tensor, op: str) -> torch.Tensor:
     """Reduce over the group; ``op`` is checked by the caller (:func:`reduce_op`)."""
+    target, process_group = route.target, route.group
     if process_group is None:
         return tensor.clone()
     if compiling():
@@ -189,27 +203,26 @@ def all_reduce(target: Target, process_group: dist.ProcessGroup | None, tensor: 
         else:
             dist.all_reduce(result, op=REDUCE_OPS[op], group=process_group)
     except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
-        failed("all_reduce", target, target.ranks, target.spec.timeout, started, error, agreement, process_group)
+        failed("all_reduce", target, target.ranks, target.spec.timeout, started, error, route.agreement, process_group)
     return result
 
 
-def all_gather(target: Target, process_group: dist.ProcessGroup | None, tensor: torch.Tensor, dim: int,
-               agreement: Agreement | None) -> torch.Tensor:
+def all_gather(route: Route, tensor: torch.Tensor, dim: int) -> torch.Tensor:
     """Every member's ``tensor``, concatenated along ``dim`` in group order."""
+    target, process_group = route.target, route.group
     if process_group is None:
         return tensor.clone()
     moved = tensor.movedim(dim, 0).contiguous()
     if compiling():
         return _torch.traced_all_gather(moved, 0, process_group).movedim(0, dim)
     output = torch.empty((target.size * moved.shape[0], *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    run("all_gather", target, process_group, lambda: _torch.all_gather_single(output, moved, group=process_group),
-        agreement)
+    run("all_gather", route, lambda: _torch.all_gather_single(output, moved, group=process_group))
     return output.movedim(0, dim)
 
 
-def reduce_scatter(target: Target, process_group: dist.ProcessGroup | None, tensor: torch.Tensor, dim: int,
-                   op: str, agreement: Agreement | None) -> torch.Tensor:
+def reduce_scatter(route: Route, tensor: torch.Tensor, dim: int, op: str) -> torch.Tensor:
     """Reduce over the group and keep this member's chunk of ``dim``; divisibility checked by the caller."""
+    target, process_group = route.target, route.group
     if process_group is None:
         return tensor.clone()
     moved = tensor.movedim(dim, 0).contiguous()
@@ -219,29 +232,26 @@ def reduce_scatter(target: Target, process_group: dist.ProcessGroup | None, tens
     output = torch.empty((moved.shape[0] // target.size, *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     gloo_avg = op == "avg" and target.spec.backend == "gloo"
     op_now = REDUCE_OPS["sum" if gloo_avg else op]
-    run("reduce_scatter", target, process_group,
-        lambda: _torch.reduce_scatter_single(output, moved, op=op_now, group=process_group),
-        agreement)
+    run("reduce_scatter", route, lambda: _torch.reduce_scatter_single(output, moved, op=op_now, group=process_group))
     if gloo_avg:
         output.div_(target.size)
     return output.movedim(0, dim)
 
 
-def broadcast(target: Target, process_group: dist.ProcessGroup | None, tensor: torch.Tensor, src: int,
-              agreement: Agreement | None) -> torch.Tensor:
+def broadcast(route: Route, tensor: torch.Tensor, src: int) -> torch.Tensor:
     """Member ``src``'s ``tensor`` on every member; ``src`` checked by the caller."""
+    target, process_group = route.target, route.group
     if process_group is not None and compiling():
         return _torch.traced_broadcast(tensor.contiguous(), src, process_group)
     result = tensor.clone(memory_format=torch.contiguous_format)  # NCCL refuses a non-contiguous tensor
     if process_group is not None:
-        run("broadcast", target, process_group,
-            lambda: dist.broadcast(result, src=target.ranks[src], group=process_group), agreement)
+        run("broadcast", route, lambda: dist.broadcast(result, src=target.ranks[src], group=process_group))
     return result
 
 
-def all_to_all(target: Target, process_group: dist.ProcessGroup | None, tensor: torch.Tensor, split_dim: int,
-               concat_dim: int, agreement: Agreement | None) -> torch.Tensor:
+def all_to_all(route: Route, tensor: torch.Tensor, split_dim: int, concat_dim: int) -> torch.Tensor:
     """Chunk ``i`` of ``split_dim`` to member ``i``; what arrives concatenated along ``concat_dim``."""
+    target, process_group = route.target, route.group
     if process_group is None:
         return tensor.clone()
     moved = tensor.movedim(split_dim, 0).contiguous()
@@ -249,16 +259,16 @@ def all_to_all(target: Target, process_group: dist.ProcessGroup | None, tensor: 
         output = _torch.traced_all_to_all(moved, None, None, process_group)
     else:
         output = torch.empty_like(moved)
-        run("all_to_all", target, process_group, lambda: dist.all_to_all_single(output, moved, group=process_group),
-            agreement)
+        run("all_to_all", route, lambda: dist.all_to_all_single(output, moved, group=process_group))
     chunks = output.movedim(0, split_dim).chunk(target.size, dim=split_dim)
     return torch.cat(chunks, dim=concat_dim)
 
 
-def barrier(target: Target, process_group: dist.ProcessGroup | None, agreement: Agreement | None) -> None:
+def barrier(route: Route) -> None:
     """Wait for every member of the group."""
+    process_group = route.group
     if process_group is not None:
-        run("barrier", target, process_group, lambda: dist.barrier(group=process_group), agreement)
+        run("barrier", route, lambda: dist.barrier(group=process_group))
 
 
 def world_barrier(world_size: int, timeout: timedelta, agreement: Agreement | None) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import atexit
 import gc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -36,12 +36,11 @@ import torch.distributed as dist
 
 from fmesh.context import _torch, autograd, collectives, objects, permute, recovery
 from fmesh.context.agreement import Agreement
-from fmesh.context.collectives import REDUCE_OPS
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, plan_groups, plan_items
-from fmesh.context.groups import GroupRegistry, Target
+from fmesh.context.groups import GroupRegistry, Route, Target
 from fmesh.context.options import AxisOptions, GroupSettings
-from fmesh.context.tensors import agree_on_tensor, check_tensor
+from fmesh.context.tensors import TensorChecks, check_tensor
 from fmesh.context.world import World
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
@@ -88,16 +87,20 @@ class Context:
         checking = _check_flag(check_tensors)
         world = World.start(backend=backend, rank=rank, world_size=world_size, store=store, init_method=init_method,
                             timeout=settings.timeout, device=device, gpus_per_node=gpus_per_node, name=name)
-        self._own(world, settings, simulated, check_tensors=checking)
+        self._own(world, settings, TensorChecks(checking), simulated)
 
-    def _own(self, world: World, settings: GroupSettings, simulated: bool = False, *,
-             check_tensors: bool = False) -> None:
+    @classmethod
+    def _made(cls, world: World, settings: GroupSettings, tensors: TensorChecks, simulated: bool = False) -> Context:
+        """The one private constructor, for the ways a Context is made besides ``__init__`` (``from_env``,
+        ``recover``): the rooms on a world whose arguments are checked already."""
+        context = cls.__new__(cls)
+        context._own(world, settings, tensors, simulated)
+        return context
+
+    def _own(self, world: World, settings: GroupSettings, tensors: TensorChecks, simulated: bool = False) -> None:
         self._world = world
         self._simulated = simulated
-        # check_tensors: each collective's members agree on shape and dtype first (see fmesh.context.tensors);
-        # the count of checked collectives per group names each agreement.
-        self._check_tensors = check_tensors
-        self._tensor_checks: dict[str, int] = {}
+        self._tensors = tensors  # the opt-in check of every member's tensor (fmesh.context.tensors)
         self._settings = attrs.evolve(settings, backend=world.backend)
         self._agreement: Agreement | None = None
         if not world.fake:  # the fake backend's store cannot be used
@@ -144,9 +147,7 @@ class Context:
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         checking = _check_flag(check_tensors)
         world = World.from_env(backend=backend, timeout=settings.timeout, gpus_per_node=gpus_per_node, name=name)
-        context = cls.__new__(cls)
-        context._own(world, settings, check_tensors=checking)
-        return context
+        return cls._made(world, settings, TensorChecks(checking))
 
     @classmethod
     def fake(cls, world_size: int, rank: int = 0, **kwargs: Any) -> Context:
@@ -215,8 +216,8 @@ class Context:
         ...     dist.get_process_group_ranks(ctx.group(fmesh.make_mesh((2, 2), ("dp", "tp")), "dp"))
         [0, 2]
         """
-        target, group = self._groups.resolve(mesh, axes)
-        return group if group is not None else self._groups.process_group(target)
+        route = self._groups.resolve(mesh, axes)
+        return route.group if route.group is not None else self._groups.process_group(route.target)
 
     def index(self, mesh: Mesh, axes: AxesArg = None) -> int:
         """This rank's index in its group along ``axes`` (its group rank; ``dp_rank``, ``tp_rank``), from
@@ -240,19 +241,9 @@ class Context:
         ...     ctx.all_reduce(torch.ones(3), fmesh.make_mesh((4,), ("dp",)), "dp", op="max").shape
         torch.Size([3])
         """
-        if op not in REDUCE_OPS:
-            collectives.reduce_op(op)  # raises, naming the choices
-        check_tensor("all_reduce", tensor, self._world.device, op)
-        target, group = self._groups.resolve(mesh, axes)
-        if self._check_tensors:
-            self._agree_on_tensor("all_reduce", target, tensor)
-        if autograd.records(tensor):
-            if op not in ("sum", "avg"):
-                result = collectives.all_reduce(target, group, tensor.detach(), op, self._agreement)
-                return autograd.NoGradient.apply(
-                    tensor, result, f"all_reduce op={op!r} along {target.label()}")
-            return autograd.AllReduce.apply(tensor, target, group, op, self._agreement)
-        return collectives.all_reduce(target, group, tensor, op, self._agreement)
+        collectives.reduce_op(op)  # raises, naming the choices
+        return self._collective("all_reduce", tensor, mesh, axes, autograd.AllReduce, op, op=op,
+                                eager=lambda route, t: collectives.all_reduce(route, t, op))
 
     def all_gather(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0) -> torch.Tensor:
         """Concatenate every member's ``tensor`` along ``dim``, in group (coordinate) order.
@@ -262,13 +253,8 @@ class Context:
         ...     ctx.all_gather(torch.ones(2, 3), fmesh.make_mesh((2, 2), ("dp", "tp")), "tp", dim=1).shape
         torch.Size([2, 6])
         """
-        check_tensor("all_gather", tensor, self._world.device)
-        target, group = self._groups.resolve(mesh, axes)
-        if self._check_tensors:
-            self._agree_on_tensor("all_gather", target, tensor)
-        if autograd.records(tensor):
-            return autograd.AllGather.apply(tensor, target, group, dim, self._agreement)
-        return collectives.all_gather(target, group, tensor, dim, self._agreement)
+        return self._collective("all_gather", tensor, mesh, axes, autograd.AllGather, dim, dims={"dim": dim},
+                                eager=lambda route, t: collectives.all_gather(route, t, dim))
 
     def reduce_scatter(
         self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0, op: str = "sum"
@@ -281,19 +267,10 @@ class Context:
         torch.Size([2])
         """
         collectives.reduce_op(op)
-        check_tensor("reduce_scatter", tensor, self._world.device, op)
-        target = self._groups.target(mesh, axes)
-        collectives.check_divisible("reduce_scatter", "dim", tensor, dim, target.size)
-        if self._check_tensors:
-            self._agree_on_tensor("reduce_scatter", target, tensor)
-        group = self._groups.group(target)
-        if autograd.records(tensor):
-            if op not in ("sum", "avg"):
-                result = collectives.reduce_scatter(target, group, tensor.detach(), dim, op, self._agreement)
-                return autograd.NoGradient.apply(
-                    tensor, result, f"reduce_scatter op={op!r} along {target.label()}")
-            return autograd.ReduceScatter.apply(tensor, target, group, dim, op, self._agreement)
-        return collectives.reduce_scatter(target, group, tensor, dim, op, self._agreement)
+        return self._collective(
+            "reduce_scatter", tensor, mesh, axes, autograd.ReduceScatter, dim, op, op=op,
+            check=lambda t, target: collectives.check_divisible("reduce_scatter", "dim", t, dim, target.size),
+            eager=lambda route, t: collectives.reduce_scatter(route, t, dim, op))
 
     def broadcast(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, src: int = 0) -> torch.Tensor:
         """Every member gets the ``tensor`` of member ``src`` (an index within the group).
@@ -303,15 +280,9 @@ class Context:
         ...     ctx.broadcast(torch.ones(2), fmesh.make_mesh((4,), ("dp",)), "dp", src=3).shape
         torch.Size([2])
         """
-        check_tensor("broadcast", tensor, self._world.device)
-        target = self._groups.target(mesh, axes)
-        collectives.check_index("broadcast", "src", src, target.size)
-        if self._check_tensors:
-            self._agree_on_tensor("broadcast", target, tensor)
-        group = self._groups.group(target)
-        if autograd.records(tensor):
-            return autograd.Broadcast.apply(tensor, target, group, src, self._agreement)
-        return collectives.broadcast(target, group, tensor, src, self._agreement)
+        return self._collective("broadcast", tensor, mesh, axes, autograd.Broadcast, src,
+                                check=lambda t, target: collectives.check_index("broadcast", "src", src, target.size),
+                                eager=lambda route, t: collectives.broadcast(route, t, src))
 
     def all_to_all(
         self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, split_dim: int = 0, concat_dim: int = 0
@@ -324,16 +295,10 @@ class Context:
         ...     ctx.all_to_all(torch.ones(4, 3), fmesh.make_mesh((2,), ("ep",)), "ep", 0, 1).shape
         torch.Size([2, 6])
         """
-        check_tensor("all_to_all", tensor, self._world.device)
-        target = self._groups.target(mesh, axes)
-        collectives.check_divisible("all_to_all", "split_dim", tensor, split_dim, target.size)
-        if self._check_tensors:
-            self._agree_on_tensor("all_to_all", target, tensor)
-        group = self._groups.group(target)
-        if autograd.records(tensor):
-            return autograd.AllToAll.apply(
-                tensor, target, group, split_dim, concat_dim, self._agreement)
-        return collectives.all_to_all(target, group, tensor, split_dim, concat_dim, self._agreement)
+        return self._collective(
+            "all_to_all", tensor, mesh, axes, autograd.AllToAll, split_dim, concat_dim, dims={"concat_dim": concat_dim},
+            check=lambda t, target: collectives.check_divisible("all_to_all", "split_dim", t, split_dim, target.size),
+            eager=lambda route, t: collectives.all_to_all(route, t, split_dim, concat_dim))
 
     def sum_gradients(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None) -> torch.Tensor:
         """``tensor`` itself forward; its gradient is summed over the group along ``axes`` backward.
@@ -350,11 +315,8 @@ class Context:
         ...     x.grad.shape
         torch.Size([3])
         """
-        check_tensor("sum_gradients", tensor, self._world.device)
-        target, group = self._groups.resolve(mesh, axes)
-        if autograd.records(tensor):
-            return autograd.SumGradients.apply(tensor, target, group, self._agreement)
-        return tensor
+        return self._collective("sum_gradients", tensor, mesh, axes, autograd.SumGradients, agree=False,
+                                eager=lambda route, t: t)
 
     def sum_partials(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None) -> torch.Tensor:
         """The sum over the group along ``axes`` forward (an all_reduce); the gradient passes unchanged backward.
@@ -370,21 +332,31 @@ class Context:
         ...     ctx.sum_partials(torch.ones(3), fmesh.make_mesh((2,), ("tp",)), "tp").shape
         torch.Size([3])
         """
-        check_tensor("sum_partials", tensor, self._world.device)
-        target, group = self._groups.resolve(mesh, axes)
-        if self._check_tensors:
-            self._agree_on_tensor("sum_partials", target, tensor)
-        if autograd.records(tensor):
-            return autograd.SumPartials.apply(tensor, target, group, self._agreement)
-        return collectives.all_reduce(target, group, tensor, "sum", self._agreement)
+        return self._collective("sum_partials", tensor, mesh, axes, autograd.SumPartials,
+                                eager=lambda route, t: collectives.all_reduce(route, t, "sum"))
 
-    def _agree_on_tensor(self, what: str, target: Target, tensor: torch.Tensor) -> None:
-        """The opt-in check: the members agree on ``tensor``'s shape and dtype (eager only, real backends)."""
-        if self._agreement is None or target.size == 1 or collectives.compiling():
-            return
-        key = target.spec.digest()
-        count = self._tensor_checks[key] = self._tensor_checks.get(key, 0) + 1
-        agree_on_tensor(self._agreement, what, target, count, tensor)
+    def _collective(self, what: str, tensor: object, mesh: Mesh, axes: AxesArg, function: Any, *args: Any,
+                    eager: Callable[[Route, torch.Tensor], torch.Tensor], op: str | None = None,
+                    dims: Mapping[str, int] | None = None,
+                    check: Callable[[torch.Tensor, Target], object] | None = None, agree: bool = True) -> torch.Tensor:
+        """The one door of the tensor collectives, in order: the tensor and the arguments (its ``dims``, then what
+        ``check`` asks of the target) before any group is touched; the route (the group made on first use); the
+        members' tensors compared, if asked; then the collective, eager, through its autograd ``function``, or
+        with no gradient (max, min, product)."""
+        checked = check_tensor(what, tensor, self._world.device, op)
+        for label, dim in (dims or {}).items():
+            collectives.check_dim(what, label, checked, dim)
+        if check is not None:
+            check(checked, self._groups.target(mesh, axes))
+        route = self._groups.resolve(mesh, axes)
+        if agree:
+            self._tensors.check(what, route, checked)
+        if not autograd.records(checked):
+            return eager(route, checked)
+        if op not in (None, "sum", "avg"):
+            return autograd.NoGradient.apply(
+                checked, eager(route, checked.detach()), f"{what} op={op!r} along {route.target.label()}")
+        return function.apply(checked, route, *args)
 
     def barrier(self, mesh: Mesh | None = None, axes: AxesArg = None) -> None:
         """Wait until every member of the group along ``axes`` (default: the whole world) arrives.
@@ -397,8 +369,7 @@ class Context:
             self._groups.enter("a barrier")
             collectives.world_barrier(self.world_size, self._settings.timeout, self._agreement)
             return
-        target, group = self._groups.resolve(mesh, axes)
-        collectives.barrier(target, group, self._agreement)
+        collectives.barrier(self._groups.resolve(mesh, axes))
 
     # ------------------------------------------------------ objects, permutes
 
@@ -414,10 +385,10 @@ class Context:
         ...     ctx.all_gather_object({"step": 3}, fmesh.make_mesh((2, 2), ("dp", "tp")), "tp")
         [{'step': 3}, {'step': 3}]
         """
-        target, group = self._groups.resolve(mesh, axes)
-        if group is None or self._world.fake:
-            return [objects.alone("all_gather_object", target, obj) for _ in range(target.size)]
-        return objects.all_gather_object(target, group, obj, self.device, self._agreement)
+        route = self._groups.resolve(mesh, axes)
+        if route.group is None or self._world.fake:
+            return [objects.alone("all_gather_object", route.target, obj) for _ in range(route.target.size)]
+        return objects.all_gather_object(route, obj, self.device)
 
     def broadcast_object(self, obj: object, mesh: Mesh, axes: AxesArg = None, src: int = 0) -> Any:
         """Member ``src``'s picklable ``obj`` (``src`` an index within the group) on every member; the
@@ -431,12 +402,11 @@ class Context:
         ...     ctx.broadcast_object(["config", 1], fmesh.make_mesh((4,), ("dp",)), "dp", src=2)
         ['config', 1]
         """
-        target = self._groups.target(mesh, axes)
-        collectives.check_index("broadcast_object", "src", src, target.size)
-        group = self._groups.group(target)
-        if group is None or self._world.fake:
-            return obj if target.member == src else objects.alone("broadcast_object", target, obj)
-        return objects.broadcast_object(target, group, obj, src, self.device, self._agreement)
+        collectives.check_index("broadcast_object", "src", src, self._groups.target(mesh, axes).size)
+        route = self._groups.resolve(mesh, axes)
+        if route.group is None or self._world.fake:
+            return obj if route.target.member == src else objects.alone("broadcast_object", route.target, obj)
+        return objects.broadcast_object(route, obj, src, self.device)
 
     def ppermute(self, tensor: torch.Tensor, mesh: Mesh, axis: str, perm: Sequence[tuple[int, int]]) -> torch.Tensor:
         """JAX's collective permute along one ``axis``: for each ``(source, destination)`` pair of
@@ -453,7 +423,7 @@ class Context:
         """
         target = self._groups.target(mesh, permute.check_axis("ppermute", axis))
         send_to, receive_from = permute.peers(permute.check_perm(perm, target.size, axis), target.member)
-        return self._permute("ppermute", target, tensor, send_to, receive_from)
+        return self._permute("ppermute", tensor, mesh, axis, send_to, receive_from)
 
     def shift(self, tensor: torch.Tensor, mesh: Mesh, axis: str, offset: int = 1, wrap: bool = False) -> torch.Tensor:
         """:meth:`ppermute` to the member ``offset`` steps along ``axis`` (the next pipeline stage, for
@@ -469,22 +439,16 @@ class Context:
             raise TypeError(f"shift: expected an int offset (steps along the axis), but got {offset!r}")
         target = self._groups.target(mesh, permute.check_axis("shift", axis))
         send_to, receive_from = permute.shift_peers(target.member, target.size, offset, bool(wrap))
-        return self._permute("shift", target, tensor, send_to, receive_from)
+        return self._permute("shift", tensor, mesh, axis, send_to, receive_from)
 
-    def _permute(self, what: str, target: Target, tensor: torch.Tensor, send_to: int | None,
+    def _permute(self, what: str, tensor: torch.Tensor, mesh: Mesh, axis: str, send_to: int | None,
                  receive_from: int | None) -> torch.Tensor:
-        check_tensor(what, tensor, self._world.device)
         if self._simulated:
             raise ValueError(
                 "simulate() cannot run point-to-point operations (ppermute, shift): torch's LocalTensorMode has "
                 "no send or receive; run them on real processes with fmesh.launch(...)")
-        group = self._groups.group(target)  # every member creates it, sending or not
-        if self._check_tensors:
-            self._agree_on_tensor(what, target, tensor)
-        if autograd.records(tensor):
-            return autograd.Permute.apply(
-                tensor, target, group, send_to, receive_from, self._agreement)
-        return permute.permute(target, group, tensor, send_to, receive_from, self._agreement)
+        return self._collective(what, tensor, mesh, axis, autograd.Permute, send_to, receive_from,  # every member
+                                eager=lambda route, t: permute.permute(route, t, send_to, receive_from))
 
     # --------------------------------------------------------- plan, create
 
@@ -665,8 +629,7 @@ class Context:
             backend=old.backend, rank=renumber[self.rank], world_size=len(world), store=dist.PrefixStore(
                 namespace, base), timeout=self._settings.timeout, device=old.device,
             gpus_per_node=min(old.local_world_size, len(world)), name=old.name, generation=old.generation + 1)
-        renewed = Context.__new__(Context)
-        renewed._own(renewed_world, self._settings, self._simulated, check_tensors=self._check_tensors)
+        renewed = Context._made(renewed_world, self._settings, TensorChecks(self._tensors.enabled), self._simulated)
         for spec, detached, action, sockets in taken:
             renewed._groups.adopt(spec, _torch.attach_group(detached, spec.ranks), action, sockets)
         return renewed

@@ -94,6 +94,18 @@ class Target:
         return f"the group {ranks} along axes {self.axes} of {self.mesh!r}"
 
 
+@attrs.frozen(eq=False)
+class Route:
+    """Where a collective goes: this rank's ``target`` (its group along some axes of a mesh), the process
+    ``group`` (``None`` for a group of one) and the ``agreement`` that explains a failure (``None`` on the fake
+    backend). The registry makes one per (mesh, axes) and hands the same object out again, so a compiled region
+    reads it and never builds one."""
+
+    target: Target
+    group: dist.ProcessGroup | None
+    agreement: Agreement | None
+
+
 def describe_group(mesh: Mesh, axes: tuple[str, ...], spec: GroupSpec) -> str:
     """A group as ranks must agree on it: the mesh, the axes, the backend, options and timeout."""
     return (f"{describe_mesh(mesh)}; axes {axes}; backend {spec.backend}; options {spec.options_key}; "
@@ -132,10 +144,10 @@ class GroupRegistry:
         self._ascending_only = ascending_only
         self._targets: dict[tuple[Mesh, tuple[str, ...]], Target] = {}
         # The hot path: (mesh, axes) -> its target and group, once the group exists (one dict lookup).
-        self._resolved: dict[tuple[Mesh, tuple[str, ...]], tuple[Target, dist.ProcessGroup | None]] = {}
+        self._resolved: dict[tuple[Mesh, tuple[str, ...]], Route] = {}
         self._groups: dict[GroupSpec, dist.ProcessGroup] = {}
         # BY_IDENTITY: (id(mesh), axes) -> (mesh, target, group), and id(target) -> (target, group).
-        self._by_identity: dict[tuple[int, Any], tuple[Mesh, Target, dist.ProcessGroup | None]] = {}
+        self._by_identity: dict[tuple[int, Any], tuple[Mesh, Route]] = {}
         self._by_target: dict[int, tuple[Target, dist.ProcessGroup | None]] = {}
         self._creating = threading.Lock()  # two threads asking for one group create it once
         self._splits: set[str] = set()  # split_group calls made (every rank makes the same ones)
@@ -191,7 +203,7 @@ class GroupRegistry:
         also means the registry is open).
         """
         if BY_IDENTITY and torch.compiler.is_compiling():
-            return self.resolve(mesh, axes)[0]
+            return self.resolve(mesh, axes).target
         try:
             found = self._targets.get((mesh, mesh.as_axes(axes)))
         except (AttributeError, TypeError):  # not a Mesh, or unhashable: checked below
@@ -229,8 +241,9 @@ class GroupRegistry:
                 "reversed axis order); run this mesh on real processes with fmesh.launch(...)"
             )
 
-    def resolve(self, mesh: Mesh, axes: AxesArg) -> tuple[Target, dist.ProcessGroup | None]:
-        """:meth:`target` and :meth:`group` in one cached lookup: what a collective's hot path asks."""
+    def resolve(self, mesh: Mesh, axes: AxesArg) -> Route:
+        """:meth:`target` and :meth:`group` in one cached lookup, as a :class:`Route`: what a collective's hot path
+        asks."""
         if BY_IDENTITY:
             return self._resolve_by_identity(mesh, axes)
         try:  # one axis by name is the common case: skip the call that normalises the others
@@ -241,7 +254,7 @@ class GroupRegistry:
             if torch.compiler.is_compiling():
                 raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=axes, mesh=mesh))
             target = self.target(mesh, axes)
-            found = self._resolved[(mesh, target.axes)] = (target, self.group(target))
+            found = self._resolved[(mesh, target.axes)] = Route(target, self.group(target), self._agreement)
             return found
         # The thread check is eager's: a compiled region runs on the thread that traced it.
         if not torch.compiler.is_compiling() and (self._owner is None or self._owner[0] != threading.get_ident()):
@@ -249,7 +262,7 @@ class GroupRegistry:
         self._count_hit()
         return found
 
-    def _resolve_by_identity(self, mesh: Mesh, axes: AxesArg) -> tuple[Target, dist.ProcessGroup | None]:
+    def _resolve_by_identity(self, mesh: Mesh, axes: AxesArg) -> Route:
         """:meth:`resolve` where Dynamo cannot hash a Mesh: a compiled region looks the mesh object up by its
         identity (as recorded by eager calls); eager calls record it."""
         key = (id(mesh), mesh.as_axes(axes) if isinstance(mesh, Mesh) else axes)
@@ -259,17 +272,17 @@ class GroupRegistry:
                 if self._owner is None or self._owner[0] != threading.get_ident():
                     self.claim()
                 self._hits += 1
-            return known[1], known[2]
+            return known[1]
         if torch.compiler.is_compiling():
             raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=axes, mesh=mesh))
         target = self.target(mesh, axes)  # checks a user's mistake outside any except block; counts its hit
-        group = self.group(target)
+        route = Route(target, self.group(target), self._agreement)
         if len(self._by_identity) >= IDENTITY_ENTRIES:
             self._by_identity.clear()
             self._by_target.clear()
-        self._by_identity[key] = (mesh, target, group)
-        self._by_target[id(target)] = (target, group)
-        return target, group
+        self._by_identity[key] = (mesh, route)
+        self._by_target[id(target)] = (target, route.group)
+        return route
 
     # -------------------------------------------------------------- groups
 
@@ -473,13 +486,13 @@ class GroupRegistry:
     def _drop(self, spec: GroupSpec) -> None:
         """Forget the group of ``spec`` (torch aborted it after a failure) and every target resolved to it."""
         self._groups.pop(spec, None)
-        for key, (target, _) in list(self._resolved.items()):
-            if target.spec == spec:
+        for key, route in list(self._resolved.items()):
+            if route.target.spec == spec:
                 del self._resolved[key]
-        for identity, (_, target, _) in list(self._by_identity.items()):
-            if target.spec == spec:
+        for identity, (_, route) in list(self._by_identity.items()):
+            if route.target.spec == spec:
                 del self._by_identity[identity]
-                self._by_target.pop(id(target), None)
+                self._by_target.pop(id(route.target), None)
 
     def _end(self, end_group: Any) -> bool:
         with self._creating:

@@ -24,9 +24,8 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch
-from fmesh.context.agreement import Agreement
 from fmesh.context.collectives import run
-from fmesh.context.groups import Target
+from fmesh.context.groups import Route, Target
 from fmesh.errors import UnpicklableObjectError
 
 
@@ -79,20 +78,18 @@ def alone(what: str, target: Target, obj: object) -> object:
     return pickle.loads(payload)
 
 
-def all_gather_object(target: Target, process_group: dist.ProcessGroup, obj: object, device: torch.device,
-                      agreement: Agreement | None) -> list[object]:
+def all_gather_object(route: Route, obj: object, device: torch.device) -> list[object]:
     """Every member's ``obj``, unpickled, in group order."""
+    target, process_group = route.target, route.group
     size, payload = pickled(obj)
     sizes = torch.empty(target.size, dtype=torch.int64, device=device)
     mine = torch.tensor([size], dtype=torch.int64).to(device)
-    run("all_gather_object", target, process_group,
-        lambda: _torch.all_gather_single(sizes, mine, group=process_group), agreement)
+    run("all_gather_object", route, lambda: _torch.all_gather_single(sizes, mine, group=process_group))
     every = sizes.tolist()
     width = max(length(s) for s in every)
     gathered = torch.empty(target.size * width, dtype=torch.uint8, device=device)
     sent = _bytes_tensor(payload, width, device)
-    run("all_gather_object", target, process_group,
-        lambda: _torch.all_gather_single(gathered, sent, group=process_group), agreement)
+    run("all_gather_object", route, lambda: _torch.all_gather_single(gathered, sent, group=process_group))
     raw = memoryview(gathered.cpu().numpy())
     parts = [raw[i * width : i * width + length(s)] for i, s in enumerate(every)]
     failed = [(i, bytes(part)) for i, (s, part) in enumerate(zip(every, parts, strict=True)) if s < 0]
@@ -101,18 +98,16 @@ def all_gather_object(target: Target, process_group: dist.ProcessGroup, obj: obj
     return [pickle.loads(part) for part in parts]
 
 
-def broadcast_object(target: Target, process_group: dist.ProcessGroup, obj: object, src: int, device: torch.device,
-                     agreement: Agreement | None) -> object:
+def broadcast_object(route: Route, obj: object, src: int, device: torch.device) -> object:
     """Member ``src``'s ``obj`` on every member (``obj`` itself on ``src``); ``src`` checked by the caller."""
+    target, process_group = route.target, route.group
     source = target.ranks[src]
     size, payload = pickled(obj) if target.member == src else (0, b"")
     sizes = torch.tensor([size], dtype=torch.int64).to(device)
-    run("broadcast_object", target, process_group, lambda: dist.broadcast(sizes, src=source, group=process_group),
-        agreement)
+    run("broadcast_object", route, lambda: dist.broadcast(sizes, src=source, group=process_group))
     size = int(sizes.item())
     data = _bytes_tensor(payload, length(size), device)
-    run("broadcast_object", target, process_group, lambda: dist.broadcast(data, src=source, group=process_group),
-        agreement)
+    run("broadcast_object", route, lambda: dist.broadcast(data, src=source, group=process_group))
     if size < 0:
         raise _refuse("broadcast_object", target, [(src, bytes(data.cpu().numpy()))])
     if target.member == src:

@@ -19,9 +19,8 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch
-from fmesh.context.agreement import Agreement
 from fmesh.context.collectives import compiling, run
-from fmesh.context.groups import Target
+from fmesh.context.groups import Route, Target
 from fmesh.layout.int_tuple import is_int
 
 Perm = tuple[tuple[int, int], ...]
@@ -115,8 +114,7 @@ def shift_peers(member: int, size: int, offset: int, wrap: bool) -> tuple[int | 
     return along(member + offset), along(member - offset)
 
 
-def permute(target: Target, process_group: dist.ProcessGroup | None, tensor: torch.Tensor, send_to: int | None,
-            receive_from: int | None, agreement: Agreement | None) -> torch.Tensor:
+def permute(route: Route, tensor: torch.Tensor, send_to: int | None, receive_from: int | None) -> torch.Tensor:
     """Send ``tensor`` to member ``send_to`` and return what member ``receive_from`` sent (zeros when
     nobody sends here), in one batch of point-to-point operations on ``group``.
 
@@ -125,6 +123,7 @@ def permute(target: Target, process_group: dist.ProcessGroup | None, tensor: tor
     ``torch._dynamo.config.enable_p2p_compilation`` (torch 2.13 and later, experimental). Every member of the
     group takes part in it, as every member calls ``ppermute``.
     """
+    target, process_group = route.target, route.group
     if process_group is not None and compiling():
         return _traced_permute(target, process_group, tensor, send_to, receive_from)
     if receive_from == target.member:  # a pair (i, i): this member keeps its own
@@ -136,8 +135,7 @@ def permute(target: Target, process_group: dist.ProcessGroup | None, tensor: tor
     if receive_from is not None:
         operations.append(dist.P2POp(dist.irecv, received, target.ranks[receive_from], process_group))
     if operations:
-        run("ppermute", target, process_group, lambda: [work.wait() for work in dist.batch_isend_irecv(operations)],
-            agreement)
+        run("ppermute", route, lambda: [work.wait() for work in dist.batch_isend_irecv(operations)])
     return received
 
 

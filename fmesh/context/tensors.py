@@ -13,9 +13,10 @@ from collections import Counter
 from datetime import timedelta
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from fmesh.context.agreement import Agreement
-from fmesh.context.groups import Target
+from fmesh.context.groups import Route, Target
 from fmesh.errors import MeshMismatchError, TensorMismatchError
 
 # How long a member that saw a mismatch waits for the others' descriptions, to name the odd one.
@@ -33,7 +34,13 @@ def check_tensor(what: str, tensor: object, device: torch.device, op: str | None
     ValueError: all_reduce: expected a tensor on the context's device cpu, but got one on meta; ...
     """
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what}: expected a torch.Tensor, but got {type(tensor).__name__}: {_short(tensor)}")
+        hint = "; make one with torch.tensor(...)" if isinstance(tensor, list | tuple | int | float) else ""
+        raise TypeError(f"{what}: expected a torch.Tensor, but got {type(tensor).__name__}: {_short(tensor)}{hint}")
+    if isinstance(tensor, DTensor):
+        raise TypeError(
+            f"{what}: expected a plain torch.Tensor (this rank's data), but got a DTensor with placements "
+            f"{tensor.placements}; pass dtensor.to_local() for this rank's shard, or dtensor.full_tensor() for the "
+            "whole")
     if tensor.device != device:
         raise ValueError(
             f"{what}: expected a tensor on the context's device {device}, but got one on {tensor.device}; "
@@ -90,3 +97,19 @@ def _odd_ones(agreement: Agreement, key: str, target: Target, what: str, mine: s
             f"ranks {others} hold {usual}. Expected every member of the group to pass a tensor of the same shape "
             "and dtype")
 
+
+class TensorChecks:
+    """The opt-in check of every member's tensor (``Context(check_tensors=True)``) and its one piece of state: how
+    many checked collectives each group has run, which names each meeting in the store."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._counts: dict[str, int] = {}
+
+    def check(self, what: str, route: Route, tensor: torch.Tensor) -> None:
+        """When enabled, the members of ``route`` agree on ``tensor``'s shape and dtype (eager, real backends)."""
+        if not self.enabled or route.agreement is None or route.target.size == 1 or torch.compiler.is_compiling():
+            return
+        key = route.target.spec.digest()
+        count = self._counts[key] = self._counts.get(key, 0) + 1
+        agree_on_tensor(route.agreement, what, route.target, count, tensor)

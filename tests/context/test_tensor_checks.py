@@ -34,7 +34,8 @@ def calls(tensor: Any) -> dict[str, Callable[[Context], Any]]:
 @pytest.mark.parametrize("what", sorted(calls(None)))
 def test_not_a_tensor_is_a_type_error_naming_its_type_and_touches_no_group(what: str) -> None:
     with Context.fake(4) as ctx:
-        with pytest.raises(TypeError, match=rf"^{what}: expected a torch.Tensor, but got list: \[1.0, 2.0\]$"):
+        with pytest.raises(TypeError, match=rf"^{what}: expected a torch.Tensor, but got list: \[1.0, 2.0\]; "
+                                            r"make one with torch.tensor\(\.\.\.\)$"):
             calls([1.0, 2.0])[what](ctx)
         assert ctx.stats()["groups_created"] == 0
 
