@@ -9,7 +9,7 @@ rendezvous, at a constant number of store operations per rank however long it wa
 1. ``add(fmesh/start/inits/<rank>, 1)``: this rank's n-th start, the n-th on every rank (SPMD order);
 2. ``compare_set(fmesh/start/<n>/world_size, "", mine)``: every rank means the same ``WORLD_SIZE``;
 3. ``add(fmesh/start/<n>/arrived, 1)``: the rank that brings the count to the world size writes ``.../all``;
-4. one blocking wait for ``.../all``, which every outcome writes (:meth:`~fmesh.context.agreement.Agreement.wait_for`:
+4. one blocking wait for ``.../all``, which every outcome writes (``Agreement.wait_for``:
    nothing logged when it comes). The first rank to arrive watches ``fmesh/start/failed`` (after 0.1 s, then at
    doubling intervals up to 8 s) and writes ``failed`` there when a rank reported it cannot start.
 
