@@ -42,7 +42,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -62,23 +62,9 @@ EXITED = "exited"  # a status: this rank's process ended (at interpreter exit) w
 FINAL_STATES = (FAILED, CLOSED, EXITED)  # a member in one of these will never come: a wait for it ends at once
 GRACE_SECONDS = 1.0  # creation normally completes in milliseconds; slower is worth a look
 MAX_POLL_SECONDS = 8.0  # the longest pause between two looks at the missing members
-POLL_FIRST_SECONDS = 0.001  # the first pause between two checks of the verdict
-POLL_MAX_SECONDS = 0.1  # the longest: how late a waiter learns the verdict, or that its context was aborted
+POLL_MAX_SECONDS = 0.1  # how late a waiter learns that its context was aborted (no store operation: an event)
 EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits to post that it exited
 MAX_GROUPS_FOLLOWED = 64  # bounds the work of one diagnosis
-
-
-def pauses() -> Iterator[float]:
-    """The pauses of a waiter polling the store: ``POLL_FIRST_SECONDS``, doubling up to ``POLL_MAX_SECONDS``, so a
-    wait that ends in milliseconds costs a few checks and a long one at most ten a second.
-
-    >>> waits = pauses(); [next(waits) for _ in range(9)][-3:]
-    [0.064, 0.1, 0.1]
-    """
-    pause = POLL_FIRST_SECONDS
-    while True:
-        yield pause
-        pause = min(pause * 2, POLL_MAX_SECONDS)
 
 
 def ended_key(rank: int) -> str:

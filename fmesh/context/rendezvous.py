@@ -3,19 +3,19 @@
 torch's ``env://`` rendezvous blocks in C++ until every rank has come (rank 0's store waits for its workers, gloo
 for every rank's address), so a rank that cannot start (``RANK=abc``, ``WORLD_SIZE=-3``) leaves its peers waiting
 torch's timeout (10 minutes by default), and a thread blocked there can be told nothing. fmesh makes the store as
-torch does (rank 0 hosts it, or torchrun's agent does), then the ranks meet in it by polling, before torch's own
-rendezvous: three store operations per rank to arrive, then two ``check`` calls per poll while it waits (at most
-20 a second; a blocking ``wait`` would be one, but torch's store logs a warning at each expiry of a wait that
-wakes to look for a report):
+torch does (rank 0 hosts it, or torchrun's agent does), then the ranks meet in it, before torch's own
+rendezvous, at a constant number of store operations per rank however long it waits:
 
 1. ``add(fmesh/start/inits/<rank>, 1)``: this rank's n-th start, the n-th on every rank (SPMD order);
 2. ``compare_set(fmesh/start/<n>/world_size, "", mine)``: every rank means the same ``WORLD_SIZE``;
 3. ``add(fmesh/start/<n>/arrived, 1)``: the rank that brings the count to the world size writes ``.../all``;
-4. ``check`` for ``.../all`` and for ``fmesh/start/failed``, pausing 1 ms, then 2, 4, ... up to 0.1 s.
+4. one blocking wait for ``.../all``, which every outcome writes (``Agreement.wait_for``:
+   nothing logged when it comes). The first rank to arrive watches ``fmesh/start/failed`` (after 0.1 s, then at
+   doubling intervals up to 8 s) and writes ``failed`` there when a rank reported it cannot start.
 
 A rank whose launcher environment is bad posts its error and the variables it read under ``fmesh/start/failed``
 (:func:`report_bad_environment`, when ``MASTER_ADDR`` and ``MASTER_PORT`` reach the store), and every rank
-waiting at step 4 raises :class:`~fmesh.RankLostError` naming it within 0.1 s. torch's ``init_process_group``
+waiting at step 4 raises :class:`~fmesh.RankLostError` naming it within seconds. torch's ``init_process_group``
 then runs on this store with every rank present: milliseconds.
 
 >>> import torch.distributed as dist
@@ -36,7 +36,7 @@ from datetime import timedelta
 import attrs
 import torch.distributed as dist
 
-from fmesh.context.agreement import pauses
+from fmesh.context.agreement import Agreement
 from fmesh.errors import GroupTimeoutError, RankLostError
 
 START = "fmesh/start"
@@ -44,6 +44,7 @@ FAILED = f"{START}/failed"  # a bad rank's report: JSON with its error, the vari
 SEEN = f"{START}/failed/seen"  # how many waiting ranks read the report (its host stays up until they all have)
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 REPORT_CONNECT_SECONDS = 3.0  # how long a bad rank tries to reach the store to report (then it only raises)
+WATCH_SECONDS = 0.1  # when the first rank to arrive first looks for a report (then at doubling intervals)
 HOST_LINGER_SECONDS = 3.0  # how long a store host that is about to fail waits for its peers to read why
 
 
@@ -105,25 +106,32 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
         if hosts:
             _linger(store, world_size - 1, HOST_LINGER_SECONDS)
         raise error
-    if store.add(f"{base}/arrived", 1) == world_size:
-        store.set(f"{base}/all", "1")
-    started = time.monotonic()
-    deadline, waits = started + timeout.total_seconds(), pauses()
-    while True:
-        try:
-            if store.check([f"{base}/all"]):
-                return
-            if store.check([FAILED]):
-                raise _reported(store, rank, world_size, hosts)
-        except dist.DistError as error:  # its host is gone: it failed to start, or died
-            raise RankLostError(f"on rank {rank}: the store this job meets in is unreachable while its processes "
-                                f"start (its host, rank 0 or torchrun's agent, is gone): {error}") from None
-        if time.monotonic() >= deadline:
-            came = store.add(f"{base}/arrived", 0)
-            raise GroupTimeoutError(
-                f"on rank {rank}: only {came} of the job's {world_size} processes started within "
-                f"{timeout.total_seconds():g}s; check that every rank was started, with the same WORLD_SIZE")
-        time.sleep(next(waits))
+    all_came = f"{base}/all"  # the one key every outcome writes: "1" (all came) or "failed" (a rank reported)
+    arrived = int(store.add(f"{base}/arrived", 1))
+    if arrived == world_size:
+        store.compare_set(all_came, "", "1")
+
+    def look() -> bool:  # the first to arrive watches for a rank that reports it cannot start
+        if store.check([FAILED]):
+            store.compare_set(all_came, "", "failed")
+            return True
+        return False
+
+    waiting = Agreement(store, START, rank, timeout, grace=WATCH_SECONDS)
+    try:
+        came = waiting.wait_for(all_came, timeout.total_seconds(), look if arrived == 1 else None,
+                                "waiting for the job's processes to start")
+        outcome = store.get(all_came).decode() if came or store.check([all_came]) else None
+        if outcome == "failed" or (outcome is None and store.check([FAILED])):
+            raise _reported(store, rank, world_size, hosts)
+    except dist.DistError as error:  # its host is gone: it failed to start, or died
+        raise RankLostError(f"on rank {rank}: the store this job meets in is unreachable while its processes "
+                            f"start (its host, rank 0 or torchrun's agent, is gone): {error}") from None
+    if outcome is None:
+        came_count = store.add(f"{base}/arrived", 0)
+        raise GroupTimeoutError(
+            f"on rank {rank}: only {came_count} of the job's {world_size} processes started within "
+            f"{timeout.total_seconds():g}s; check that every rank was started, with the same WORLD_SIZE")
 
 
 def _reported(store: dist.Store, rank: int, world_size: int, hosts: bool) -> RankLostError:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from support import in_threads
 
 from fmesh.context.agreement import Agreement
+from fmesh.context.rendezvous import meet
 
 BOUND = 16  # store operations per member, the bound (#27)
 
@@ -118,4 +119,14 @@ def test_an_agreement_with_a_late_member_costs_each_member_a_constant_number_of_
                                                                                           late: float) -> None:
     counts = agreement_costs(size, late)
     assert len(counts) == size
+    assert within_bound(counts, ELAPSED[size]), (ELAPSED[size], sorted(counts.items(), key=lambda kv: -kv[1])[:4])
+
+
+@pytest.mark.parametrize("size, late", SIZES)
+def test_the_start_rendezvous_with_a_late_rank_costs_each_a_constant_number_of_operations(size: int,
+                                                                                         late: float) -> None:
+    def start(agreement: Agreement, rank: int) -> None:
+        meet(agreement.store, rank=rank, world_size=size, timeout=timedelta(seconds=120))
+
+    counts = costs(size, late, start)
     assert within_bound(counts, ELAPSED[size]), (ELAPSED[size], sorted(counts.items(), key=lambda kv: -kv[1])[:4])
