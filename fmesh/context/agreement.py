@@ -35,6 +35,7 @@ The same statuses let the survivors of a failed collective name the ranks that a
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -169,6 +170,22 @@ class Agreement:
             failure = {k: last[k] for k in ("error", "kind") if k in last} if last.get("state") == FAILED else {}
             aborted = aborted or self.connections.halted.is_set()
             self.post(CLOSED, aborted=aborted, **failure)
+
+    def open(self) -> Agreement:
+        """Post that this rank runs, and have a process that ends without closing its context tell its peers so at
+        interpreter exit (:meth:`post_exit`), instead of leaving them to wait for it."""
+        self.post("running")
+        atexit.register(self.post_exit)
+        return self
+
+    def leave(self, aborted: bool, error: BaseException | None = None) -> None:
+        """The end of this rank's context: the exit hook withdrawn (it also held this agreement and its store
+        connection), and the peers that wait for this rank told why it will not come."""
+        atexit.unregister(self.post_exit)
+        if error is not None:
+            self.failed(error)
+        else:
+            self.close_quietly(aborted=aborted)
 
     def post_exit(self) -> None:
         """Post, at interpreter exit, that this rank's process ended without closing its context (the Context

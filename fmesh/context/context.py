@@ -24,7 +24,6 @@ Rules for group creation (what every rank must do):
 
 from __future__ import annotations
 
-import atexit
 import gc
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -37,7 +36,7 @@ import torch.distributed as dist
 from fmesh.context import _torch, autograd, collectives, objects, permute, recovery
 from fmesh.context.agreement import Agreement
 from fmesh.context.export import Exporter
-from fmesh.context.group_plan import GroupPlan, PlanItem, plan_groups, plan_items
+from fmesh.context.group_plan import GroupPlan, PlanItem, materialize, plan_groups
 from fmesh.context.groups import GroupRegistry, Route, Target
 from fmesh.context.options import AxisOptions, GroupSettings
 from fmesh.context.tensors import TensorChecks, check_tensor
@@ -45,7 +44,6 @@ from fmesh.context.world import World
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
-from fmesh.plan.communicators import CREATE, SHRINK, renewals
 
 Ending = Literal["close", "abort", "hand_over"]
 """How a context ends (:meth:`Context._end`)."""
@@ -84,10 +82,10 @@ class Context:
     ) -> None:
         # Every argument is checked before any group is touched.
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
-        checking = _check_flag(check_tensors)
+        tensors = TensorChecks.of(check_tensors)
         world = World.start(backend=backend, rank=rank, world_size=world_size, store=store, init_method=init_method,
                             timeout=settings.timeout, device=device, gpus_per_node=gpus_per_node, name=name)
-        self._own(world, settings, TensorChecks(checking), simulated)
+        self._own(world, settings, tensors, simulated)
 
     @classmethod
     def _made(cls, world: World, settings: GroupSettings, tensors: TensorChecks, simulated: bool = False) -> Context:
@@ -107,11 +105,8 @@ class Context:
             store = _torch.store_client(world.store())
             self._agreement = Agreement(store, f"fmesh/{world.name}/{world.epoch}", world.rank,
                                         self._settings.creation_timeout,
-                                        launcher_store=_torch.root_store(store) if world.generation == 0 else None)
-            self._agreement.post("running")
-            # A process that ends without closing this context tells its peers so at interpreter exit, instead of
-            # leaving them to wait for it; close() withdraws this.
-            atexit.register(self._agreement.post_exit)
+                                        launcher_store=_torch.root_store(store) if world.generation == 0 else None
+                                        ).open()
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._groups = GroupRegistry(world, self._settings, agreement=self._agreement, ascending_only=simulated)
         self._exports = Exporter(world.device.type)
@@ -145,9 +140,9 @@ class Context:
         >>> os.environ.update(launcher)
         """
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
-        checking = _check_flag(check_tensors)
+        tensors = TensorChecks.of(check_tensors)  # every argument checked before the default group is made
         world = World.from_env(backend=backend, timeout=settings.timeout, gpus_per_node=gpus_per_node, name=name)
-        return cls._made(world, settings, TensorChecks(checking))
+        return cls._made(world, settings, tensors)
 
     @classmethod
     def fake(cls, world_size: int, rank: int = 0, **kwargs: Any) -> Context:
@@ -435,8 +430,6 @@ class Context:
         ...     ctx.shift(torch.ones(2), fmesh.make_mesh((4,), ("pp",)), "pp", offset=-1, wrap=True).shape
         torch.Size([2])
         """
-        if not is_int(offset):
-            raise TypeError(f"shift: expected an int offset (steps along the axis), but got {offset!r}")
         target = self._groups.target(mesh, permute.check_axis("shift", axis))
         send_to, receive_from = permute.shift_peers(target.member, target.size, offset, bool(wrap))
         return self._permute("shift", tensor, mesh, axis, send_to, receive_from)
@@ -476,22 +469,7 @@ class Context:
         ...     ctx.stats()["groups_created"]
         2
         """
-        plan = self.plan(*items)
-        split = _torch.bound_device() is not None and not self._world.fake
-        for planned in plan.groups:
-            if planned.exists:
-                continue
-            if split:
-                self._groups.split(planned.mesh, planned.axes, planned.ranks)
-            elif planned.ranks is not None:
-                self._groups.group(self._groups.target(planned.mesh, planned.axes))
-        # Every pair asked for is resolved, not only one per distinct group: a compiled region looks up
-        # (mesh, axes) as written (two axes of one layout share a group but are two lookups).
-        for mesh, names in plan_items(items, self._groups):
-            if mesh.coordinate(self._world.rank) is not None:
-                self._groups.resolve(mesh, names)
-        # Every group this rank is a member of exists now; no need to plan (and walk the topology) again.
-        return GroupPlan(tuple(attrs.evolve(g, exists=g.ranks is not None) for g in plan.groups))
+        return materialize(items, self._groups, self._world)
 
     # ------------------------------------------------------------- torch mesh
 
@@ -513,8 +491,7 @@ class Context:
         exported = self._exports.cached(mesh)
         if exported is None:
             self._exports.check(mesh, self.rank)
-            groups = [self.group(mesh, name) for name in mesh.axis_names]
-            exported = self._exports.device_mesh(mesh, groups)
+            exported = self._exports.device_mesh(mesh, [self.group(mesh, name) for name in mesh.axis_names])
         return exported
 
     # ------------------------------------------------------------- lifecycle
@@ -593,45 +570,19 @@ class Context:
         world = recovery.new_world(self.world_size, gone, mesh)
         if self._agreement is None:
             raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
+        self._groups.cut_broken(gone)
         survivors = tuple(r for r in range(self.world_size) if r not in gone)
-        held = self._groups.held()
-        for spec, group in held.items():
-            if set(gone).intersection(spec.ranks):
-                # Broken: cut it, so a survivor still blocked in it (a collective fmesh did not run, FSDP's say,
-                # fails with the backend's error and no roll call) is released and comes to recover too.
-                self._agreement.connections.sever(group.group_name)
-        holding = self._agreement.agree_on_loss(survivors, gone, [spec.digest() for spec in held])
+        holding = self._agreement.agree_on_loss(survivors, gone, [spec.digest() for spec in self._groups.held()])
         renumber = {old: new for new, old in enumerate(world)}
-        taken: list[tuple[Any, _torch.Detached, str, frozenset[Any]]] = []
-        # One order on every rank (a shrink is collective among the group's survivors).
-        specs = sorted(held, key=lambda s: (len(s.ranks), s.digest()))  # the rule takes the smallest first
-        choices = renewals([spec.ranks for spec in specs], renumber,
-                           shrinkable=[_torch.can_shrink(spec.backend) for spec in specs],
-                           held_everywhere=[all(spec.digest() in holding[m] for m in spec.ranks if m in holding)
-                                            for spec in specs])
-        for spec, choice in zip(specs, choices, strict=True):
-            group, members = held[spec], spec.ranks
-            if choice == CREATE:
-                continue
-            if choice == SHRINK:  # the members that do not go on, lost or dropped by the new world, are excluded
-                group = _torch.shrink_group(group, [i for i, r in enumerate(spec.ranks) if r not in renumber])
-                members = tuple(r for r in spec.ranks if r in renumber)
-            sockets = self._agreement.connections.take(group.group_name)
-            taken.append((attrs.evolve(spec, ranks=tuple(renumber[m] for m in members)), _torch.detach_group(group),
-                          choice, sockets))
-        base = self._world.store()
-        namespace = f"{self._agreement.prefix}/recovered"
+        taken = self._groups.take_renewed(renumber, holding)
+        store = dist.PrefixStore(f"{self._agreement.prefix}/recovered", self._world.store())
         old = self._world
         self._end("hand_over")
         if self.rank not in renumber:
             return None
-        renewed_world = World.start(
-            backend=old.backend, rank=renumber[self.rank], world_size=len(world), store=dist.PrefixStore(
-                namespace, base), timeout=self._settings.timeout, device=old.device,
-            gpus_per_node=min(old.local_world_size, len(world)), name=old.name, generation=old.generation + 1)
-        renewed = Context._made(renewed_world, self._settings, TensorChecks(self._tensors.enabled), self._simulated)
-        for spec, detached, action, sockets in taken:
-            renewed._groups.adopt(spec, _torch.attach_group(detached, spec.ranks), action, sockets)
+        renewed = Context._made(old.renewed(renumber[self.rank], len(world), store, self._settings.timeout),
+                                self._settings, TensorChecks(self._tensors.enabled), self._simulated)
+        renewed._groups.adopt_all(taken)
         return renewed
 
     def _end(self, how: Ending, error: BaseException | None = None) -> None:
@@ -642,18 +593,12 @@ class Context:
             return
         if how == "abort":  # first, before any store operation: ends this rank's waits and frees the peers blocked
             self._groups.halt()
-        if self._agreement is not None:  # tell peers waiting for this rank why it will not come
-            atexit.unregister(self._agreement.post_exit)  # (the hook also held the agreement's store connection)
-            if error is not None:
-                self._agreement.failed(error)
-            else:
-                self._agreement.close_quietly(aborted=how != "close")
+        if self._agreement is not None:  # the exit hook withdrawn, and peers waiting for this rank told why
+            self._agreement.leave(aborted=how != "close", error=error)
         self._exports.clear()
         if how == "hand_over":
             self._groups.hand_over()
-            self._world = attrs.evolve(self._world, owns_default_group=False)  # this context no longer ends it
-            _torch.abort_group(None)  # the default group and every group the recovery did not take, at once
-            released = True
+            self._world, released = self._world.hand_over(), True
         else:
             released = self._groups.abort() if how == "abort" else self._groups.close()
             released = self._world.close(abort=how == "abort") or released
@@ -674,9 +619,3 @@ class Context:
     def __repr__(self) -> str:
         state = "closed" if self._groups.closed else f"{len(self._groups)} groups"
         return f"Context(rank={self.rank}, world={self.world_size}, {self.backend}, {state})"
-
-
-def _check_flag(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"check_tensors: expected True or False, but got {value!r}")
-    return value

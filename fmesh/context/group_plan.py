@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from fmesh.context import _torch
 from fmesh.context.groups import GroupRegistry
 from fmesh.context.world import World
 from fmesh.mesh import Mesh
@@ -129,3 +130,24 @@ def plan_groups(items: Iterable[object], registry: GroupRegistry, world: World) 
             exists=target is not None and registry.exists(target),
         )
     return GroupPlan(tuple(planned.values()))
+
+
+def materialize(items: Iterable[object], registry: GroupRegistry, world: World) -> GroupPlan:
+    """Create every group :func:`plan_groups` lists for ``items``, now, in the plan's order
+    (:meth:`fmesh.Context.materialize`); the plan, with every group of this rank existing."""
+    plan = plan_groups(items, registry, world)
+    split = _torch.bound_device() is not None and not world.fake
+    for planned in plan.groups:
+        if planned.exists:
+            continue
+        if split:
+            registry.split(planned.mesh, planned.axes, planned.ranks)
+        elif planned.ranks is not None:
+            registry.group(registry.target(planned.mesh, planned.axes))
+    # Every pair asked for is resolved, not only one per distinct group: a compiled region looks up
+    # (mesh, axes) as written (two axes of one layout share a group but are two lookups).
+    for mesh, names in plan_items(items, registry):
+        if mesh.coordinate(world.rank) is not None:
+            registry.resolve(mesh, names)
+    # Every group this rank is a member of exists now; no need to plan (and walk the topology) again.
+    return GroupPlan(tuple(attrs.evolve(g, exists=g.ranks is not None) for g in plan.groups))

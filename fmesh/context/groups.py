@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -48,6 +48,7 @@ from fmesh.context.world import World
 from fmesh.errors import ContextClosedError, RankLostError
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
+from fmesh.plan.communicators import CREATE, SHRINK, Action, renewals
 
 # Dynamo before torch 2.13 cannot hash a Mesh (an attrs class with its own __hash__), so a compiled region
 # finds its groups by the mesh object's identity there, in entries that eager calls record (at most this many).
@@ -106,6 +107,17 @@ class Route:
     agreement: Agreement | None
 
 
+@attrs.frozen
+class Taken:
+    """A group a recovery takes into the new world: its ``spec`` under the new ranks, the torch group detached
+    from the old world's registry, whether it was kept or shrunk (``action``), and its sockets."""
+
+    spec: GroupSpec
+    detached: Any
+    action: Action
+    sockets: frozenset[Any]
+
+
 def describe_group(mesh: Mesh, axes: tuple[str, ...], spec: GroupSpec) -> str:
     """A group as ranks must agree on it: the mesh, the axes, the backend, options and timeout."""
     return (f"{describe_mesh(mesh)}; axes {axes}; backend {spec.backend}; options {spec.options_key}; "
@@ -152,7 +164,7 @@ class GroupRegistry:
         self._creating = threading.Lock()  # two threads asking for one group create it once
         self._splits: set[str] = set()  # split_group calls made (every rank makes the same ones)
         self._hits = 0
-        self._adopted: dict[GroupSpec, str] = {}  # groups a recovery handed over: kept or shrunk
+        self._adopted: dict[GroupSpec, Action] = {}  # groups a recovery handed over: kept or shrunk
         self._seconds = 0.0
         self._closed = False
         self._owner: tuple[int, str] | None = None  # (ident, name) of the thread that uses this context
@@ -426,13 +438,50 @@ class GroupRegistry:
         """The groups made here that torch still knows (not aborted after a failure)."""
         return {spec: group for spec, group in self._groups.items() if _torch.registered(group)}
 
+    def cut_broken(self, lost: Iterable[int]) -> None:
+        """Cut the connections of every group that lost a member, so a survivor still blocked in one (a collective
+        fmesh did not run, FSDP's say, fails with the backend's error and no roll call) is released now."""
+        gone = set(lost)
+        if self._agreement is not None:
+            for spec, group in self.held().items():
+                if gone.intersection(spec.ranks):
+                    self._agreement.connections.sever(group.group_name)
+
+    def take_renewed(self, renumber: Mapping[int, int], holding: Mapping[int, frozenset[str]]) -> tuple[Taken, ...]:
+        """The groups that go on into the new world (old rank -> new rank: ``renumber``), kept or shrunk by the
+        planner's one rule (:func:`fmesh.plan.communicators.renewals`), detached from torch and renumbered; each
+        survivor's ``holding`` (the digests of the groups it holds) says whether every member can keep one."""
+        held = self.held()
+        specs = sorted(held, key=lambda s: (len(s.ranks), s.digest()))  # one order on every rank; smallest first
+        choices = renewals([spec.ranks for spec in specs], renumber,
+                           shrinkable=[_torch.can_shrink(spec.backend) for spec in specs],
+                           held_everywhere=[all(spec.digest() in holding[m] for m in spec.ranks if m in holding)
+                                            for spec in specs])
+        taken = []
+        for spec, action in zip(specs, choices, strict=True):
+            group, members = held[spec], spec.ranks
+            if action == CREATE:
+                continue
+            if action == SHRINK:  # the members that do not go on, lost or dropped by the new world, are excluded
+                group = _torch.shrink_group(group, [i for i, r in enumerate(spec.ranks) if r not in renumber])
+                members = tuple(r for r in spec.ranks if r in renumber)
+            sockets = frozenset() if self._agreement is None else self._agreement.connections.take(group.group_name)
+            taken.append(Taken(attrs.evolve(spec, ranks=tuple(renumber[m] for m in members)),
+                               _torch.detach_group(group), action, sockets))
+        return tuple(taken)
+
+    def adopt_all(self, taken: Iterable[Taken]) -> None:
+        """Hold the groups a recovery took (:meth:`take_renewed`), attached again under their new ranks."""
+        for one in taken:
+            self.adopt(one.spec, _torch.attach_group(one.detached, one.spec.ranks), one.action, one.sockets)
+
     def hand_over(self) -> None:
         """Close this registry without ending its groups: a recovery took the ones it keeps and aborts the
         rest (all at once); forgets every group, as :meth:`close` does."""
         self._end(lambda group: None)
 
-    def adopt(self, spec: GroupSpec, group: dist.ProcessGroup, action: str, sockets: frozenset[Any] = frozenset()
-              ) -> None:
+    def adopt(self, spec: GroupSpec, group: dist.ProcessGroup, action: Action,
+              sockets: frozenset[Any] = frozenset()) -> None:
         """Hold ``group`` (``action``: kept or shrunk by a recovery) as the group of ``spec``, with its ``sockets``."""
         self._groups[spec] = group
         self._adopted[spec] = action

@@ -98,20 +98,24 @@ def peers(perm: Perm, member: int) -> tuple[int | None, int | None]:
     return send_to, receive_from
 
 
-def shift_peers(member: int, size: int, offset: int, wrap: bool) -> tuple[int | None, int | None]:
+def shift_peers(member: int, size: int, offset: object, wrap: bool) -> tuple[int | None, int | None]:
     """``(send_to, receive_from)`` of ``member`` (a place in the group) when every member sends ``offset`` steps
-    along an axis of ``size`` (around the ends with ``wrap``; off the ends, nobody, without).
+    along an axis of ``size`` (around the ends with ``wrap``; off the ends, nobody, without); ``TypeError`` unless
+    ``offset`` is an int.
 
     >>> shift_peers(0, 4, -1, wrap=False), shift_peers(0, 4, -1, wrap=True)
     ((None, 1), (3, 1))
     """
+    if not is_int(offset):
+        raise TypeError(f"shift: expected an int offset (steps along the axis), but got {offset!r}")
+    steps = int(offset)
 
     def along(coordinate: int) -> int | None:
         if wrap:
             return coordinate % size
         return coordinate if 0 <= coordinate < size else None
 
-    return along(member + offset), along(member - offset)
+    return along(member + steps), along(member - steps)
 
 
 def permute(route: Route, tensor: torch.Tensor, send_to: int | None, receive_from: int | None) -> torch.Tensor:

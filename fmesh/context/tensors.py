@@ -106,6 +106,17 @@ class TensorChecks:
         self.enabled = enabled
         self._counts: dict[str, int] = {}
 
+    @classmethod
+    def of(cls, check_tensors: object) -> TensorChecks:
+        """The check as ``Context(check_tensors=...)`` asks for it: ``TypeError`` unless True or False.
+
+        >>> TensorChecks.of(True).enabled
+        True
+        """
+        if not isinstance(check_tensors, bool):
+            raise TypeError(f"check_tensors: expected True or False, but got {check_tensors!r}")
+        return cls(check_tensors)
+
     def check(self, what: str, route: Route, tensor: torch.Tensor) -> None:
         """When enabled, the members of ``route`` agree on ``tensor``'s shape and dtype (eager, real backends)."""
         if not self.enabled or route.agreement is None or route.target.size == 1 or torch.compiler.is_compiling():

@@ -278,6 +278,19 @@ class World:
                              device=device, **kwargs)
         return cls.start(backend=backend, init_method="env://", timeout=timeout, device=device, **kwargs)
 
+    def hand_over(self) -> World:
+        """Abort the default group and every group a recovery did not take, at once (one torch call), and the
+        same world, which no longer ends a default group: the next generation's is another world's."""
+        _torch.abort_group(None)
+        return attrs.evolve(self, owns_default_group=False)
+
+    def renewed(self, rank: int, world_size: int, store: dist.Store, timeout: timedelta) -> World:
+        """The world a recovery makes of this one's survivors: ``rank`` of ``world_size``, its default group
+        started on ``store`` (a namespace of the old store of its own), the next generation."""
+        return World.start(backend=self.backend, rank=rank, world_size=world_size, store=store, timeout=timeout,
+                           device=self.device, gpus_per_node=min(self.local_world_size, world_size), name=self.name,
+                           generation=self.generation + 1)
+
     def store(self) -> dist.Store:
         """The default group's store, where group creation rendezvous and agreement happen."""
         return _torch.default_store()
