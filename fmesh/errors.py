@@ -44,7 +44,7 @@ class MeshMismatchError(ValueError):
     >>> import torch.distributed as dist
     >>> from fmesh.context.agreement import Agreement
     >>> store = dist.HashStore()
-    >>> Agreement(store, "doc", 1, timedelta(seconds=5)).arrive("g", [0, 1], "Mesh(tp=2)", "the dp group")
+    >>> _ = Agreement(store, "doc", 1, timedelta(seconds=5)).arrive("g", [0, 1], "Mesh(tp=2)", "the dp group")
     >>> Agreement(store, "doc", 0, timedelta(seconds=5)).agree("g", [0, 1], "Mesh(dp=2)", "the dp group")
     Traceback (most recent call last):
     ...

@@ -2,14 +2,17 @@
 
 Modules, one concept each:
 
-* ``context``: :class:`Context`, the thin owner of the rooms below and the public API;
+* ``context``: :class:`Context`, the thin owner of the rooms below and the public API; every tensor collective
+  goes through its one door (the tensor and arguments checked, the route resolved, then eager, autograd or no
+  gradient), and it ends one way in three modes (close, abort, hand over to a recovery);
 * ``world``: this process, its device and the default process group;
 * ``rendezvous``: how the job's processes meet before the default group exists (a bad one ends the wait);
 * ``options``: what makes two groups the same (:class:`AxisOptions`, group specs);
-* ``groups``: the registry of process groups and their creation;
+* ``groups``: the registry of process groups and their creation, and the route of a collective (target, process
+  group, agreement) it hands out;
 * ``agreement``: the cross-rank check that members mean the same group;
 * ``connections``: the sockets of each group (cut at once by an abort) and the file-descriptor budget;
-* ``tensors``: the tensors checked at the door of a collective, and the opt-in check across ranks;
+* ``tensors``: the tensors checked at the door of a collective, and the opt-in check across ranks with its state;
 * ``collectives``: collectives along mesh axes;
 * ``autograd``: the backward of every tensor collective;
 * ``objects``: picklable objects along mesh axes, as byte tensors;
@@ -18,7 +21,8 @@ Modules, one concept each:
 * ``device_mesh``: fmesh meshes from torch ``DeviceMesh`` objects (:func:`from_device_mesh`);
 * ``group_plan``: which groups a program will need (:class:`GroupPlan`), on the communicator planner of
   :mod:`fmesh.plan.communicators`;
-* ``recovery``: after ranks are lost, the new world and what becomes of each group (keep, shrink, create);
+* ``recovery``: after ranks are lost, the lost ranks checked and the new world; what becomes of each group is
+  the planner's one rule (:func:`fmesh.plan.communicators.renewals`), which the registry applies;
 * ``launch``: :func:`launch` and :func:`simulate`, ranks for notebooks and tests;
 * ``_torch``: every private torch name fmesh uses, and nothing else.
 """

@@ -74,10 +74,11 @@ class OldCommunicator:
 
 @attrs.frozen
 class RecoveredCommunicator:
-    """A communicator of the new job and what it takes (:data:`~fmesh.plan.communicators.ACTIONS`). ``source`` is
-    the old communicator it keeps, or whose remaining members its groups are (for a shrink, and for a create where
-    the backend cannot shrink); ``None`` where its groups are new. ``groups_shrunk`` counts its groups that lost
-    members; ``request`` is the first that asks for it (a mesh of the new job and its axes)."""
+    """A communicator of the new job and what it takes (keep, shrink or create:
+    :func:`~fmesh.plan.communicators.renewal`). ``source`` is the old communicator it keeps, or whose remaining
+    members its groups are (for a shrink, and for a create where the backend cannot shrink); ``None`` where its
+    groups are new. ``groups_shrunk`` counts its groups that lost members; ``request`` is the first that asks for
+    it (a mesh of the new job and its axes)."""
 
     order: int
     names: tuple[str, ...]

@@ -22,6 +22,8 @@ import fmesh
 from fmesh import Context
 from fmesh.context.agreement import Agreement
 from fmesh.context.recovery import check_lost, new_world
+from fmesh.plan.jobs import job_requests
+from fmesh.plan.recovery import recover_job
 
 # ------------------------------------------------------------------------------------- pure choices
 
@@ -219,3 +221,37 @@ def test_a_job_that_loses_one_of_4_ranks_finishes_like_a_3_rank_job(tmp_path: pa
     recovered = max(result[2] for result in results[:3]) - died
     print(f"\nfrom the death of rank 3 to the next finished step on every survivor: {recovered:.2f} s")
     assert recovered > 0
+
+
+def renews_as_the_plan_says(ctx: Context) -> Any:
+    """A 6-rank job (dp_shard 3 x tp 2) holds every group of its meshes; rank 5 dies; the survivors recover onto the
+    job that ``plan --lose 5`` plans, and create every group of its meshes. What the Context kept and created is
+    what the printed plan counts (gloo: no shrink)."""
+    dims = fmesh.ParallelDims(6, dp_shard=3, tp=2)
+    ctx.materialize(*[(request.mesh, request.axes) for request in job_requests(dims)])
+    everyone = (dims.world_mesh, dims.world_mesh.axis_names)
+    ctx.all_reduce(torch.ones(1), *everyone)
+    if ctx.rank == 5:
+        os._exit(5)
+    with pytest.raises(fmesh.RankLostError):
+        ctx.all_reduce(torch.ones(1), *everyone)
+    job = recover_job(dims, [5], shrink_groups=False)
+    renewed = ctx.recover([5], job.after.world_mesh)
+    if renewed is None:
+        return None
+    with renewed:
+        renewed.materialize(*[(request.mesh, request.axes) for request in job_requests(job.after)])
+        stats = renewed.stats()
+        total = renewed.all_reduce(torch.ones(1), job.after.world_mesh, job.after.world_mesh.axis_names).item()
+        return (stats["groups_kept"], stats["groups_shrunk"], stats["groups_created"]), job.plan.counts, total
+
+
+@pytest.mark.slow
+def test_what_recover_keeps_and_creates_is_what_plan_lose_prints() -> None:
+    results = launch(renews_as_the_plan_says, 6, timeout=90, on_rank_loss="continue")
+    assert isinstance(results[5], fmesh.LaunchError)
+    assert results[4] is None  # rank 5's tp partner leaves with its slice of dp_shard
+    for rank in range(4):
+        (kept, shrunk, created), counts, total = results[rank]
+        assert (kept, shrunk, created) == (counts["keep"], counts["shrink"], counts["create"]) == (1, 0, 1), results
+        assert total == 4.0

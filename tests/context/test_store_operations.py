@@ -5,6 +5,7 @@ own counting connection)."""
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -75,8 +76,13 @@ def agreement_costs(size: int, late: float) -> dict[int, int]:
     return costs(size, late, lambda agreement, rank: agreement.agree("group", range(size), "Mesh(dp=N)", "dp"))
 
 
-# 2,048 members are 2,048 threads and connections: minutes on a busy 2-core machine.
-SIZES = [(64, 2.0), pytest.param(2048, 2.0, marks=pytest.mark.slow), pytest.param(64, 8.0, marks=pytest.mark.slow)]
+# 2,048 members are 2,048 threads and connections: two minutes each on a busy 2-core machine, eight in all, which
+# the suite (run three times by CI) cannot carry. They run where FMESH_SCALE_TESTS=1 is set (the scale harness's
+# machine, or by hand: FMESH_SCALE_TESTS=1 python -m pytest tests/context/test_store_operations.py).
+AT_SCALE = pytest.mark.skipif(os.environ.get("FMESH_SCALE_TESTS") != "1",
+                              reason="2,048 simulated members: set FMESH_SCALE_TESTS=1 to run them")
+SIZES = [(64, 2.0), pytest.param(2048, 2.0, marks=[pytest.mark.slow, AT_SCALE]),
+         pytest.param(64, 8.0, marks=pytest.mark.slow)]
 
 
 def within_bound(counts: dict[int, int], elapsed: float) -> bool:
