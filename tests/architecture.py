@@ -43,6 +43,7 @@ _ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("recipes: manifest format", ("fmesh.manifest_format",)),
     ("recipes: recovery", ("fmesh.recovery",)),
     ("context", ("fmesh.context",)),
+    ("spmd", ("fmesh.spmd",)),
     ("cli", ("fmesh.cli", "fmesh.__main__")),
     ("bench", ("bench",)),
 )
@@ -51,7 +52,7 @@ LAYER_NAMES = tuple(name for name, _ in _ORDER)
 FACADE = "fmesh"
 TYPE_ONLY = "<TYPE_CHECKING>"  # the owner of nodes under ``if TYPE_CHECKING:`` at module level
 TORCH_INTERNALS = "fmesh.context._torch"
-TORCH_LAYERS = {LAYERS["fmesh.context"], LAYERS["bench"]}
+TORCH_LAYERS = {LAYERS["fmesh.context"], LAYERS["fmesh.spmd"], LAYERS["bench"]}
 BENCH = "bench"
 ERRORS = "fmesh.errors"
 _EXCEPTION_BASES = {"BaseException", "Exception", "ArithmeticError", "LookupError"}
