@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import fmesh
 from fmesh.errors import SpmdTypeError
 from fmesh.spmd import P, Sharding
+from fmesh.spmd.placements import to_placements
 from fmesh.spmd.region import Axes, shard_map
 
 B, S, H, HEADS, FFN = 4, 4, 8, 4, 16
@@ -217,11 +219,35 @@ def gathers(ctx: fmesh.Context, mesh: fmesh.Mesh) -> dict[str, Any]:
     return found
 
 
+AGREE_SPECS = (X_SPEC, P(("dp", "tp")), P(None, ("dp", "tp")), P("tp", "dp"), P(None, None, "tp"), P())
+
+
+def with_dtensor(ctx: fmesh.Context, mesh: fmesh.Mesh) -> dict[str, Any]:
+    """Each spec's blocks reassembled by DTensor; an MLP in the region against the same MLP on DTensors."""
+    whole = torch.arange(float(B * S * H)).reshape(B, S, H)
+    device_mesh = ctx.device_mesh(mesh)
+    found: dict[str, Any] = {"blocks": [bool(torch.equal(DTensor.from_local(
+        local(whole, spec, ctx.rank), device_mesh, to_placements(Sharding(mesh, spec)), run_check=False
+    ).full_tensor(), whole)) for spec in AGREE_SPECS]}
+    x, params = data(), parameters()
+    w1, w2 = params["w1"], params["w2"]
+    mlp = shard_map(lambda ax, x, w1, w2: ax.psum(F.linear(F.gelu(F.linear(x, w1)), w2), "tp"), mesh=mesh,
+                    in_specs=(P(), P("tp", None), P(None, "tp")), out_specs=P(), ctx=ctx)
+    region = mlp(x, local(w1, P("tp", None), ctx.rank), local(w2, P(None, "tp"), ctx.rank)).to_local()
+    tp = device_mesh["tp"]
+    dx = distribute_tensor(x, tp, [Replicate()])
+    on_dtensor = F.linear(F.gelu(F.linear(dx, distribute_tensor(w1, tp, [Shard(0)]))),
+                          distribute_tensor(w2, tp, [Shard(1)])).full_tensor()
+    found["mlp"] = float((region - on_dtensor).abs().max())
+    return found
+
+
 def everything(ctx: fmesh.Context) -> dict[str, Any]:
     mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
     ctx.materialize(mesh)
     return {"checked": train(ctx, mesh, True), "unchecked": train(ctx, mesh, False),
-            "bugs": {bug: seeded(ctx, mesh, bug) for bug in BUGS}, "gathers": gathers(ctx, mesh)}
+            "bugs": {bug: seeded(ctx, mesh, bug) for bug in BUGS}, "gathers": gathers(ctx, mesh),
+            "dtensor": with_dtensor(ctx, mesh)}
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +261,7 @@ def results() -> list[dict[str, Any]]:
 
 
 def local(value: torch.Tensor, spec: P, rank: int) -> torch.Tensor:
+    """``rank``'s block of ``value`` under ``spec`` on the (dp=2, tp=2) mesh."""
     mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
     return value[tuple(slice(a, b) for a, b in Sharding(mesh, spec).block(rank, value.shape))]
 
@@ -273,3 +300,10 @@ def test_an_invariant_all_gather_differentiates_with_no_collective(results: list
         assert any("AllGather" in n for n in varying["nodes"]), varying
         index = rank % 2
         assert invariant["grad"] == [float(i) for i in range(4 * index, 4 * index + 4)]
+
+
+@pytest.mark.slow
+def test_the_region_and_dtensor_agree(results: list[dict[str, Any]]) -> None:
+    for result in results:
+        assert result["dtensor"]["blocks"] == [True] * len(AGREE_SPECS)
+        assert result["dtensor"]["mlp"] < 1e-10
