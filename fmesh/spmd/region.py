@@ -263,9 +263,9 @@ def _types_of(mesh: Mesh, spec: PartitionSpec, ndim: int) -> tuple[AxisType, ...
                  else AxisType(INVARIANT) for axis in mesh.axis_names)
 
 
-def _local(ctx: Context, mesh: Mesh, spec: PartitionSpec, value: Any, index: int) -> torch.Tensor:
+def _local(ctx: Context, mesh: Mesh, spec: PartitionSpec, want: tuple[Any, ...], value: Any,
+           index: int) -> torch.Tensor:
     if isinstance(value, DTensor):
-        want = to_placements(Sharding(mesh, spec))
         if value.device_mesh is not ctx.device_mesh(mesh) or tuple(value.placements) != want:
             raise ValueError(f"input {index}: expected a DTensor on ctx.device_mesh(mesh) with placements {want} "
                              f"(in_specs[{index}] = {spec!r}), but got {tuple(value.placements)}; redistribute it")
@@ -301,28 +301,34 @@ def shard_map(f: Callable[..., Any], *, mesh: Mesh, in_specs: PartitionSpec | Se
     ...
     fmesh.SpmdTypeError: exp on x (shape rank 1), which is partial along 'tp': a non-linear operation ... before it
     """
+    # Values made here, not in the region: a compiled region only reads them.
+    plain, ins, outs = Axes(ctx, mesh), _specs(in_specs, None, "in_specs"), _specs(out_specs, None, "out_specs")
+    placed_in = [to_placements(Sharding(mesh, spec)) for spec in ins]
+    placed_out = [to_placements(Sharding(mesh, spec)) for spec in outs]
+
     def region(*args: Any) -> Any:
-        specs = _specs(in_specs, len(args), "in_specs")
-        blocks = [_local(ctx, mesh, s, a, i) for i, (s, a) in enumerate(zip(specs, args, strict=True))]
+        specs = _specs(ins, len(args), "in_specs")
+        blocks = [_local(ctx, mesh, s, p, a, i) for i, (s, p, a) in enumerate(zip(specs, placed_in, args, strict=True))]
         if not check or compiling():
-            out = f(Axes(ctx, mesh), *blocks)
-            return _assemble(ctx, mesh, out_specs, out, None)
+            out = f(plain, *blocks)
+            return _assemble(ctx, mesh, outs, placed_out, out, None)
         types = Types(mesh)
         for i, (spec, block) in enumerate(zip(specs, blocks, strict=True)):
             types.set(block, _types_of(mesh, spec, block.dim()), names[i] if i < len(names) else f"input {i}")
         with types:
             out = f(Axes(ctx, mesh, types), *blocks)
-        return _assemble(ctx, mesh, out_specs, out, types)
+        return _assemble(ctx, mesh, outs, placed_out, out, types)
     return region
 
 
-def _assemble(ctx: Context, mesh: Mesh, out_specs: Any, out: Any, types: Types | None) -> Any:
+def _assemble(ctx: Context, mesh: Mesh, out_specs: tuple[PartitionSpec, ...], placed: list[tuple[Any, ...]],
+              out: Any, types: Types | None) -> Any:
     single = isinstance(out, torch.Tensor)
     values = (out,) if single else tuple(out)
     specs = _specs(out_specs, len(values), "out_specs")
     device_mesh = ctx.device_mesh(mesh)
     results = []
-    for i, (spec, value) in enumerate(zip(specs, values, strict=True)):
+    for i, (spec, placements, value) in enumerate(zip(specs, placed, values, strict=True)):
         check_spec(mesh, spec, value.dim(), f"out_specs[{i}]")
         if types is not None:
             operand = types.operand(value)
@@ -332,6 +338,5 @@ def _assemble(ctx: Context, mesh: Mesh, out_specs: Any, out: Any, types: Types |
                     check_output(dims, spec.partial, axis, f"output {i} ({operand.name})", found)
                 except SpmdTypeError as error:
                     raise SpmdTypeError(f"out_specs[{i}] = {spec!r}: {error}") from None
-        placements = to_placements(Sharding(mesh, spec))
         results.append(DTensor.from_local(value, device_mesh, placements, run_check=False))
     return results[0] if single else tuple(results)
