@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from fmesh.spmd.picture import sharding_html, sharding_text
 from fmesh.spmd.spec import P, PartitionSpec, Sharding, check_spec, dim_axes
 
 __all__ = ["Axes", "P", "PartitionSpec", "Sharding", "check_spec", "dim_axes", "from_placements", "shard_map",
-           "to_placements"]
+           "sharding_html", "sharding_text", "to_placements"]
 
 _LAZY = {"Axes": "fmesh.spmd.region", "shard_map": "fmesh.spmd.region", "to_placements": "fmesh.spmd.placements",
          "from_placements": "fmesh.spmd.placements"}

@@ -111,3 +111,27 @@ def test_spec_to_placements_to_spec_round_trips_on_the_exported_device_mesh(seed
         tensor = DTensor.from_local(local, device_mesh, placements, run_check=False)
         assert tuple(tensor.shape) == shape  # DTensor reads the same global shape back
         assert from_placements(mesh, tuple(tensor.placements)) == sharding
+
+
+def test_the_picture_marks_blocks_holders_and_host_changes() -> None:
+    from fmesh.spmd import sharding_html, sharding_text
+
+    mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))
+    text = sharding_text(Sharding(mesh, P(("dp", "tp"))), (16,), gpus_per_node=4)
+    assert "| rank 3 || rank 4 |" in text and text.count("rank ") == 8
+    text = sharding_text(Sharding(mesh, P("dp", "tp")), (4, 8), gpus_per_node=4)
+    assert "+========+" in text.splitlines()[3]
+    page = sharding_html(Sharding(mesh, P("tp")), (8, 4), gpus_per_node=4)
+    assert page.count("<td") == 4 and "rank 0,4" in page and "border-top-width:3px" not in page
+    with pytest.raises(ValueError, match="expected a 1-D or 2-D shape"):
+        sharding_text(Sharding(mesh, P()), (2, 2, 2))
+
+
+def test_the_pure_parts_import_no_torch_distributed() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, fmesh.spmd as s; s.sharding_text(s.Sharding(__import__('fmesh').make_mesh((2,), ('tp',)),"
+            " s.P('tp')), (4,)); print('torch.distributed' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
