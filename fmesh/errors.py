@@ -248,7 +248,7 @@ class TensorMismatchError(ValueError):
 class SpmdTypeError(ValueError):
     """A manual region's program whose gradient or result would be wrong, caught in the forward pass.
 
-    Raised by :func:`fmesh.spmd.shard_map` (with ``check=True``) at the operation that breaks a per-axis type
+    Raised by :func:`fmesh.spmd.region.shard_map` (with ``check=True``) at the operation that breaks a per-axis type
     rule, naming the value (its name or shape), its type along the axis, the axis and the fix: a non-linear
     operation on a partial value, a reduction of an already-reduced value, an invariant value that wants a
     gradient meeting a varying one, an out spec that does not match the value.
