@@ -163,6 +163,8 @@ class Axes:
 
     def psum(self, x: torch.Tensor, axes: AxesArg) -> torch.Tensor:
         """The sum over ``axes``, invariant along them; the gradient passes unchanged (``ctx.sum_partials``)."""
+        if self.types is None:  # unchecked: the Context's call and nothing else (it checks the axes)
+            return self.ctx.sum_partials(x, self.mesh, axes)
         names = self._axes(axes)
         return self._run("psum", x, names, {INVARIANT: "it is already the same on every member (reduced); a "
                                             "second sum multiplies it by the axis size; fix: drop this psum"},
@@ -174,6 +176,8 @@ class Axes:
 
     def pvary(self, x: torch.Tensor, axes: AxesArg) -> torch.Tensor:
         """``x`` itself, from now on varying along ``axes``; its gradient is summed over them (``sum_gradients``)."""
+        if self.types is None:
+            return self.ctx.sum_gradients(x, self.mesh, axes)
         names = self._axes(axes)
         return self._run(
             "pvary", x, names,
@@ -185,6 +189,8 @@ class Axes:
     def all_gather(self, x: torch.Tensor, axis: str, dim: int = 0, tiled: bool = True) -> torch.Tensor:
         """Every member's ``x`` along ``dim`` (stacked on a new ``dim`` unless ``tiled``); the result stays
         varying and its backward is a reduce_scatter (Megatron's sequence-parallel gather)."""
+        if self.types is None and tiled:
+            return self.ctx.all_gather(x, self.mesh, axis, dim)
         names = self._axes(axis)
 
         def gather() -> torch.Tensor:
@@ -208,6 +214,8 @@ class Axes:
 
     def psum_scatter(self, x: torch.Tensor, axis: str, dim: int = 0, tiled: bool = True) -> torch.Tensor:
         """The sum over ``axis``, this member keeping its block of ``dim`` (a reduce_scatter); varying."""
+        if self.types is None and tiled:
+            return self.ctx.reduce_scatter(x, self.mesh, axis, dim)
         names = self._axes(axis)
         ndim = x.dim() - (0 if tiled else 1)
         d = dim if dim >= 0 else dim + x.dim()

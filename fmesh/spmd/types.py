@@ -199,7 +199,7 @@ def check_output(spec_dims: dict[str, int | None], partial: tuple[str, ...], axi
         return
     if found.kind == VARYING:
         raise SpmdTypeError(f"{name} is varying along {axis!r}, but its out spec claims it replicated; fix: "
-                            f"ax.all_gather({name}, {axis!r}, dim=...) (or name {axis!r} in the spec)")
+                            f"ax.all_gather_invariant(..., {axis!r}, dim=...) (or name {axis!r} in the spec)")
     if found.kind == PARTIAL:
         raise SpmdTypeError(f"{name} is partial along {axis!r}, but its out spec claims it replicated; fix: "
                             f"ax.psum({name}, {axis!r}) (or partial=({axis!r},) in the spec)")
