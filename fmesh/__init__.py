@@ -41,6 +41,7 @@ from fmesh.errors import (
     NoGradientError,
     RankLostError,
     RecoveryError,
+    SpmdTypeError,
     TensorMismatchError,
     UnsupportedTorchError,
 )
@@ -131,6 +132,7 @@ __all__ = [  # noqa: RUF022 (grouped as the API reference groups them)
     "NoGradientError",
     "RankLostError",
     "RecoveryError",
+    "SpmdTypeError",
     "TensorMismatchError",
     "UnsupportedTorchError",
 ]

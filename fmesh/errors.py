@@ -28,6 +28,7 @@ __all__ = [
     "RankLostError",
     "RecoveryError",
     "RemoteTraceback",
+    "SpmdTypeError",
     "TensorMismatchError",
     "UnpicklableObjectError",
     "UnsupportedTorchError",
@@ -280,4 +281,17 @@ class TensorMismatchError(ValueError):
     Traceback (most recent call last):
     ...
     fmesh.TensorMismatchError: on rank ...: all_reduce along the group [0, 1] ...: members hold different tensors: ...
+    """
+
+
+class SpmdTypeError(ValueError):
+    """A manual region's program whose gradient or result would be wrong, caught in the forward pass.
+
+    Raised by :func:`fmesh.spmd.region.shard_map` (with ``check=True``) at the operation that breaks a per-axis type
+    rule, naming the value (its name or shape), its type along the axis, the axis and the fix: a non-linear
+    operation on a partial value, a reduction of an already-reduced value, an invariant value that wants a
+    gradient meeting a varying one, an out spec that does not match the value.
+
+    >>> issubclass(SpmdTypeError, ValueError)
+    True
     """

@@ -36,7 +36,8 @@ FRONT_DOOR = {
     "the Context": {"Context", "from_device_mesh", "launch", "simulate"},
     "recipes and the picture": {"ParallelDims", "Topology", "cost", "render"},
     "errors a program catches": {"ContextClosedError", "GroupTimeoutError", "LaunchError", "MeshMismatchError",
-                                 "NoGradientError", "RankLostError", "RecoveryError", "TensorMismatchError",
+                                 "NoGradientError", "RankLostError", "RecoveryError", "SpmdTypeError",
+                                 "TensorMismatchError",
                                  "UnsupportedTorchError"},
 }
 

@@ -1,0 +1,247 @@
+"""Per-axis types of the local values inside a manual region, and the rules that check each operation.
+
+Along each mesh axis a local value is one of (JAX's ``vma`` words, plus DTensor's partial):
+
+* ``invariant``: the same on every member of the axis (a replicated input, the result of a ``psum``); its
+  gradient is the same on every member too.
+* ``varying``: different on the members (a sharded input, a ``pvary``-ed value); ``dim`` is the tensor dimension
+  (counted from the end) the axis splits, where known. Its gradient is each member's own.
+* ``partial``: a pending sum over the axis (a row-parallel product); only linear operations may touch it.
+
+The rules are pure (no torch import): :mod:`fmesh.spmd.region` applies them to each torch call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import attrs
+
+from fmesh.errors import SpmdTypeError
+
+Kind = Literal["invariant", "varying", "partial"]
+INVARIANT: Kind = "invariant"
+VARYING: Kind = "varying"
+PARTIAL: Kind = "partial"
+
+# Operations by how a partial value may pass them (torch function names, underscores stripped).
+ADDITIVE = frozenset({"add", "sub", "radd", "rsub", "cat", "concat", "concatenate", "stack", "iadd", "isub"})
+PRODUCTS = frozenset({"mul", "rmul", "imul", "matmul", "rmatmul", "linear", "mm", "bmm", "einsum"})
+QUOTIENTS = frozenset({"div", "truediv", "idiv", "itruediv"})
+CONTRACTIONS = frozenset({"matmul", "linear", "mm", "bmm"})
+SHAPE_ONLY = frozenset({
+    "view", "reshape", "transpose", "permute", "contiguous", "clone", "getitem", "narrow", "split", "chunk",
+    "flatten", "unflatten", "squeeze", "unsqueeze", "expand", "t", "to", "float", "double", "half", "bfloat16",
+    "typeas", "detach", "viewas", "reshapeas", "select", "movedim", "swapaxes", "unbind", "neg", "sum", "mean",
+    "expandas", "requiresgrad", "pos", "tensorsplit",
+})
+ELEMENTWISE_SAME_DIMS = ADDITIVE - {"cat", "concat", "concatenate", "stack"} | {"mul", "rmul", "imul"} | QUOTIENTS | {
+    "neg", "contiguous", "clone", "to", "float", "double", "half", "bfloat16", "detach", "gelu", "relu", "silu",
+    "tanh", "sigmoid", "exp", "pow", "rsqrt", "sqrt", "dropout", "where", "maskedfill", "typeas", "requiresgrad",
+    "softmax", "logsoftmax", "layernorm", "rmsnorm", "addcmul"}
+MOVES = frozenset({"view", "reshape", "transpose", "swapaxes", "permute", "t"})
+
+
+@attrs.frozen
+class AxisType:
+    """A local value's type along one mesh axis.
+
+    >>> AxisType("varying", -2)
+    varying(dim -2)
+    """
+
+    kind: Kind
+    dim: int | None = None  # varying only: the tensor dimension (negative, from the end) the axis splits
+
+    def __repr__(self) -> str:
+        return f"{self.kind}(dim {self.dim})" if self.dim is not None else self.kind
+
+
+@attrs.frozen
+class Operand:
+    """One tensor an operation reads: its description, type per axis, and whether it wants a gradient."""
+
+    name: str
+    types: tuple[AxisType, ...]
+    grad: bool
+    ndim: int
+
+
+def op_name(func: object) -> str:
+    """``torch.Tensor.__add__`` → ``add``; ``torch.nn.functional.linear`` → ``linear``.
+
+    >>> import operator
+    >>> op_name(operator.truediv), op_name(operator.getitem)
+    ('truediv', 'getitem')
+    """
+    return getattr(func, "__name__", type(func).__name__).strip("_").replace("_", "").lower()
+
+
+def combine(op: str, axis: str, index: int, operands: list[Operand]) -> AxisType:
+    """The type along ``axis`` (the ``index``-th mesh axis) of ``op``'s result, or the rule it breaks.
+
+    >>> x = Operand("x", (AxisType("partial"),), True, 2)
+    >>> combine("gelu", "tp", 0, [x])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fmesh.SpmdTypeError: gelu on x (shape rank 2), which is partial along 'tp': ... fix: ax.psum(x, 'tp') ...
+    """
+    kinds = [o.types[index].kind for o in operands]
+    partial = [o for o, k in zip(operands, kinds, strict=True) if k == PARTIAL]
+    varying = [o for o, k in zip(operands, kinds, strict=True) if k == VARYING]
+    invariant_grad = [o for o, k in zip(operands, kinds, strict=True) if k == INVARIANT and o.grad]
+
+    def said(o: Operand) -> str:
+        return f"{o.name} (shape rank {o.ndim}), which is {o.types[index]!r} along {axis!r}"
+
+    if contraction_partial(op, operands, index):
+        if op == "linear" and len(operands) > 2:
+            raise SpmdTypeError(
+                f"linear with a bias ({operands[2].name}) on a row-parallel product of {said(operands[0])}: the "
+                f"product is a pending sum along {axis!r}, and the bias would be added once per member; fix: add "
+                f"the bias after ax.psum(..., {axis!r}) (or psum_scatter)")
+        return AxisType(PARTIAL)
+    if partial:
+        if op in ADDITIVE:
+            other = next((o for o, k in zip(operands, kinds, strict=True) if k != PARTIAL), None)
+            if other is not None:
+                raise SpmdTypeError(
+                    f"{op} of {said(partial[0])}, and {said(other)}: adding a value to a pending sum adds it once per "
+                    f"member; fix: ax.psum({partial[0].name}, {axis!r}) (or psum_scatter) first")
+            return AxisType(PARTIAL)
+        if op in PRODUCTS or op in QUOTIENTS:
+            if len(partial) > 1:
+                raise SpmdTypeError(
+                    f"{op} of {said(partial[0])}, and {said(partial[1])}: a product of two pending sums is not the "
+                    f"sum of the products; fix: ax.psum one of them along {axis!r} first")
+            if varying:
+                raise SpmdTypeError(
+                    f"{op} of {said(partial[0])}, and {said(varying[0])}: a pending sum times a value that differs "
+                    f"per member is not a pending sum; fix: ax.psum({partial[0].name}, {axis!r}) first")
+            if op in QUOTIENTS and operands[0] is not partial[0]:
+                raise SpmdTypeError(f"{op} by {said(partial[0])}: dividing by a pending sum is non-linear; fix: "
+                                    f"ax.psum({partial[0].name}, {axis!r}) first")
+            if op == "linear" and len(operands) > 2:
+                raise SpmdTypeError(
+                    f"linear with a bias on {said(partial[0])}: the bias would be added once per member; fix: "
+                    f"add the bias after ax.psum(..., {axis!r})")
+            return AxisType(PARTIAL)
+        if op in SHAPE_ONLY:
+            return AxisType(PARTIAL)
+        raise SpmdTypeError(
+            f"{op} on {said(partial[0])}: a non-linear operation on a pending sum is wrong; fix: "
+            f"ax.psum({partial[0].name}, {axis!r}) (or psum_scatter) before it")
+    if varying and invariant_grad:
+        o = invariant_grad[0]
+        raise SpmdTypeError(
+            f"{op} of {said(o)}, and {said(varying[0])}: {o.name} wants a gradient, and every member adds its own "
+            f"part of it, which nothing sums; fix: ax.pvary({o.name}, {axis!r}) first (its gradient is then "
+            f"summed over {axis!r}: Megatron's sum_gradients, DDP's all_reduce)")
+    if not varying:
+        return AxisType(INVARIANT)
+    return AxisType(VARYING, _dim(op, operands, varying, index))
+
+
+def _dim(op: str, operands: list[Operand], varying: list[Operand], index: int) -> int | None:
+    """Where the varying axis lies in the result, where the rules can tell; ``None`` otherwise."""
+    if op in CONTRACTIONS and len(operands) >= 2:
+        x, w = operands[0], operands[1]
+        wd = w.types[index].dim if w.types[index].kind == VARYING else None
+        xd = x.types[index].dim if x.types[index].kind == VARYING else None
+        out = None
+        if op == "linear":
+            if xd is not None and xd != -1:
+                out = xd
+            elif wd == -2:
+                out = -1
+        else:
+            if xd is not None and xd != -1:
+                out = xd
+            elif wd == -1:
+                out = -1
+        return out
+    if op in ELEMENTWISE_SAME_DIMS:
+        dims = {o.types[index].dim for o in varying} - {None}  # a pvary-ed value varies but splits no dimension
+        return dims.pop() if len(dims) == 1 else None
+    return None
+
+
+def contraction_partial(op: str, operands: list[Operand], index: int) -> bool:
+    """Whether ``op`` sums over a dimension both its operands split along the axis: a row-parallel product."""
+    if op not in CONTRACTIONS or len(operands) < 2:
+        return False
+    x, w = operands[0].types[index], operands[1].types[index]
+    if x.kind != VARYING or w.kind != VARYING:
+        return False
+    return x.dim == -1 and w.dim == (-1 if op == "linear" else -2)
+
+
+def check_output(spec_dims: dict[str, int | None], partial: tuple[str, ...], axis: str, name: str,
+                 found: AxisType) -> None:
+    """Whether a region output of type ``found`` along ``axis`` may leave it under its out spec."""
+    if axis in partial:
+        if found.kind != PARTIAL:
+            raise SpmdTypeError(f"{name} is {found!r} along {axis!r}, but its out spec claims partial; fix: drop "
+                                f"{axis!r} from partial=")
+        return
+    if axis in spec_dims:
+        if found.kind == PARTIAL:
+            raise SpmdTypeError(f"{name} is partial along {axis!r}, but its out spec claims it split; fix: "
+                                f"ax.psum_scatter({name}, {axis!r}, dim=...) first")
+        if found.kind == INVARIANT:
+            raise SpmdTypeError(f"{name} is invariant along {axis!r}, but its out spec claims it split along "
+                                f"{axis!r}: every member would hold the whole; fix: leave {axis!r} out of the spec")
+        want = spec_dims[axis]
+        if found.dim is not None and want is not None and found.dim != want:
+            raise SpmdTypeError(f"{name} is split along {axis!r} at dimension {found.dim}, but its out spec "
+                                f"says dimension {want}; fix: name {axis!r} at that dimension of the spec")
+        return
+    if found.kind == VARYING:
+        raise SpmdTypeError(f"{name} is varying along {axis!r}, but its out spec claims it replicated; fix: "
+                            f"ax.all_gather_invariant(..., {axis!r}, dim=...) (or name {axis!r} in the spec)")
+    if found.kind == PARTIAL:
+        raise SpmdTypeError(f"{name} is partial along {axis!r}, but its out spec claims it replicated; fix: "
+                            f"ax.psum({name}, {axis!r}) (or partial=({axis!r},) in the spec)")
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int):
+        raise TypeError(f"expected an int dimension, but got {value!r}")
+    return value
+
+
+def _product(sizes: Sequence[int]) -> int:
+    out = 1
+    for size in sizes:
+        out *= size
+    return out
+
+
+def moved_dim(op: str, args: Sequence[object], before: Sequence[int], after: Sequence[int], dim: int) -> int | None:
+    """Where dimension ``dim`` (negative) of a tensor of shape ``before`` lies after ``op`` (a view, reshape,
+    transpose or permute, given its arguments ``args`` after the tensor), or ``None`` if it does not survive.
+
+    >>> moved_dim("view", (), (2, 3, 8), (2, 3, 4, 2), -1)
+    -2
+    >>> moved_dim("transpose", (1, 2), (2, 4, 3, 2), (2, 3, 4, 2), -3)
+    -2
+    """
+    d = dim + len(before)
+    if op in ("view", "reshape"):
+        prefix = _product(before[:d])
+        for e in range(len(after)):
+            fits = after[e] % before[d] == 0 or before[d] % after[e] == 0
+            if _product(after[:e]) == prefix and after[e] > 1 and fits:
+                return e - len(after)
+        return None
+    if op in ("transpose", "swapaxes", "t"):
+        a, b = (0, 1) if op == "t" else (_int(args[0]), _int(args[1]))
+        a, b = a % len(before), b % len(before)
+        e = b if d == a else a if d == b else d
+        return e - len(after)
+    if op == "permute":
+        given = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+        order = [_int(i) % len(before) for i in given]
+        return order.index(d) - len(after) if d in order else None
+    return None

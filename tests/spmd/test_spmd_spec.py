@@ -1,0 +1,137 @@
+"""Specs and shardings (pure), and their DTensor placements on the mesh's exported ``DeviceMesh`` (a fake world)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+import fmesh
+from fmesh.spmd import P, PartitionSpec, Sharding, check_spec
+from fmesh.spmd.placements import from_placements, to_placements
+
+MESH = fmesh.make_mesh((2, 3), ("dp", "tp"))
+
+
+def test_a_spec_names_each_dimension() -> None:
+    spec = P("dp", None, ("tp",), partial="cp")
+    assert spec.entries == ("dp", None, "tp") and spec.partial == ("cp",) and spec.axes == ("dp", "tp")
+    assert P is PartitionSpec and P() == PartitionSpec() and len(P(None, None)) == 2
+    with pytest.raises(TypeError, match="an axis name, a tuple of axis names or None, but got 3"):
+        P(3)
+
+
+@pytest.mark.parametrize(("spec", "ndim", "message"), [
+    (P("x"), None, r"expected one of the mesh's axes \('dp', 'tp'\), but got 'x'"),
+    (P("dp", ("tp", "dp")), None, "expected each axis at most once, but got 'dp' twice"),
+    (P("dp", partial="dp"), None, "expected each axis at most once, but got 'dp' twice"),
+    (P("dp", None, "tp"), 2, "expected at most 2 entries .one per tensor dimension., but got 3"),
+])
+def test_a_wrong_spec_is_refused_at_the_door(spec: P, ndim: int | None, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_spec(MESH, spec, ndim)
+    if ndim is None:
+        with pytest.raises(ValueError, match=message):
+            Sharding(MESH, spec)
+
+
+def test_blocks_cover_the_tensor_once_per_replica() -> None:
+    sharding = Sharding(MESH, P(None, ("dp", "tp")))
+    assert sharding.local_shape((4, 12)) == (4, 2)
+    assert [sharding.block(r, (4, 12))[1] for r in range(6)] == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10), (10, 12)]
+    replicated = Sharding(MESH, P("tp"))
+    assert replicated.holders((6,)) == {((0, 2),): (0, 3), ((2, 4),): (1, 4), ((4, 6),): (2, 5)}
+    assert replicated.global_shape((2,)) == (6,)
+    with pytest.raises(ValueError, match=r"expected dimension 0 \(size 5\) to divide by 3"):
+        replicated.local_shape((5,))
+
+
+def test_placements_both_ways() -> None:
+    assert to_placements(Sharding(MESH, P("tp", None, "dp"))) == (Shard(2), Shard(0))
+    assert to_placements(Sharding(MESH, P(partial="tp"))) == (Replicate(), Partial())
+    assert to_placements(Sharding(MESH, P(("dp", "tp")))) == (Shard(0), Shard(0))
+    assert from_placements(MESH, (Shard(1), Partial())).spec == P(None, "dp", partial=("tp",))
+    with pytest.raises(ValueError, match=r"expected \('dp', 'tp'\) at dimension 0, but got \('tp', 'dp'\)"):
+        to_placements(Sharding(MESH, P(("tp", "dp"))))
+    with pytest.raises(ValueError, match="expected 2 placements"):
+        from_placements(MESH, (Shard(0),))
+    with pytest.raises(ValueError, match="expected a Partial sum"):
+        from_placements(MESH, (Partial("max"), Replicate()))
+
+
+def random_mesh(rng: random.Random) -> fmesh.Mesh:
+    """A mesh over a world of at most 12, its rank map permuted, then maybe flattened or sliced."""
+    sizes = rng.choice([(2, 3), (2, 2, 2), (3, 2, 2), (4,), (2, 6)])
+    names = ("a", "b", "c")[:len(sizes)]
+    world = 1
+    for size in sizes:
+        world *= size
+    ranks = list(range(world))
+    rng.shuffle(ranks)
+    mesh = fmesh.make_mesh(sizes, names, rank_map=ranks)
+    what = rng.choice(["as is", "flatten", "slice"])
+    if what == "flatten" and len(names) >= 2:
+        mesh = mesh.flatten(names[:2], "ab")
+    elif what == "slice" and len(names) >= 2:
+        mesh = mesh.slice(*reversed(names))
+    return mesh
+
+
+def random_spec(mesh: fmesh.Mesh, rng: random.Random, ndim: int) -> P:
+    dims: dict[int, list[str]] = {}
+    partial = []
+    for axis in mesh.axis_names:
+        where = rng.randrange(-1, ndim + 1)
+        if where == ndim:
+            partial.append(axis)
+        elif where >= 0:
+            dims.setdefault(where, []).append(axis)
+    last = max(dims, default=-1)
+    return P(*(tuple(dims.get(d, ())) for d in range(last + 1)), partial=partial)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_spec_to_placements_to_spec_round_trips_on_the_exported_device_mesh(seed: int) -> None:
+    rng = random.Random(seed)
+    mesh = random_mesh(rng)
+    spec = random_spec(mesh, rng, 3)
+    sharding = Sharding(mesh, spec)
+    placements = to_placements(sharding)
+    assert from_placements(mesh, placements) == sharding
+    shape = tuple(sharding.split(e) * 2 for e in spec.entries) + (1,) * (3 - len(spec))
+    rank = rng.choice(mesh.group(mesh.rank_at(0), mesh.axis_names))
+    with fmesh.Context.fake(mesh.world_size, rank=rank) as ctx:
+        device_mesh = ctx.device_mesh(mesh)
+        local = torch.zeros(sharding.local_shape(shape))
+        tensor = DTensor.from_local(local, device_mesh, placements, run_check=False)
+        assert tuple(tensor.shape) == shape  # DTensor reads the same global shape back
+        assert from_placements(mesh, tuple(tensor.placements)) == sharding
+
+
+def test_the_picture_marks_blocks_holders_and_host_changes() -> None:
+    from fmesh.spmd import sharding_html, sharding_text
+
+    mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))
+    text = sharding_text(Sharding(mesh, P(("dp", "tp"))), (16,), gpus_per_node=4)
+    assert "| rank 3 || rank 4 |" in text and text.count("rank ") == 8
+    text = sharding_text(Sharding(mesh, P("dp", "tp")), (4, 8), gpus_per_node=4)
+    assert "+========+" in text.splitlines()[3]
+    page = sharding_html(Sharding(mesh, P("tp")), (8, 4), gpus_per_node=4)
+    assert page.count("<td") == 4 and "rank 0,4" in page and "border-top-width:3px" not in page
+    with pytest.raises(ValueError, match="expected a 1-D or 2-D shape"):
+        sharding_text(Sharding(mesh, P()), (2, 2, 2))
+
+
+def test_the_pure_parts_import_no_torch_distributed() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, fmesh.spmd as s; s.sharding_text(s.Sharding(__import__('fmesh').make_mesh((2,), ('tp',)),"
+            " s.P('tp')), (4,)); print('torch.distributed' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
