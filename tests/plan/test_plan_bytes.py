@@ -110,7 +110,9 @@ def recorded_step(world: int, rank: int, argv: list[str]) -> tuple[dict[Key, lis
         dp_mesh = dims.mesh("dp")
         (dp_index,) = dp_mesh.coordinate(ctx.rank) or (0,)
         recorder = Recorder(group_names(ctx, dims))
-        with recorder:
+        # The backward on this thread alone: a process whose autograd engine started its device threads (torch's
+        # CUDA builds, 2.10 and 2.15 in CI) cannot fork the gloo ranks that later tests of this worker launch.
+        with recorder, torch.autograd.set_multithreading_enabled(False):
             batch = train.batches(args.seed, args.batch_size, args.seq_len)
             local = batch.chunk(dp_mesh.size)[dp_index]
             logits = model(local[:, :-1])
