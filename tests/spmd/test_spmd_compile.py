@@ -49,6 +49,9 @@ def compiled(ctx: fmesh.Context) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13),
+                    reason="the region under torch.compile needs torch >= 2.13 (Dynamo hashes fmesh's values); on "
+                           "2.10-2.12 compile the function inside the region instead (docs/compatibility.md)")
 def test_the_region_compiles_with_no_graph_break_and_equals_eager() -> None:
     results = fmesh.launch(compiled, 2, timeout=400, context_options={"timeout": 300}, return_exceptions=True)
     for result in results:
