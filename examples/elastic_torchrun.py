@@ -3,7 +3,9 @@
     python examples/elastic_torchrun.py --steps 16 --kill-at 8
 
 Each agent runs ``examples/train.py --elastic`` on 2 gloo processes (``torchrun --nnodes 1:2
---nproc-per-node 2``, c10d rendezvous on 127.0.0.1), a 4-rank data-parallel job. Once the job has
+--nproc-per-node 2``, c10d rendezvous on 127.0.0.1), a 4-rank data-parallel job. The rendezvous store is
+hosted by this script, outside both nodes, as a real cluster hosts it outside the ranks: were it hosted by an
+agent, losing that agent's node would take the store with it and end the job. Once the job has
 checkpointed step ``--kill-at``, the second agent and its processes are killed (SIGKILL). The first
 agent's processes fail in their next collective; torchrun restarts them, the rendezvous closes with
 the one node left, and ``train.py`` resumes from the last checkpoint, resharded over 2 ranks
@@ -23,6 +25,8 @@ import sys
 import tempfile
 import time
 
+import torch.distributed
+
 from fmesh.context.launch import free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -32,7 +36,7 @@ def agent(port: int, directory: pathlib.Path, steps: int, name: str) -> subproce
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "fmesh-elastic",
-        "--rdzv-conf", "last_call_timeout=5,join_timeout=60", "--max-restarts", "2", "--monitor-interval", "0.5",
+        "--rdzv-conf", "last_call_timeout=5,join_timeout=60,is_host=false", "--max-restarts", "2", "--monitor-interval", "0.5",
         str(HERE / "train.py"), "--backend", "gloo", "--elastic", "--steps", str(steps), "--checkpoint-dir",
         str(directory / "ckpt"), "--checkpoint-every", "2", "--log-every", "1", "--seq-len", "16", "--dim", "32",
         "--losses-to", str(directory / f"{name}.json"),
@@ -78,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         directory = pathlib.Path(scratch)
         port = free_port()
-        first = agent(port, directory, args.steps, "first")  # hosts the rendezvous store
-        time.sleep(0.3)
+        # The store outlives either node (both agents are told is_host=false): when both agents may host it,
+        # whichever binds the port first does, and on a loaded machine that can be the node this script kills.
+        store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+        first = agent(port, directory, args.steps, "first")
         second = agent(port, directory, args.steps, "second")
         deadline = time.monotonic() + args.timeout
         try:
@@ -103,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             print((directory / "first.log").read_text())
         print(f"the first node finished {time.time() - killed:.1f} s after the second was killed; "
               f"exit code {first.returncode}")
+        del store
         return first.returncode
 
 
