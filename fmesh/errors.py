@@ -100,6 +100,7 @@ class RecoveryError(RuntimeError):
     >>> from fmesh.context.agreement import Agreement
     >>> store = dist.HashStore()
     >>> Agreement(store, "doc", 1, timedelta(seconds=5)).post_loss([3], [])
+    1
     >>> Agreement(store, "doc", 0, timedelta(seconds=5)).agree_on_loss([0, 1], [2], [])
     Traceback (most recent call last):
     ...

@@ -66,6 +66,12 @@ MAX_POLL_SECONDS = 8.0  # the longest pause between two looks at the missing mem
 POLL_MAX_SECONDS = 0.1  # how late a waiter learns that its context was aborted (no store operation: an event)
 EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits to post that it exited
 MAX_GROUPS_FOLLOWED = 64  # bounds the work of one diagnosis
+SURVIVOR = "survivor"  # a rank's fate in a recovery: it came to recover (it claims this itself)
+FENCED = "fenced"  # a rank's fate in a recovery: the survivors recover without it (the last of them fences it out)
+# How long the last survivor to agree on a recovery waits for a rank called lost, not known to be gone, to show
+# it is alive by coming to recover too (two halves of a world calling each other lost come within milliseconds
+# of each other) before fencing it out of the new world.
+ALIVE_GRACE_SECONDS = 2.0
 
 
 def ended_key(rank: int) -> str:
@@ -477,54 +483,123 @@ class Agreement:
 
     # -------------------------------------------------------------- recovery
 
-    def post_loss(self, lost: Sequence[int], groups: Sequence[str]) -> None:
-        """Post the ranks this survivor recovers without, and the digests of the groups it holds; the first
-        survivor to post fixes the lost set, one that means another writes the outcome (a mismatch) at once, and
-        the one that brings the count to ``survivors`` writes ``ok`` (:meth:`agree_on_loss` waits for it)."""
-        self.store.set(f"{self.prefix}/recovery/{self.rank}", json.dumps({"lost": sorted(lost),
-                                                                          "groups": sorted(groups)}))
-        mine = json.dumps(sorted(lost))
+    def post_loss(self, lost: Sequence[int], groups: Sequence[str]) -> int:
+        """Post the ranks this survivor recovers without, and the digests of the groups it holds; claim this
+        rank's own place (``fate/<rank>``: a survivor); the first survivor to post fixes the lost set. A survivor
+        that means another set writes the outcome (a mismatch) at once, and one that the survivors of another set
+        already fenced out is refused: both get :class:`~fmesh.RecoveryError`. One that agrees counts itself;
+        this returns the count (the last to count fences the lost ranks out and writes ``ok``:
+        :meth:`agree_on_loss`)."""
         base = f"{self.prefix}/recovery-agreement"
-        first = self.store.compare_set(f"{base}/lost", "", mine).decode()
-        if first != mine:
-            self.store.compare_set(f"{base}/done", "", json.dumps({"rank": self.rank, "lost": sorted(lost),
-                                                                   "first": json.loads(first)}))
-        else:
-            self.store.add(f"{base}/count", 1)
+        mine = sorted(lost)
+        self.store.set(f"{self.prefix}/recovery/{self.rank}", json.dumps({"lost": mine, "groups": sorted(groups)}))
+        self.store.append(f"{base}/called", f"{self.rank},")
+        fate = self.store.compare_set(f"{base}/fate/{self.rank}", "", SURVIVOR).decode()
+        # The set and who fixed it, in one value: compare_set hands back the first survivor's, whoever posts later.
+        first = _loads(self.store.compare_set(f"{base}/lost", "", json.dumps({"lost": mine, "by": self.rank})))
+        if fate != SURVIVOR:  # the survivors of another set agreed and fenced this rank out before it came
+            raise RecoveryError(
+                f"on rank {self.rank}: this rank came to recover without {mine}, but the survivors that recover "
+                f"without {first.get('lost')} had already fenced it out of their world: they went on without it. "
+                "Expected the survivors to agree on the ranks lost; take them from one source (the launcher's, or "
+                "the roll call of the failed collective), and end this rank")
+        if first.get("lost") != mine:  # another set is fixed: this rank can never be in its world
+            self.store.compare_set(f"{base}/done", "", json.dumps({"rank": self.rank, "lost": mine}))
+            self._raise_disagreement(mine)
+        return int(self.store.add(f"{base}/count", 1))
 
     def agree_on_loss(self, survivors: Sequence[int], lost: Sequence[int],
                       groups: Sequence[str]) -> dict[int, frozenset[str]]:
         """Post ``lost`` and ``groups`` (:meth:`post_loss`), wait for every one of ``survivors`` to post theirs,
-        and return the digests of the groups each holds. :class:`~fmesh.RecoveryError` as soon as one posts
-        other lost ranks (naming both sets), or when one has not come within the creation timeout.
+        and return the digests of the groups each holds.
 
-        A constant number of store operations per survivor: it posts, blocks once on the outcome key, then reads
-        every survivor's post in one ``multi_get``."""
-        self.post_loss(lost, groups)
-        base = f"{self.prefix}/recovery-agreement"
-        done = f"{base}/done"
+        :class:`~fmesh.RecoveryError` as soon as one posts other lost ranks (naming both sets), or a rank called
+        lost shows it is alive (it comes to recover too: the ranks split into two worlds, each calling the other
+        lost), or a survivor's process ended (its status, or the launcher's mark), or one has not come within the
+        creation timeout. Two survivor sets never both go on: the last survivor to come *fences* each lost rank
+        out (``compare_set`` of its ``fate`` key, which the rank itself claims when it comes) before writing
+        ``ok``, after giving a lost rank not known to be gone :data:`ALIVE_GRACE_SECONDS` to show it is alive;
+        a fenced rank that comes later is refused.
+
+        A constant number of store operations per survivor (the last one also fences each lost rank): it posts,
+        blocks once on the outcome key, then reads every survivor's post in one ``multi_get``."""
+        count = self.post_loss(lost, groups)
+        done = f"{self.prefix}/recovery-agreement/done"
         keys = [f"{self.prefix}/recovery/{rank}" for rank in survivors]
-        if int(self.store.add(f"{base}/count", 0)) >= len(survivors):
-            self.store.compare_set(done, "", OK)
-        if not self.wait_for(done, self.creation_timeout.total_seconds(), doing="agreeing on the ranks lost") and (
-                not self.store.check([done])):
-            missing = [rank for rank, key in zip(survivors, keys, strict=True) if not self.store.check([key])]
+        if count >= len(survivors):
+            self._fence(sorted(lost), done)
+
+        def look() -> bool:  # the first to come watches for survivors whose process ended: they never will
+            missing = self._not_come(survivors)
+            statuses = self.statuses(missing) if missing else {}
+            ended = self.ended([m for m in missing if statuses[m].get("state") not in FINAL_STATES])
+            gone = sorted([m for m in missing if statuses[m].get("state") in FINAL_STATES] + ended)
+            if gone:
+                doing = "; ".join(f"the launcher saw the process of rank {m} end" if m in ended else
+                                  describe_status(m, statuses[m]) for m in gone[:8])
+                self.store.compare_set(done, "", json.dumps({"gone": sorted(gone), "doing": doing}))
+            return bool(gone)
+
+        if not self.wait_for(done, self.creation_timeout.total_seconds(), look if count == 1 else None,
+                             doing="agreeing on the ranks lost") and not self.store.check([done]):
+            missing = self._not_come(survivors)
             doing = "; ".join(describe_status(m, s) for m, s in self.statuses(missing[:8]).items())
-            raise RecoveryError(
-                f"on rank {self.rank}: survivors {missing} did not come to recover without {sorted(lost)} within "
-                f"{self.creation_timeout.total_seconds():g}s ({doing}). Expected every rank not lost to call "
-                "recover(); if those ranks are gone too, recover without them as well")
+            self.store.compare_set(done, "", json.dumps({"gone": missing, "doing": doing, "timeout": True}))
         verdict = self.store.get(done).decode()
         if verdict != OK:
-            disagreement = json.loads(verdict)
-            other, theirs = disagreement["rank"], disagreement["lost"]
-            if other == self.rank or theirs == sorted(lost):  # name a survivor that means the first set
-                theirs = disagreement["first"]
-                other = next((rank for rank, key in zip(survivors, keys, strict=True) if self.store.check([key])
-                              and _loads(self.store.get(key)).get("lost") == theirs), "?")
-            raise RecoveryError(
-                f"on rank {self.rank}: the survivors disagree about the ranks lost: rank {self.rank} says "
-                f"{sorted(lost)}, rank {other} says {theirs}. Expected every survivor to recover without the same "
-                "ranks; take them from one source (the launcher's, or the roll call of the failed collective)")
+            outcome = json.loads(verdict)
+            if "gone" in outcome:
+                within = (f"within {self.creation_timeout.total_seconds():g}s" if outcome.get("timeout") else
+                          "(their processes ended)")
+                raise RecoveryError(
+                    f"on rank {self.rank}: survivors {outcome['gone']} did not come to recover without {sorted(lost)} "
+                    f"{within} ({outcome['doing']}). Expected every rank not lost to call recover(); if those ranks "
+                    "are gone too, recover without them as well")
+            self._raise_disagreement(sorted(lost), outcome)
         posts = self.store.multi_get(keys)
         return {rank: frozenset(_loads(raw).get("groups", ())) for rank, raw in zip(survivors, posts, strict=True)}
+
+    def _fence(self, lost: list[int], done: str) -> None:
+        """The last survivor to come: wait up to :data:`ALIVE_GRACE_SECONDS` for a rank in ``lost`` that is not
+        known to be gone (no final status, no launcher's mark) to come to recover too, then fence each lost rank
+        out, and write the outcome: ``ok``, or the disagreement with a lost rank that came (it is alive)."""
+        base = f"{self.prefix}/recovery-agreement"
+        deadline = time.monotonic() + ALIVE_GRACE_SECONDS
+
+        def came() -> list[int]:
+            return sorted(set(lost).difference(self._not_come(lost)))
+
+        statuses = self.statuses(lost)
+        unknown = [r for r in lost if statuses[r].get("state") not in (*FINAL_STATES, "missing")]
+        unknown = [r for r in unknown if r not in self.ended(unknown)]
+        while unknown and not came() and time.monotonic() < deadline:
+            self.check_halted("agreeing on the ranks lost")
+            time.sleep(POLL_MAX_SECONDS / 2)
+        fenced = [r for r in lost if self.store.compare_set(f"{base}/fate/{r}", "", FENCED).decode() != FENCED]
+        alive = sorted({*came(), *fenced})
+        if alive:
+            other = alive[0]
+            theirs = _loads(self.store.get(f"{self.prefix}/recovery/{other}")).get("lost", "?") if (
+                self.store.check([f"{self.prefix}/recovery/{other}"])) else "?"
+            self.store.compare_set(done, "", json.dumps({"rank": other, "lost": theirs, "alive": True}))
+        else:
+            self.store.compare_set(done, "", OK)
+
+    def _not_come(self, ranks: Sequence[int]) -> list[int]:
+        """Those of ``ranks`` that have not come to recover (one store operation)."""
+        called = {int(r) for r in self.store.get(f"{self.prefix}/recovery-agreement/called").decode().split(",") if r}
+        return [rank for rank in ranks if rank not in called]
+
+    def _raise_disagreement(self, mine: list[int], outcome: dict[str, Any] | None = None) -> None:
+        """:class:`~fmesh.RecoveryError` naming this rank's lost set and another survivor's (from ``outcome``, the
+        mismatch written, or the set the first survivor fixed)."""
+        first = _loads(self.store.get(f"{self.prefix}/recovery-agreement/lost"))
+        other, theirs = (outcome["rank"], outcome["lost"]) if outcome else ("?", first.get("lost"))
+        if (outcome is None or other == self.rank or theirs == mine) and first.get("lost") != mine:
+            other, theirs = first.get("by", "?"), first.get("lost")  # name the survivor that fixed the other set
+        alive = (f" (rank {other} is alive: it came to recover too, so the ranks split into worlds that each call "
+                 "the other lost)") if outcome and outcome.get("alive") else ""
+        raise RecoveryError(
+            f"on rank {self.rank}: the survivors disagree about the ranks lost: rank {self.rank} says {mine}, rank "
+            f"{other} says {theirs}{alive}. Expected every survivor to recover without the same ranks; take them "
+            "from one source (the launcher's, or the roll call of the failed collective)")

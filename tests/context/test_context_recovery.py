@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from support import launch
+from support import in_threads, launch
 
 import fmesh
 from fmesh import Context
@@ -62,8 +62,19 @@ def test_a_survivor_that_never_comes_to_recover_ends_the_wait_with_its_name() ->
     with pytest.raises(fmesh.RecoveryError, match=r"survivors \[2\] did not come to recover without \[3\]"):
         Agreement(store, "t", 0, timedelta(seconds=0.3)).agree_on_loss([0, 1, 2], [3], ["h"])
     assert time.monotonic() - started < 3
-    held = Agreement(store, "t", 2, timedelta(seconds=5)).agree_on_loss([0, 1, 2], [3], ["g", "h"])
-    assert held == {0: frozenset({"h"}), 1: frozenset({"g"}), 2: frozenset({"g", "h"})}
+    # The verdict stays: a survivor that comes after the others gave up cannot recover alone with them.
+    with pytest.raises(fmesh.RecoveryError, match=r"survivors \[2\] did not come"):
+        Agreement(store, "t", 2, timedelta(seconds=5)).agree_on_loss([0, 1, 2], [3], ["g", "h"])
+    assert time.monotonic() - started < 3
+
+
+def test_the_survivors_read_which_groups_each_holds() -> None:
+    store = dist.HashStore()
+    Agreement(store, "t", 1, timedelta(seconds=5)).post_loss([3], ["g"])
+    held: dict[int, dict[int, frozenset[str]]] = {}
+    in_threads(lambda rank: held.update({rank: Agreement(store, "t", rank, timedelta(seconds=5)).agree_on_loss(
+        [0, 1, 2], [3], ["h"] if rank == 0 else ["g", "h"])}), [0, 2], timeout=30)
+    assert held[0] == held[2] == {0: frozenset({"h"}), 1: frozenset({"g"}), 2: frozenset({"g", "h"})}
 
 
 # ---------------------------------------------------------------------------------- real processes

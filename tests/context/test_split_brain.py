@@ -1,0 +1,119 @@
+"""Two halves of a world that call each other lost (#29): ranks 0 and 1 recover without 2 and 3 while 2 and 3
+recover without 0 and 1, nobody dead. Both halves must never go on into crossed worlds (rank 0 with 3, rank 1 with 2,
+an all_reduce summing the wrong ranks): when they come together, every rank gets ``RecoveryError``; when one half
+comes after the other went on, the late half is refused and the first half's world is whole.
+
+The agreement is checked in threads of this process against one real ``TCPStore`` (20 rounds with jitter), and
+end to end by ``Context.recover`` in 4 processes.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from support import in_threads, launch
+
+import fmesh
+from fmesh import Context
+from fmesh.context.agreement import ALIVE_GRACE_SECONDS, Agreement
+
+HALVES = {0: [2, 3], 1: [2, 3], 2: [0, 1], 3: [0, 1]}  # each rank's lost set: the other half
+
+
+def tcp_store() -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=60), wait_for_workers=False, use_libuv=True)
+
+
+def split(store: dist.Store, prefix: str, delays: dict[int, float]) -> dict[int, Any]:
+    """Every rank's outcome of recovering without the other half (its held groups, or its error), each rank a
+    thread with its own connection that starts after ``delays[rank]`` seconds."""
+    for rank in HALVES:  # as every Context does at its start: each rank's status is there
+        Agreement(store, prefix, rank, timedelta(seconds=30)).post("running")
+    outcomes: dict[int, Any] = {}
+
+    def recover(rank: int) -> None:
+        time.sleep(delays[rank])
+        lost = HALVES[rank]
+        agreement = Agreement(store.clone(), prefix, rank, timedelta(seconds=30))  # type: ignore[attr-defined]
+        try:
+            outcomes[rank] = agreement.agree_on_loss([r for r in HALVES if r not in lost], lost, [])
+        except fmesh.RecoveryError as error:
+            outcomes[rank] = error
+
+    in_threads(recover, list(HALVES), timeout=60)
+    return outcomes
+
+
+def test_two_halves_that_call_each_other_lost_all_fail_in_20_of_20_rounds() -> None:
+    store, jitter = tcp_store(), random.Random(29)
+    for round_ in range(20):
+        outcomes = split(store, f"round{round_}", {rank: jitter.uniform(0, 0.3) for rank in HALVES})
+        assert sorted(outcomes) == [0, 1, 2, 3]
+        for rank, outcome in outcomes.items():
+            assert isinstance(outcome, fmesh.RecoveryError), (round_, rank, outcome)
+            assert "disagree about the ranks lost" in str(outcome) or "fenced it out" in str(outcome), outcome
+
+
+def test_a_half_that_comes_after_the_other_went_on_is_refused() -> None:
+    """Ranks 2 and 3 come past the grace the last of 0 and 1 gives them: 0 and 1 recover together (their world is
+    whole: both hold the other's groups), and 2 and 3 are told they were fenced out; never both halves."""
+    late = ALIVE_GRACE_SECONDS + 1.0
+    outcomes = split(tcp_store(), "late", {0: 0.0, 1: 0.0, 2: late, 3: late})
+    assert outcomes[0] == outcomes[1] == {0: frozenset(), 1: frozenset()}, outcomes
+    for rank in (2, 3):
+        assert isinstance(outcomes[rank], fmesh.RecoveryError), outcomes[rank]
+        assert "already fenced it out of their world" in str(outcomes[rank]), outcomes[rank]
+
+
+def test_survivors_told_the_lost_rank_is_alive_name_it() -> None:
+    """Rank 2, called lost by 0 and 1, comes to recover without rank 3 only: the error names rank 2 and its set."""
+    store = tcp_store()
+    for rank in range(4):
+        Agreement(store, "alive", rank, timedelta(seconds=30)).post("running")
+    outcomes: dict[int, Any] = {}
+    claims = {0: [2, 3], 1: [2, 3], 2: [3]}
+
+    def recover(rank: int) -> None:
+        agreement = Agreement(store.clone(), "alive", rank, timedelta(seconds=30))
+        survivors = [r for r in range(4) if r not in claims[rank]]
+        try:
+            outcomes[rank] = agreement.agree_on_loss(survivors, claims[rank], [])
+        except fmesh.RecoveryError as error:
+            outcomes[rank] = str(error)
+
+    in_threads(recover, [0, 1, 2], timeout=60)
+    assert all(isinstance(outcome, str) for outcome in outcomes.values()), outcomes
+    for rank in (0, 1):
+        assert f"rank {rank} says [2, 3], rank 2 says [3]" in outcomes[rank], outcomes[rank]
+
+
+def recovers_without_the_other_half(ctx: Context) -> Any:
+    """Every rank, nobody dead, recovers without the other half; what it gets (an error, or the sum over its new
+    world: 0 and 1 alone would make 3.0, 2 and 3 alone 7.0, crossed worlds 5.0)."""
+    world = fmesh.make_mesh((4,), ("all",))
+    ctx.all_reduce(torch.ones(1), world, "all")
+    started = time.monotonic()
+    try:
+        renewed = ctx.recover(HALVES[ctx.rank])
+    except fmesh.RecoveryError as error:
+        return "RecoveryError", str(error), time.monotonic() - started
+    assert renewed is not None
+    with renewed:
+        pair = fmesh.make_mesh((2,), ("all",))
+        return "recovered", renewed.all_reduce(torch.tensor([ctx.rank + 1.0]), pair, "all").item()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", range(20))
+def test_split_brain_recovery_ends_in_recovery_error_on_every_rank(run: int) -> None:
+    results = launch(recovers_without_the_other_half, 4, timeout=60)
+    for rank, result in enumerate(results):
+        assert not isinstance(result, BaseException), (rank, result)
+        assert result[0] == "RecoveryError", (rank, result)
+        assert result[2] < 15, (rank, result)  # in seconds, never the creation timeout
