@@ -32,6 +32,7 @@ __all__ = [
     "TensorMismatchError",
     "UnpicklableObjectError",
     "UnsupportedTorchError",
+    "UntestedTorchWarning",
 ]
 
 
@@ -204,6 +205,16 @@ class UnsupportedTorchError(ImportError):
     Traceback (most recent call last):
     ...
     fmesh.UnsupportedTorchError: fmesh's Context supports torch 2.10 to 2.15, but torch 2.9.0 is installed; ...
+    """
+
+
+class UntestedTorchWarning(UserWarning):
+    """The installed torch is newer than the releases fmesh's Context is tested with: it runs, each private part
+    of torch it uses probed at import; a feature whose probe failed raises :class:`UnsupportedTorchError` at its
+    use. Warned once, at ``import fmesh.context``; ``FMESH_REFUSE_UNTESTED_TORCH=1`` refuses such a torch instead.
+
+    >>> import warnings
+    >>> warnings.simplefilter("ignore", UntestedTorchWarning)  # a job that has checked its torch
     """
 
 

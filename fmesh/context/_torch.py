@@ -47,18 +47,25 @@ No other fmesh module names anything private of torch; ``tests/system/test_archi
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import os
 import re
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 import attrs
 import torch
 
-from fmesh.errors import UnsupportedTorchError
+from fmesh.errors import UnsupportedTorchError, UntestedTorchWarning
 
 SUPPORTED = ((2, 10), (2, 15))
-"""The torch releases the Context supports, oldest and newest (major, minor), both included."""
+"""The torch releases the Context is tested with, oldest and newest (major, minor), both included."""
+
+REFUSE_UNTESTED = "FMESH_REFUSE_UNTESTED_TORCH"
+"""Set to ``1``, a torch newer than the tested range is refused at import, as before probes existed."""
 
 
 def release(version: str) -> tuple[int, int]:
@@ -73,34 +80,104 @@ def release(version: str) -> tuple[int, int]:
     return int(found.group(1)), int(found.group(2))
 
 
-def check_supported(version: str) -> tuple[int, int]:
-    """``release(version)`` if the Context supports it; :class:`~fmesh.UnsupportedTorchError` otherwise.
+def check_supported(version: str, refuse_untested: bool = False) -> tuple[int, int]:
+    """``release(version)`` unless the Context cannot run on it: :class:`~fmesh.UnsupportedTorchError` for a torch
+    older than the tested range, or newer when ``refuse_untested`` (a newer one runs, its private parts probed:
+    :data:`MISSING`).
 
-    >>> check_supported("2.13.0+cpu")
-    (2, 13)
+    >>> check_supported("2.13.0+cpu"), check_supported("2.16.0a0+git1234")
+    ((2, 13), (2, 16))
     """
     found = release(version)
     (low_major, low_minor), (high_major, high_minor) = SUPPORTED
-    if not SUPPORTED[0] <= found <= SUPPORTED[1]:
+    newer = SUPPORTED[1] < found
+    if found < SUPPORTED[0] or (refuse_untested and newer):
+        refused = f" ({REFUSE_UNTESTED}=1 refuses a newer one; unset it to run with a warning)" if newer else ""
         raise UnsupportedTorchError(
             f"fmesh's Context supports torch {low_major}.{low_minor} to {high_major}.{high_minor}, but torch "
-            f"{version} is installed; install a supported release (pip install 'torch>={low_major}.{low_minor},"
-            f"<{high_major}.{high_minor + 1}'). Mesh values, recipes and plans work with any torch"
+            f"{version} is installed{refused}; install a supported release (pip install 'torch>={low_major}."
+            f"{low_minor},<{high_major}.{high_minor + 1}'). Mesh values, recipes and plans work with any torch"
         )
     return found
 
 
-TORCH = check_supported(torch.__version__)  # before any private name: they differ outside the range
+TORCH = check_supported(torch.__version__, os.environ.get(REFUSE_UNTESTED) == "1")  # before any private name
 
 import torch.distributed as dist  # noqa: E402
-from torch.distributed import _functional_collectives as funcol  # noqa: E402
-from torch.distributed import _mesh_layout as mesh_layout  # noqa: E402
 from torch.distributed import distributed_c10d as c10d  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 
 from fmesh.layout import Layout  # noqa: E402
 from fmesh.mesh import Mesh, Universe  # noqa: E402
 from fmesh.plan.communicators import can_shrink as shrink_rule  # noqa: E402
+
+try:  # private modules: a torch that moved one loses the features that need it (MISSING), not the import
+    from torch.distributed import _functional_collectives as funcol
+except ImportError:  # pragma: no cover - a torch newer than the tested range
+    funcol = None
+try:
+    from torch.distributed import _mesh_layout as mesh_layout
+except ImportError:  # pragma: no cover - a torch newer than the tested range
+    mesh_layout = None
+
+
+def _parameters(fn: object) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return set()
+
+
+def _registries(*fields: str) -> bool:
+    return all(isinstance(getattr(getattr(c10d, "_world", None), field, None), dict) for field in fields)
+
+
+GROUPS = "lazy process groups"
+RECOVERY = "recovery in place (Context.recover)"
+EXPORT = "DeviceMesh export (ctx.device_mesh, FSDP2, DTensor)"
+COMPILED = "collectives under torch.compile"
+SIMULATE = "simulated ranks (fmesh.simulate)"
+PROBES: dict[str, Callable[[], bool]] = {
+    # feature: whether this torch has the private parts it needs, as tests/context/test_torch_private.py pins them
+    GROUPS: lambda: all(hasattr(c10d, name) for name in (
+        "_new_process_group_helper", "_get_default_store", "_get_default_group")) and {
+        "backend_options", "timeout", "group_desc"} <= _parameters(getattr(c10d, "_new_process_group_helper", None))
+        and _registries("pg_map", "pg_names", "pg_group_ranks"),
+    RECOVERY: lambda: all(hasattr(c10d, name) for name in (
+        "_register_process_group", "_unregister_process_group", "_abort_process_group")) and _registries(
+        "pg_backend_config", "pg_to_tag", "tags_to_pg"),
+    EXPORT: lambda: mesh_layout is not None and hasattr(
+        mesh_layout, "_MeshLayout") and {"_layout", "_rank_map", "_root_mesh", "_init_backend"} <= _parameters(
+        DeviceMesh.__init__),
+    COMPILED: lambda: funcol is not None and all(hasattr(funcol, name) for name in (
+        "all_reduce", "all_to_all_single", "broadcast")),
+    SIMULATE: lambda: importlib.util.find_spec("torch.distributed._local_tensor")
+        is not None,
+}
+"""What each feature of the Context needs of torch's private API, checked once at import."""
+
+MISSING: frozenset[str] = frozenset(name for name, probe in PROBES.items() if not probe())
+"""The features this torch cannot run (a probe failed): each raises at its use, the rest run."""
+
+if SUPPORTED[1] < TORCH:
+    warnings.warn(UntestedTorchWarning(
+        f"fmesh's Context is tested with torch {SUPPORTED[0][0]}.{SUPPORTED[0][1]} to {SUPPORTED[1][0]}."
+        f"{SUPPORTED[1][1]}, but torch {torch.__version__} is installed: it runs, its private parts probed at "
+        f"import ({'features off: ' + ', '.join(sorted(MISSING)) if MISSING else 'every probe passed'}). Set "
+        f"{REFUSE_UNTESTED}=1 to refuse it instead"), stacklevel=2)
+
+
+def require(feature: str) -> None:
+    """:class:`~fmesh.UnsupportedTorchError` if ``feature`` (a key of :data:`PROBES`) cannot run on this torch.
+
+    >>> require(GROUPS)
+    """
+    if feature in MISSING:
+        raise UnsupportedTorchError(
+            f"{feature} needs private parts of torch.distributed that torch {torch.__version__} lacks or changed "
+            f"(fmesh is tested with torch {SUPPORTED[0][0]}.{SUPPORTED[0][1]} to {SUPPORTED[1][0]}."
+            f"{SUPPORTED[1][1]}); install a tested torch, or do without {feature}")
+
 
 # One _FlatLayout per dim from 2.13; before, one _MeshLayout whose top-level modes are the dims.
 FLAT_LAYOUTS = hasattr(mesh_layout, "_FlatLayout")
@@ -128,39 +205,46 @@ reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or dis
 
 # Functional collectives: what a compiled region runs (Dynamo traces them into the graph; the in-place
 # c10d calls and fmesh's failure explanation around them stay in eager). Names as in 2.10 - 2.15.
-_funcol_gather: Any = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
-_funcol_scatter: Any = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+_funcol_gather: Any = getattr(funcol, "all_gather_single", None) or getattr(funcol, "all_gather_tensor", None)
+_funcol_scatter: Any = getattr(funcol, "reduce_scatter_single", None) or getattr(funcol, "reduce_scatter_tensor",
+                                                                                 None)
 
 
 def traced_all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup) -> torch.Tensor:
     """A functional ``all_reduce`` (``op`` one of sum, max, min, product) that Dynamo traces."""
+    require(COMPILED)
     return funcol.all_reduce(tensor, op, group)
 
 
 def traced_all_gather(tensor: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
     """A functional ``all_gather`` along ``dim`` that Dynamo traces."""
+    require(COMPILED)
     return _funcol_gather(tensor, dim, group)
 
 
 def traced_reduce_scatter(tensor: torch.Tensor, op: str, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
     """A functional ``reduce_scatter`` along ``dim`` that Dynamo traces."""
+    require(COMPILED)
     return _funcol_scatter(tensor, op, dim, group)
 
 
 def traced_all_to_all(tensor: torch.Tensor, output_splits: list[int] | None, input_splits: list[int] | None,
                       group: dist.ProcessGroup) -> torch.Tensor:
     """A functional ``all_to_all_single`` along dim 0 (even chunks when the splits are ``None``)."""
+    require(COMPILED)
     return funcol.all_to_all_single(tensor, output_splits, input_splits, group)
 
 
 def traced_broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup) -> torch.Tensor:
     """A functional ``broadcast`` from member ``src`` (its rank within ``group``: the op's root rank goes to
     the backend as it is, unlike ``dist.broadcast``'s global ``src``) that Dynamo traces."""
+    require(COMPILED)
     return funcol.broadcast(tensor, src, group)
 
 
 def local_tensor_mode(world_size: int) -> Any:
     """torch's ``LocalTensorMode``: every rank's tensors and collectives in this process."""
+    require(SIMULATE)
     from torch.distributed._local_tensor import LocalTensorMode
 
     return LocalTensorMode(world_size)
@@ -189,6 +273,7 @@ def create_group(
     ``rank`` is this process's global rank, from the Context: inside torch's ``LocalTensorMode``
     (``fmesh.simulate``) ``dist.get_rank()`` is symbolic from torch 2.14.
     """
+    require(GROUPS)
     me = rank
     if me not in ranks:
         raise ValueError(f"rank {me} is not a member of group {list(ranks)}; only members create a group")
@@ -272,6 +357,7 @@ class Detached:
 
 def detach_group(group: dist.ProcessGroup) -> Detached:
     """Take ``group`` out of torch's registry (its connections stay open)."""
+    require(RECOVERY)
     world = c10d._world
     entry = world.pg_map.pop(group)
     name = world.pg_names.pop(group)
@@ -408,6 +494,7 @@ def export_root(universe: Universe, device_type: str) -> DeviceMesh:
     ``DeviceMesh._concatenate`` (which FSDP2 calls on its dp and tp meshes)
     demands one rank map; sharing a root also shares ``_flatten_mapping``.
     """
+    require(EXPORT)
     root = DeviceMesh(
         device_type,
         _layout=_mesh_layout([Layout(universe.world_size)]),

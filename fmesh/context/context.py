@@ -486,6 +486,7 @@ class Context:
         ...     ctx.device_mesh(fmesh.make_mesh((2, 4), ("dp", "tp")))["tp"].size()
         4
         """
+        _torch.require(_torch.EXPORT)
         self._groups.check_open()
         self._groups.check_mesh(mesh)
         exported = self._exports.cached(mesh)
@@ -567,6 +568,7 @@ class Context:
         """
         self._groups.enter("recover")
         gone = recovery.check_lost(lost, self.world_size, self.rank)
+        _torch.require(_torch.RECOVERY)
         world = recovery.new_world(self.world_size, gone, mesh)
         if self._agreement is None:
             raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")

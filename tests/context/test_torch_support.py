@@ -1,7 +1,11 @@
-"""The supported torch range is checked once, at ``import fmesh.context``; the values work with any torch."""
+"""The torch range is checked once, at ``import fmesh.context``; the values work with any torch. A torch older than
+the tested range is refused; a newer one runs with one warning, each private part of torch the Context uses probed
+at import, and a feature whose probe failed raises at its use while the rest run (``FMESH_REFUSE_UNTESTED_TORCH=1``
+refuses a newer torch instead)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -21,16 +25,72 @@ except fmesh.UnsupportedTorchError as error:
     print(type(error).__name__, error)
 """
 
+# A newer torch: the warning, then a 2-process gloo job; "{remove}" takes a private name away before the import.
+NEWER = """
+import warnings
+import torch
+import torch.distributed.distributed_c10d as c10d
+torch.__version__ = {version!r}
+{remove}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import fmesh
+    fmesh.Context
+print(len(caught), caught[0].category.__name__, caught[0].message)
 
-@pytest.mark.parametrize("version", ["2.9.1", "2.16.0", "3.0.0"])
-def test_a_torch_outside_the_range_gets_one_clear_error(version: str) -> None:
-    result = subprocess.run([sys.executable, "-c", PRETEND.format(version=version)], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
-    first, second = result.stdout.splitlines()
+def job(ctx):
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    total = ctx.all_reduce(torch.ones(1) * (ctx.rank + 1), mesh, "dp").item()
+    try:
+        exported = type(ctx.device_mesh(mesh)).__name__
+    except fmesh.UnsupportedTorchError as error:
+        exported = str(error)
+    return total, exported, ctx.all_reduce(torch.ones(1), mesh, "dp").item()
+
+print(fmesh.launch(job, 2, context_options=dict(timeout=60)))
+"""
+
+
+def run(script: str, **env: str) -> list[str]:
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.splitlines()
+
+
+@pytest.mark.parametrize("version", ["2.9.1", "1.13.0"])
+def test_a_torch_older_than_the_range_gets_one_clear_error(version: str) -> None:
+    first, second = run(PRETEND.format(version=version))
     assert first == "(0, 1)"  # mesh values need no supported torch
     assert second.startswith("UnsupportedTorchError") and f"torch {version} is installed" in second
     assert "supports torch 2.10 to 2.15" in second
+
+
+def test_a_newer_torch_is_refused_where_the_environment_says_so() -> None:
+    first, second = run(PRETEND.format(version="2.16.0"), FMESH_REFUSE_UNTESTED_TORCH="1")
+    assert first == "(0, 1)"
+    assert second.startswith("UnsupportedTorchError") and "torch 2.16.0 is installed" in second
+    assert "FMESH_REFUSE_UNTESTED_TORCH=1 refuses a newer one" in second
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["2.16.0a0+git1234", "3.0.0"])
+def test_a_newer_torch_runs_a_job_with_one_warning(version: str) -> None:
+    warned, results = run(NEWER.format(version=version, remove=""))
+    assert warned.startswith("1 UntestedTorchWarning") and f"torch {version} is installed" in warned, warned
+    assert "every probe passed" in warned and "FMESH_REFUSE_UNTESTED_TORCH=1" in warned, warned
+    assert results == "[(3.0, 'DeviceMesh', 2.0), (3.0, 'DeviceMesh', 2.0)]", results
+
+
+@pytest.mark.slow
+def test_a_failed_probe_turns_off_only_its_feature() -> None:
+    remove = ("import torch.distributed.tensor, torch.distributed._mesh_layout as layouts\n"
+              "del layouts._MeshLayout  # a newer torch that renamed it")
+    warned, results = run(NEWER.format(version="2.17.0", remove=remove))
+    assert "features off: DeviceMesh export (ctx.device_mesh, FSDP2, DTensor)" in warned, warned
+    assert results.count("(3.0, ") == 2 and results.count(", 2.0)") == 2, results  # before and after: they run
+    assert results.count("DeviceMesh export (ctx.device_mesh, FSDP2, DTensor) needs private parts of "
+                         "torch.distributed that torch 2.17.0 lacks or changed") == 2, results
 
 
 def test_versions_inside_the_range_pass() -> None:
@@ -38,3 +98,8 @@ def test_versions_inside_the_range_pass() -> None:
         assert _torch.check_supported(version) == release
     with pytest.raises(fmesh.UnsupportedTorchError, match="cannot read the torch version 'nightly'"):
         _torch.check_supported("nightly")
+
+
+def test_every_probe_passes_on_a_tested_torch() -> None:
+    assert not _torch.MISSING
+    assert set(_torch.PROBES) == {_torch.GROUPS, _torch.RECOVERY, _torch.EXPORT, _torch.COMPILED, _torch.SIMULATE}
