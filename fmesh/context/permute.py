@@ -139,7 +139,10 @@ def permute(route: Route, tensor: torch.Tensor, send_to: int | None, receive_fro
     if receive_from is not None:
         operations.append(dist.P2POp(dist.irecv, received, target.ranks[receive_from], process_group))
     if operations:
-        run("ppermute", route, lambda: [work.wait() for work in dist.batch_isend_irecv(operations)])
+        # The group's own timeout, given to each wait: gloo's send and receive otherwise keep the timeout the group
+        # was connected under (the creation timeout, shorter), and would call a peer lost that is only late.
+        timeout = target.spec.timeout
+        run("ppermute", route, lambda: [work.wait(timeout) for work in dist.batch_isend_irecv(operations)])
     return received
 
 

@@ -1,0 +1,43 @@
+"""Each collective waits for a late peer as long as its group's timeout, not the shorter creation timeout the
+group was connected under (#29: gloo's send and receive kept the creation timeout, so ``ppermute`` called a peer
+lost that was only late, while ``all_reduce`` waited for it)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from support import launch
+
+import fmesh
+from fmesh import Context
+
+CREATION, LATE = 2.0, 6.0  # a peer late by three creation timeouts, well within the group's timeout (60 s)
+
+
+def late_peer(ctx: Context) -> Any:
+    mesh = fmesh.make_mesh((2,), ("pp",))
+    ctx.all_reduce(torch.ones(1), mesh, "pp")  # the group is connected (under the creation timeout) here
+    results = []
+    for what in ("ppermute", "all_reduce"):
+        if ctx.rank == 1:
+            time.sleep(LATE)
+        started = time.monotonic()
+        if what == "ppermute":
+            value = ctx.shift(torch.tensor([ctx.rank + 1.0]), mesh, "pp", wrap=True).item()
+        else:
+            value = ctx.all_reduce(torch.tensor([ctx.rank + 1.0]), mesh, "pp").item()
+        results.append((what, value, time.monotonic() - started))
+    return results
+
+
+@pytest.mark.slow
+def test_a_peer_later_than_the_creation_timeout_is_waited_for_by_every_collective() -> None:
+    zero, one = launch(late_peer, 2, timeout=90, context_timeout=60, creation_timeout=CREATION)
+    for result in (zero, one):
+        assert not isinstance(result, BaseException), result
+    assert [(what, value) for what, value, _ in zero] == [("ppermute", 2.0), ("all_reduce", 3.0)], zero
+    assert [(what, value) for what, value, _ in one] == [("ppermute", 1.0), ("all_reduce", 3.0)], one
+    assert all(waited > LATE - 1 for _, _, waited in zero), zero  # rank 0 did wait for its late peer
