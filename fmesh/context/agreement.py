@@ -211,22 +211,27 @@ class Agreement:
 
     # ------------------------------------------------------------ agreement
 
-    def agree(self, key: str, members: Sequence[int], description: str, what: str) -> None:
+    def agree(self, key: str, members: Sequence[int], description: str, what: str, alone: bool = True) -> None:
         """Meet the other ``members`` at ``key`` and check they mean ``description`` too.
 
         ``what`` names the group in errors (axes, mesh, first ranks). Raises
         :class:`~fmesh.MeshMismatchError`, :class:`~fmesh.RankLostError` or
-        :class:`~fmesh.GroupTimeoutError`; on success every member has arrived and agrees.
+        :class:`~fmesh.GroupTimeoutError`; on success every member has arrived and agrees. ``alone``: no other
+        thread of this rank is creating a group meanwhile (see :meth:`arrive`).
         """
-        watcher = self.arrive(key, members, description, what)
+        watcher = self.arrive(key, members, description, what, alone)
         self.settle(key, members, description, what, watcher)
 
-    def arrive(self, key: str, members: Sequence[int], description: str, what: str) -> bool:
+    def arrive(self, key: str, members: Sequence[int], description: str, what: str, alone: bool = True) -> bool:
         """Steps 1-3: post this rank's status, compare digests, count the arrival (no waiting). Whether this
-        member arrived first: the one that watches the missing members while they all wait."""
+        member arrived first: the one that watches the missing members while they all wait.
+
+        A rank whose threads create groups at once (not ``alone``) posts that it waits at several keys: its one
+        status names only the last, so no cycle through it is ever concluded (threads on distinct groups wait for
+        each other's peers, never in a cycle)."""
         base = f"{self.prefix}/agree/{key}"
         mine = digest(description)
-        self.post("waiting", at=key, what=what, description=description)
+        self.post("waiting", at=key, what=what, description=description, **({} if alone else {"concurrent": True}))
         first = self.store.compare_set(f"{base}/digest", "", mine).decode()
         if first != mine:
             theirs = self.store.get(f"{base}/description").decode()
@@ -415,8 +420,8 @@ class Agreement:
             key, group, known, path = stack.pop()
             for member in group:
                 status = known[member]
-                if status.get("state") != "waiting" or status.get("at") == key:
-                    continue  # arrived here, or not waiting for any group
+                if status.get("state") != "waiting" or status.get("at") == key or status.get("concurrent"):
+                    continue  # arrived here, not waiting for any group, or waiting for several (threads)
                 elsewhere = str(status.get("at"))
                 if elsewhere == start:
                     return [*path, (member, status)]

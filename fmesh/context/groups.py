@@ -16,11 +16,12 @@ every reference to them while the interpreter is alive; :meth:`GroupRegistry.abo
 without waiting for peers, or for anything (it takes no lock: it runs from signal handlers and
 watchdog threads while the context's thread may be creating a group).
 
-One thread uses a context: the first that creates a group or runs a collective through it. Collectives
-are matched across ranks by their order on each group, so two threads of one rank using one group mix
-their tensors, and two threads creating different groups make each rank's order of creation
-ambiguous; a second thread is refused with an error saying so (:meth:`GroupRegistry.claim`). A
-program that communicates from several threads gives each its own Context (``name=...``).
+One thread uses a group: the first that creates it or runs a collective on it. Collectives are matched across
+ranks by their order on each group, so two threads of one rank using one group would mix their tensors: the
+second is refused with an error saying so (:meth:`GroupRegistry.claim`). Threads on distinct groups (a pipeline
+schedule's send/receive thread, an asynchronous checkpoint on a group of its own) run side by side, as torch
+allows: a group is created under its own lock, and ranks meet on a key derived from its content, so the order in
+which threads create groups does not matter.
 
 Connecting a group is bounded by the creation timeout (gloo's rendezvous otherwise waits the
 collective timeout), and a member that fails meanwhile is named
@@ -161,14 +162,17 @@ class GroupRegistry:
         # BY_IDENTITY: (id(mesh), axes) -> (mesh, target, group), and id(target) -> (target, group).
         self._by_identity: dict[tuple[int, Any], tuple[Mesh, Route]] = {}
         self._by_target: dict[int, tuple[Target, dist.ProcessGroup | None]] = {}
-        self._creating = threading.Lock()  # two threads asking for one group create it once
+        self._creating: dict[GroupSpec, threading.Lock] = {}  # one lock per group: two threads create it once
+        self._splitting = threading.Lock()  # materialize's splits: every rank makes them in one order
+        self._agreeing = 0  # agreements under way on this rank (threads creating groups at once)
         self._splits: set[str] = set()  # split_group calls made (every rank makes the same ones)
         self._hits = 0
         self._adopted: dict[GroupSpec, Action] = {}  # groups a recovery handed over: kept or shrunk
         self._seconds = 0.0
         self._closed = False
-        self._owner: tuple[int, str] | None = None  # (ident, name) of the thread that uses this context
-        self._owning = threading.Lock()  # two threads claiming at once: one wins
+        # (ident, name) of the thread that uses each group (None: the default group)
+        self._owners: dict[GroupSpec | None, tuple[int, str]] = {}
+        self._owning = threading.Lock()  # two threads claiming one group (or making its lock) at once: one wins
 
     # ------------------------------------------------------------- targets
 
@@ -177,26 +181,36 @@ class GroupRegistry:
         if self._closed:
             raise ContextClosedError("this fmesh Context is closed; create a new one (its groups were destroyed)")
 
-    def claim(self, doing: str = "a collective") -> None:
-        """Make the calling thread this context's thread if none is yet; ``RuntimeError`` if another is."""
+    def claim(self, spec: GroupSpec | None, what: str, doing: str = "a collective") -> None:
+        """Make the calling thread the one that uses ``spec``'s group (``None``: the default group), named ``what``
+        in errors, if no thread is yet; ``RuntimeError`` if another thread is."""
         me = threading.get_ident()
-        if self._owner is not None and self._owner[0] == me:
+        owner = self._owners.get(spec)
+        if owner is not None and owner[0] == me:
             return
         with self._owning:
-            if self._owner is None:
-                self._owner = (me, threading.current_thread().name)
-                return
+            owner = self._owners.setdefault(spec, (me, threading.current_thread().name))
+        if owner[0] == me:
+            return
         raise RuntimeError(
-            f"this fmesh Context is used by thread {self._owner[1]!r}, and thread "
-            f"{threading.current_thread().name!r} asked for {doing}: a context's groups and collectives belong to "
-            "one thread (ranks match collectives by their order on each group, so two threads would mix each "
-            "other's tensors). Give each thread its own Context (fmesh.Context(..., name='loader')), or run every "
-            "collective from one thread")
+            f"{what} is used by thread {owner[1]!r}, and thread {threading.current_thread().name!r} asked for "
+            f"{doing} on it: a group's collectives belong to one thread (ranks match collectives by their order on "
+            "each group, so two threads would mix each other's tensors). Run this group's collectives from one "
+            "thread; threads on distinct groups (other axes, or meshes) run side by side")
 
     def enter(self, doing: str) -> None:
-        """:meth:`check_open` and :meth:`claim`: what every collective checks first."""
+        """:meth:`check_open`, and, for the default group (``doing`` names the call), :meth:`claim`."""
         self.check_open()
-        self.claim(doing)
+        self.claim(None, "the default group", doing)
+
+    def _claimed(self, target: Target) -> None:
+        """:meth:`claim` of ``target``'s group, eager only (a compiled region runs on the thread that traced it),
+        at the cost of one dict lookup once it is this thread's."""
+        if torch.compiler.is_compiling():
+            return
+        owner = self._owners.get(target.spec)
+        if owner is None or owner[0] != threading.get_ident():
+            self.claim(target.spec, target.label())
 
     def check_mesh(self, mesh: object) -> Mesh:
         """``mesh`` if it is a Mesh of this world; ``TypeError``/``ValueError`` naming it otherwise."""
@@ -268,9 +282,7 @@ class GroupRegistry:
             target = self.target(mesh, axes)
             found = self._resolved[(mesh, target.axes)] = Route(target, self.group(target), self._agreement)
             return found
-        # The thread check is eager's: a compiled region runs on the thread that traced it.
-        if not torch.compiler.is_compiling() and (self._owner is None or self._owner[0] != threading.get_ident()):
-            self.claim()
+        self._claimed(found.target)
         self._count_hit()
         return found
 
@@ -281,8 +293,7 @@ class GroupRegistry:
         known = self._by_identity.get(key)
         if known is not None and known[0] is mesh:
             if not torch.compiler.is_compiling():  # counted and checked as on the hashing path
-                if self._owner is None or self._owner[0] != threading.get_ident():
-                    self.claim()
+                self._claimed(known[1].target)
                 self._hits += 1
             return known[1]
         if torch.compiler.is_compiling():
@@ -311,8 +322,7 @@ class GroupRegistry:
 
     def process_group(self, target: Target) -> dist.ProcessGroup:
         """The target's process group, even for a group of one (made only when asked for)."""
-        if self._owner is None or self._owner[0] != threading.get_ident():
-            self.claim(f"the group along axes {target.axes}")
+        self._claimed(target)
         group = self._groups.get(target.spec)
         if group is not None:
             if _torch.registered(group):
@@ -322,7 +332,12 @@ class GroupRegistry:
                 f"{target.label()} failed earlier on rank {self._world.rank} and was aborted then (its members are "
                 "gone or broke it); this context cannot use it again: abort the context and restart, or recover "
                 "onto a mesh without the lost ranks")
-        with self._creating:
+        with self._owning:
+            creating = self._creating.setdefault(target.spec, threading.Lock())
+        with creating:
+            group = self._groups.get(target.spec)
+            if group is not None:  # another thread made it meanwhile (it asked first)
+                return group
             self.check_open()
             if _torch.bound_device() is not None and target.size > 1:
                 raise RuntimeError(
@@ -389,7 +404,7 @@ class GroupRegistry:
         """Create the groups along ``axes`` of ``mesh`` for the whole world at once (one
         ``split_group``): every rank calls this, for the same meshes, in the same order. ``mine`` is
         this rank's group (``None`` if the mesh does not cover it); it is recorded like any other."""
-        with self._creating:
+        with self._splitting:
             self.check_open()
             spec = self.spec(axes, mine or ())
             if mine is not None and spec in self._groups:
@@ -409,7 +424,14 @@ class GroupRegistry:
 
     def _agree(self, key: str, members: tuple[int, ...], description: str, what: str) -> None:
         if self._agreement is not None and len(members) > 1:
-            self._agreement.agree(key, members, description, what)
+            with self._owning:
+                self._agreeing += 1
+                alone = self._agreeing == 1
+            try:
+                self._agreement.agree(key, members, description, what, alone)
+            finally:
+                with self._owning:
+                    self._agreeing -= 1
 
     def _failing_as_posted(self, step: Callable[[], Any]) -> Any:
         """``step()``; a failure is posted in its status first, so peers waiting for us learn it."""
@@ -544,11 +566,15 @@ class GroupRegistry:
                 self._by_target.pop(id(route.target), None)
 
     def _end(self, end_group: Any) -> bool:
-        with self._creating:
+        with self._owning:
             if self._closed:
                 return False
-            self._closed = True
-            return self._forget_all(end_group)
+            self._closed = True  # no creation starts now: each checks, under its group's lock, that this is open
+            under_way = [*self._creating.values(), self._splitting]
+        for lock in under_way:  # a creation under way finishes (or fails) first, and its group is ended too
+            with lock:
+                pass
+        return self._forget_all(end_group)
 
     def _forget_all(self, end_group: Any) -> bool:
         groups = list(self._groups.values())

@@ -1,0 +1,74 @@
+"""Threads of one rank on distinct groups run side by side (#29: a pipeline schedule's thread, an asynchronous
+checkpoint on a group of its own), as torch allows; two threads on one group get one clear error."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from support import launch
+
+import fmesh
+from fmesh import Context
+
+ROUNDS = 1000
+
+
+def two_threads_two_groups(ctx: Context) -> Any:
+    """On a (dp=2, tp=2) mesh one thread sums along dp and another along tp, ROUNDS times each, at once; each
+    thread creates its own group (in whichever order the threads get there, on each rank)."""
+    mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+    start = threading.Barrier(2)
+    sums: dict[str, list[float]] = {}
+    errors: list[BaseException] = []
+
+    def drive(axis: str) -> None:
+        try:
+            start.wait()
+            sums[axis] = [ctx.all_reduce(torch.tensor([ctx.rank + step + 1.0]), mesh, axis).item()
+                          for step in range(ROUNDS)]
+        except BaseException as error:  # reported, not lost in the thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=drive, args=(axis,), name=axis) for axis in ("dp", "tp")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    if errors:
+        raise errors[0]
+    expected = {axis: [sum(r + step + 1.0 for r in mesh.group(ctx.rank, axis)) for step in range(ROUNDS)]
+                for axis in ("dp", "tp")}
+    return sums == expected, ctx.stats()["groups_created"]
+
+
+def test_two_threads_on_two_groups_sum_correctly_1000_times() -> None:
+    for rank, result in enumerate(launch(two_threads_two_groups, 4, timeout=120)):
+        assert result == (True, 2), (rank, result)
+
+
+def one_group_two_threads(ctx: Context) -> Any:
+    """The main thread uses the dp group; a second thread's collective on it is refused, naming both threads."""
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    ctx.all_reduce(torch.ones(1), mesh, "dp")
+    refused: list[str] = []
+
+    def other() -> None:
+        try:
+            ctx.all_reduce(torch.ones(1), mesh, "dp")
+        except RuntimeError as error:
+            refused.append(str(error))
+
+    thread = threading.Thread(target=other, name="checkpointer")
+    thread.start()
+    thread.join(timeout=30)
+    return refused, ctx.all_reduce(torch.ones(1), mesh, "dp").item()
+
+
+def test_a_second_thread_on_a_group_in_use_is_refused_and_the_group_stays_healthy() -> None:
+    for result in launch(one_group_two_threads, 2, timeout=60):
+        refused, total = result
+        assert len(refused) == 1 and "is used by thread 'MainThread'" in refused[0], refused
+        assert "thread 'checkpointer' asked for a collective on it" in refused[0], refused
+        assert total == 2.0
