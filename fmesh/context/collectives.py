@@ -8,7 +8,11 @@ Inside ``torch.compile`` each collective is the functional collective of the sam
 (:func:`compiling`), which Dynamo traces into the graph; the eager path, with its timing and failure
 explanation, is never traced.
 
-A failure in eager is explained before it is raised (:func:`failed`): the survivors hold a roll call through
+What torch or its backend refuses on this rank before any byte is sent (:func:`callers_error`: a bad argument, a
+tensor NCCL cannot take, an op the backend lacks) is the caller's error: raised unchanged, the group as healthy as
+before, so when every member refused, the next collective on the group works (when one member alone refused, the
+others wait in the collective until its timeout). Any other failure in eager is
+explained before it is raised (:func:`failed`): the survivors hold a roll call through
 the store, and the ranks that do not answer are named. A peer that failed with an error of fmesh's
 own passes it on (a mesh mismatch on one rank is a mismatch on all); a backend error after the
 group's timeout is :class:`~fmesh.GroupTimeoutError`; one with members gone is
@@ -22,6 +26,7 @@ at once and answer the roll call. A group that failed is aborted: using it again
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -47,6 +52,33 @@ REDUCE_OPS: dict[str, Any] = {
 _TIMED_OUT = 0.9
 # How long the survivors of a failed collective wait for each other to answer the roll call.
 ROLL_CALL_SECONDS = 5.0
+# What torch and its backends raise on this rank when they refuse a collective before sending any byte of it
+# (regular expressions, searched in the first line of a RuntimeError's message; TypeError and ValueError are the
+# caller's on a live group whatever they say): the caller's error, never a group failure (:func:`callers_error`).
+LOCAL_REFUSALS: tuple[str, ...] = (
+    # ProcessGroupNCCL.cpp, check_gpu_single_tensor and check_gpu_tensors_same_device, before the NCCL call
+    r"Tensors must be CUDA and dense",
+    r"Tensors must be contiguous",
+    r"Tensor list must be nonempty",
+    r"Tensors must have identical type",
+    r"Tensors must be non-overlapping and dense",
+    r"Expected list of tensors on the same device",
+    # ProcessGroupNCCL.cpp, getNcclDataType: a dtype NCCL lacks (torch 2.4 and later's message, then older torch's)
+    r"data type is not supported for NCCL process group",
+    r"Unsupported data type for NCCL process group",
+    # an op the backend or the dtype lacks: ProcessGroupNCCL.cpp getNcclReduceOp ("... with NCCL", "... with boolean
+    # inputs"), ProcessGroupGloo.cpp ("... with Gloo", "... with non-integral dtype")
+    r"Cannot use ReduceOp\.\w+ with ",
+    # ProcessGroup.hpp, getBackend: the group has no backend for the tensor's device (a CPU tensor on an NCCL group)
+    r"No backend type associated with device type",
+    # ProcessGroupGloo.cpp, invalidArgument: "ProcessGroupGloo::<collective>: " and the check of c10d/Utils.hpp that
+    # failed (assertNonEmpty, assertRootRank, assertTypeMatch, assertSizesMatch, assertDense, ...; "unsupported
+    # layout", "unsupported reduction operation"), all before the work is queued; and send's single-tensor check.
+    # Not gloo's "Invalid scalar type" (a dtype gloo lacks, met while the work is made): that is how one rank's odd
+    # dtype shows, and as a group failure its peers fail at once, naming it, instead of waiting out the timeout
+    r"^ProcessGroupGloo::\w+(: | takes a single tensor)",
+)
+_REFUSED = re.compile("|".join(f"(?:{pattern})" for pattern in LOCAL_REFUSALS))
 
 
 def reduce_op(op: object) -> Any:
@@ -107,15 +139,45 @@ def check_divisible(what: str, label: str, tensor: torch.Tensor, dim: int, size:
         raise ValueError(f"{what}: {label} {dim} has size {tensor.shape[dim]}, not divisible by group size {size}")
 
 
+def callers_error(error: BaseException, group_is_live: bool) -> bool:
+    """Whether a collective's ``error`` is the caller's: torch or its backend refused the call on this rank before any
+    byte was sent, so the group is as healthy as before and :func:`failed` raises ``error`` unchanged (no connection
+    cut, no abort, no roll call, no failed status).
+
+    That is torch's refusal of the call itself (``NotImplementedError``, no kernel for the tensor), on any group; and
+    on a live group (still registered, its context not aborted) a ``TypeError`` or ``ValueError`` (torch's checks of
+    the arguments; a group aborted meanwhile raises ``ValueError`` too, so not there), or a ``RuntimeError`` whose
+    first line matches one of :data:`LOCAL_REFUSALS`. A ``torch.distributed.DistError`` (the backend's, the store's,
+    the network's) is the group's, whatever it says.
+
+    >>> callers_error(RuntimeError("Tensors must be contiguous"), group_is_live=True)
+    True
+    >>> callers_error(RuntimeError("[pair.cc:534] Connection closed by peer [127.0.0.1]:5961"), group_is_live=True)
+    False
+    >>> callers_error(ValueError("Invalid process group specified"), group_is_live=False)
+    False
+    """
+    if isinstance(error, dist.DistError):
+        return False
+    if isinstance(error, NotImplementedError):
+        return True
+    if not group_is_live:
+        return False
+    if isinstance(error, TypeError | ValueError):
+        return True
+    return isinstance(error, RuntimeError) and _REFUSED.search(str(error).partition("\n")[0]) is not None
+
+
 def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: timedelta, started: float,
            error: Exception, agreement: Agreement | None, process_group: dist.ProcessGroup | None = None) -> NoReturn:
     """Raise what a collective's ``error`` means: see the module docstring. ``agreement`` is ``None`` on the
     fake backend (no store): then only the timeout is told apart. ``group``, broken now, is aborted
     first, so that members still blocked in it fail at once and answer the roll call too."""
     where = "the default group" if target is None else target.label()
-    if isinstance(error, NotImplementedError):  # torch refused the call itself, before any byte was sent
-        raise error
-    if agreement is not None and agreement.connections.halted.is_set():
+    halted = agreement is not None and agreement.connections.halted.is_set()
+    if callers_error(error, group_is_live=not halted and _torch.registered(process_group)):
+        raise error  # refused on this rank before any byte was sent: the group is as healthy as before
+    if agreement is not None and halted:
         raise ContextClosedError(f"on rank {agreement.rank}: {what} along {where} ended: this context was aborted "
                                  "(ctx.abort())") from None
     if process_group is not None and not _torch.registered(process_group):  # a use after an earlier failure aborted it
