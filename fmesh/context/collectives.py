@@ -9,10 +9,11 @@ Inside ``torch.compile`` each collective is the functional collective of the sam
 explanation, is never traced.
 
 What torch or its backend refuses on this rank before any byte is sent (:func:`callers_error`: a bad argument, a
-tensor NCCL cannot take, an op the backend lacks) is the caller's error: raised unchanged, the group as healthy as
-before, so when every member refused, the next collective on the group works (when one member alone refused, the
-others wait in the collective until its timeout). Any other failure in eager is
-explained before it is raised (:func:`failed`): the survivors hold a roll call through
+tensor NCCL cannot take, an op the backend lacks) is the caller's error, raised unchanged. When every member refused
+the same call (:func:`refused_together`), the group is as healthy as before and the next collective on it works;
+when a member refused alone, the others are blocked in the collective: it frees them (cuts and aborts the group)
+and posts its error, which they name within seconds, instead of leaving them to wait out the timeout. Any other
+failure in eager is explained before it is raised (:func:`failed`): the survivors hold a roll call through
 the store, and the ranks that do not answer are named. A peer that failed with an error of fmesh's
 own passes it on (a mesh mismatch on one rank is a mismatch on all); a backend error after the
 group's timeout is :class:`~fmesh.GroupTimeoutError`; one with members gone is
@@ -78,6 +79,9 @@ LOCAL_REFUSALS: tuple[str, ...] = (
     # dtype shows, and as a group failure its peers fail at once, naming it, instead of waiting out the timeout
     r"^ProcessGroupGloo::\w+(: | takes a single tensor)",
 )
+# How long a member that refused a collective on itself waits for the others to refuse it too (they do at once when
+# every rank runs the same program on the same kind of tensor) before it takes them for blocked in the collective.
+REFUSAL_GRACE_SECONDS = 2.0
 _REFUSED = re.compile("|".join(f"(?:{pattern})" for pattern in LOCAL_REFUSALS))
 
 
@@ -168,6 +172,19 @@ def callers_error(error: BaseException, group_is_live: bool) -> bool:
     return isinstance(error, RuntimeError) and _REFUSED.search(str(error).partition("\n")[0]) is not None
 
 
+def refused_together(agreement: Agreement, process_group: dist.ProcessGroup | None, ranks: tuple[int, ...],
+                     error: BaseException) -> bool:
+    """Whether every member of the group refused this same call on itself (a roll call, open for
+    :data:`REFUSAL_GRACE_SECONDS`, under a label each member counts alike: its n-th refusal on this group). Then
+    nothing was sent anywhere and the group is healthy; otherwise the members that did not answer are blocked in
+    the collective, waiting for this rank."""
+    group = "world" if process_group is None else process_group.group_name
+    count = agreement.store.add(f"{agreement.prefix}/refusals/{group}/{agreement.rank}", 1)
+    silent = agreement.roll_call(f"refused-{group}-{count}", ranks, REFUSAL_GRACE_SECONDS,
+                                 f"{type(error).__name__}: {error}")
+    return not silent
+
+
 def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: timedelta, started: float,
            error: Exception, agreement: Agreement | None, process_group: dist.ProcessGroup | None = None) -> NoReturn:
     """Raise what a collective's ``error`` means: see the module docstring. ``agreement`` is ``None`` on the
@@ -176,7 +193,15 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     where = "the default group" if target is None else target.label()
     halted = agreement is not None and agreement.connections.halted.is_set()
     if callers_error(error, group_is_live=not halted and _torch.registered(process_group)):
-        raise error  # refused on this rank before any byte was sent: the group is as healthy as before
+        if agreement is None or len(ranks) == 1 or refused_together(agreement, process_group, ranks, error):
+            raise error  # refused on this rank before any byte was sent: the group is as healthy as before
+        # Refused here alone: the other members are blocked in the collective. Free them now (cut, abort: the group
+        # cannot match its next collective anyway) and tell them why; this rank's own error is the caller's.
+        agreement.failed(error)
+        if process_group is not None:
+            agreement.connections.sever(process_group.group_name)
+            _torch.abort_group(process_group)
+        raise error
     if agreement is not None and halted:
         raise ContextClosedError(f"on rank {agreement.rank}: {what} along {where} ended: this context was aborted "
                                  "(ctx.abort())") from None

@@ -2,12 +2,13 @@
 byte is sent is raised unchanged, and the group stays healthy: no connection cut, no abort, no roll call, no
 status posted as failed. The rule is one function (``collectives.callers_error``), checked here over a table of
 errors, then on real gloo processes where every rank refuses the same collective and the next collective on the
-same group works. (When only one rank refuses, its peers stay blocked in the collective until its timeout: a group
-failure for them, not tested here.)"""
+same group works; and where one rank alone refuses, it gets its own error and frees its blocked peer, which names it
+within seconds (not the collective's timeout)."""
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -147,3 +148,33 @@ def test_a_refusal_on_every_rank_is_each_callers_error_and_the_group_stays_healt
         assert [message for _, _, message, _ in seen[1::2]] == ["3.0"] * len(expected), (rank, seen)
         assert states == {0: "running", 1: "running"}, (rank, states)  # no rank posted a failure
         assert (gathered, other, created) == ([0, 1], 3.0, 2), rank
+
+
+def one_rank_refuses(ctx: Context) -> Any:
+    """Rank 0's all_reduce is refused on rank 0 alone (torch's function replaced there); rank 1 runs the real one
+    and is blocked in it, waiting for rank 0."""
+    assert ctx.all_reduce(torch.ones(1), MESH, "dp").item() == 2.0
+    error = RuntimeError("Tensors must be contiguous")
+    original = dist.all_reduce
+    if ctx.rank == 0:
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise error
+
+        dist.all_reduce = refuse  # type: ignore[assignment]
+    started = time.monotonic()
+    try:
+        ctx.all_reduce(torch.ones(2), MESH, "dp")
+    except Exception as caught:
+        return type(caught).__name__, str(caught), caught is error, time.monotonic() - started
+    finally:
+        dist.all_reduce = original  # type: ignore[assignment]
+    return "no error", "", False, time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_a_refusal_on_one_rank_is_its_error_and_the_blocked_peer_is_told_within_seconds() -> None:
+    zero, one = succeeded(launch(one_rank_refuses, 2, timeout=90, context_timeout=60, creation_timeout=10))
+    assert zero[:3] == ("RuntimeError", "Tensors must be contiguous", True), zero  # its own error, unchanged
+    assert one[0] == "RankLostError" and "ranks [0] of the group" in one[1], one  # the peer names it, and why
+    assert "failed: RuntimeError: Tensors must be contiguous" in one[1], one
+    assert one[3] < 15, one  # not the collective's 60 s timeout
