@@ -36,7 +36,8 @@ def agent(port: int, directory: pathlib.Path, steps: int, name: str) -> subproce
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "fmesh-elastic",
-        "--rdzv-conf", "last_call_timeout=5,join_timeout=60,is_host=false", "--max-restarts", "2", "--monitor-interval", "0.5",
+        "--rdzv-conf", "last_call_timeout=5,join_timeout=60,is_host=false", "--max-restarts", "2",
+        "--monitor-interval", "0.5",
         str(HERE / "train.py"), "--backend", "gloo", "--elastic", "--steps", str(steps), "--checkpoint-dir",
         str(directory / "ckpt"), "--checkpoint-every", "2", "--log-every", "1", "--seq-len", "16", "--dim", "32",
         "--losses-to", str(directory / f"{name}.json"),
