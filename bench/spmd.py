@@ -92,9 +92,7 @@ def _rank(ctx: Any, n: int) -> dict[str, Any]:
     regions = {"region, checked": shard_map(body, **specs), "region, unchecked": shard_map(body, check=False, **specs)}
     unchecked = regions["region, unchecked"]
     torch._dynamo.reset()
-    # The region under torch.compile needs Dynamo to hash fmesh's values (torch >= 2.13); older releases skip the row.
-    if tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 13):
-        regions["region, compiled"] = torch.compile(lambda *a: unchecked(*a), backend="aot_eager", fullgraph=True)
+    regions["region, compiled"] = torch.compile(lambda *a: unchecked(*a), backend="aot_eager", fullgraph=True)
     device_mesh = ctx.device_mesh(mesh)
     dw1 = distribute_tensor(w1, device_mesh, [Shard(0)]).requires_grad_()
     dw2 = distribute_tensor(w2, device_mesh, [Shard(1)]).requires_grad_()

@@ -1,6 +1,7 @@
 """Write the notebooks from their cells and run them, so they are committed with fresh outputs.
 
-    python notebooks/build.py            # rebuild and execute all three
+    python notebooks/build.py            # rebuild and execute all four
+    python notebooks/build.py 04_sharded_computation.ipynb   # only the ones named
     python notebooks/build.py --check    # execute the committed ones, fail on any error
 
 The cells live here, in one place; ``tests/system/test_notebooks.py`` runs the committed notebooks.
@@ -289,7 +290,117 @@ print([type(error).__name__ for error in errors])
 print(errors[0])"""),
 ]
 
-NOTEBOOKS = {"01_mesh_algebra.ipynb": TOUR, "02_planning_a_job.ipynb": PLANNING, "03_collectives.ipynb": COLLECTIVES}
+SHARDED = [
+    ("md", """# Sharded computation, the JAX way
+
+For a JAX user: `fmesh.make_mesh` is `jax.make_mesh`, `P` is `PartitionSpec`, `Sharding` is `NamedSharding`,
+`shard_map` is JAX's `shard_map`, and `check=True` (the default) is `check_vma`: every local value carries a type
+per mesh axis, and a program whose gradient would be wrong raises `SpmdTypeError` in the forward pass. Storage
+stays DTensor's: a global tensor is a `DTensor` on `ctx.device_mesh(mesh)`, there is no new array class."""),
+    ("code", """import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import distribute_tensor
+
+import fmesh
+from fmesh.spmd import P, Sharding, shard_map, sharding_text, to_placements
+
+warnings.filterwarnings("ignore")
+mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))   # jax.make_mesh((2, 2), ("dp", "tp"))
+mesh"""),
+    ("md", """## Specs
+One entry per tensor dimension: an axis name, a tuple of axes, or `None` (not split), as in JAX. `partial=` names
+axes along which the value is a pending sum (DTensor's `Partial`). A `Sharding` is a mesh and a spec; it knows each
+rank's block, and converts to DTensor placements (one per mesh axis)."""),
+    ("code", """for spec in (P("dp", None), P(None, "tp"), P(("dp", "tp")), P(), P(None, "tp", partial="dp")):
+    sharding = Sharding(mesh, spec)
+    print(f"{spec!r:<31} block of (8, 4): {sharding.local_shape((8, 4))!s:<8} "
+          f"rank 3 holds {sharding.block(3, (8, 4))}   placements {to_placements(sharding)}")"""),
+    ("md", "JAX's `visualize_array_sharding`: which rank holds which block."),
+    ("code", """print(sharding_text(Sharding(mesh, P("dp", "tp")), (8, 4)))"""),
+    ("md", """## Placing a tensor
+`jax.device_put(x, NamedSharding(mesh, spec))` is DTensor's `distribute_tensor` with the sharding's placements, on
+the mesh exported by a `Context`. Here on 4 simulated ranks in this process (`fmesh.simulate`, as in the
+collectives notebook):"""),
+    ("code", """with fmesh.simulate(4) as sim:
+    full = torch.arange(8.0).reshape(4, 2)
+    placed = distribute_tensor(full, sim.ctx.device_mesh(mesh), to_placements(Sharding(mesh, P("dp", None))))
+    for rank, block in sim.values(placed.to_local()).items():
+        print(f"rank {rank} at {mesh.coordinate(rank)} holds {block.tolist()}")"""),
+    ("md", """## A tensor-parallel MLP in `shard_map`
+The batch is split over `dp`; the first weight's output features over `tp` (column-parallel) and the second's
+input features (row-parallel), so the second product is a pending sum over `tp` that `ax.psum` reduces. `f`
+receives `ax` (the axes and their collectives: `ax.psum(x, "tp")` is `lax.psum(x, "tp")`) and each rank's
+blocks, and runs on every rank."""),
+    ("code", """BATCH, HIDDEN, FFN = 8, 4, 8
+g = torch.Generator().manual_seed(0)
+X = torch.randn(BATCH, HIDDEN, generator=g)
+W1, W2 = torch.randn(FFN, HIDDEN, generator=g), torch.randn(HIDDEN, FFN, generator=g)
+SPECS = dict(in_specs=(P("dp", None), P("tp", None), P(None, "tp")), out_specs=P(), names=("x", "w1", "w2"))
+
+
+def forgot_pvary(ax, x, w1, w2):
+    h = F.gelu(F.linear(x, w1))                  # varying over tp (its columns), and over dp (its rows)
+    y = ax.psum(F.linear(h, w2), "tp")           # partial over tp -> summed: invariant over tp
+    return ax.psum((y ** 2).sum() / y.numel(), "dp") / 2   # the mean over the whole batch
+
+
+def train_step(ctx, f, check=True):
+    # Global tensors in (DTensors placed by specs), global tensors out; the gradients come back as DTensors too.
+    device_mesh = ctx.device_mesh(mesh)
+    x, w1, w2 = (distribute_tensor(value, device_mesh, to_placements(Sharding(mesh, spec)))
+                 for value, spec in zip((X, W1, W2), SPECS["in_specs"], strict=True))
+    w1.requires_grad_(), w2.requires_grad_()
+    loss = shard_map(f, mesh=mesh, ctx=ctx, check=check, **SPECS)(x, w1, w2)
+    loss.to_local().backward()
+    return ctx.rank, loss.to_local().item(), w1.grad.full_tensor(), w2.grad.full_tensor()
+
+
+# The same MLP in one process: the gradients every sharded run must reproduce.
+w1, w2 = W1.clone().requires_grad_(), W2.clone().requires_grad_()
+reference_loss = (F.linear(F.gelu(F.linear(X, w1)), w2) ** 2).mean()
+reference_loss.backward()
+REFERENCE = w1.grad, w2.grad
+print(f"single process: loss {reference_loss.item():.4f}")"""),
+    ("md", """## The type system catches a wrong gradient
+`forgot_pvary` has a bug a JAX user would not write: in JAX, `shard_map` inserts `pvary` itself. The weights are
+replicated over `dp` but meet a batch that varies over `dp`: every `dp` member computes its own part of the
+weights' gradient, and nothing sums the parts (DDP's all_reduce is missing). Run checked on 4 real gloo
+processes, it raises in the forward pass, on every rank, at the operation, naming the value, the axis and the
+fix:"""),
+    ("code", """try:
+    fmesh.launch(lambda ctx: train_step(ctx, forgot_pvary), world_size=4)
+except fmesh.SpmdTypeError as error:
+    print(f"{type(error).__name__} from rank {error.rank}:\\n{error}")"""),
+    ("md", """Unchecked (`check=False`, no types and no cost), the same program runs: the loss is right, but each `dp`
+half keeps the gradient of its own half of the batch only, silently wrong."""),
+    ("code", """unchecked = fmesh.launch(lambda ctx: train_step(ctx, forgot_pvary, check=False), world_size=4)
+for rank, loss, g1, g2 in unchecked:
+    print(f"rank {rank}: loss {loss:.4f}, w1's gradient right: {torch.allclose(g1, REFERENCE[0])}, "
+          f"w2's: {torch.allclose(g2, REFERENCE[1])}")"""),
+    ("md", """## The fix
+`ax.pvary(w, "dp")`, as the message says: the weight is from now on varying over `dp`, and its backward sums the
+gradient over `dp` (an all_reduce, what DDP does, or JAX's transpose of `pvary`). Now every rank's gradient is
+the single-process one."""),
+    ("code", """def mlp(ax, x, w1, w2):
+    w1, w2 = ax.pvary(w1, "dp"), ax.pvary(w2, "dp")   # replicated over dp, gradients summed over dp
+    h = F.gelu(F.linear(x, w1))
+    y = ax.psum(F.linear(h, w2), "tp")
+    return ax.psum((y ** 2).sum() / y.numel(), "dp") / 2
+
+
+for rank, loss, g1, g2 in fmesh.launch(lambda ctx: train_step(ctx, mlp), world_size=4):
+    print(f"rank {rank}: loss {loss:.4f}, w1's gradient right: {torch.allclose(g1, REFERENCE[0])}, "
+          f"w2's: {torch.allclose(g2, REFERENCE[1])}")"""),
+    ("md", """Other mistakes the types catch the same way: a non-linear operation (or a bias) on a pending sum, a
+residual added before its reduction, a `psum` of a value already reduced, an `all_gather` where a `psum_scatter`
+belongs, and an out spec that does not match the value. Check a program once eagerly like this; then
+`check=False` runs it with no cost, and compiles (see *Coming from JAX* in the guides)."""),
+]
+
+NOTEBOOKS = {"01_mesh_algebra.ipynb": TOUR, "02_planning_a_job.ipynb": PLANNING, "03_collectives.ipynb": COLLECTIVES,
+             "04_sharded_computation.ipynb": SHARDED}
 
 
 def make(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
@@ -313,8 +424,14 @@ def execute(notebook: nbformat.NotebookNode, timeout: int = 300) -> nbformat.Not
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="execute the committed notebooks only")
+    parser.add_argument("names", nargs="*", help="only these notebooks (default: all)")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(NOTEBOOKS))
+    if unknown:
+        parser.error(f"expected notebooks among {sorted(NOTEBOOKS)}, but got {unknown}")
     for name, cells in NOTEBOOKS.items():
+        if args.names and name not in args.names:
+            continue
         path = HERE / name
         notebook = nbformat.read(path, as_version=4) if args.check else make(cells)
         execute(notebook)

@@ -271,10 +271,10 @@ def _types_of(mesh: Mesh, spec: PartitionSpec, ndim: int) -> tuple[AxisType, ...
                  else AxisType(INVARIANT) for axis in mesh.axis_names)
 
 
-def _local(ctx: Context, mesh: Mesh, spec: PartitionSpec, want: tuple[Any, ...], value: Any,
+def _local(device_mesh: Any, mesh: Mesh, spec: PartitionSpec, want: tuple[Any, ...], value: Any,
            index: int) -> torch.Tensor:
     if isinstance(value, DTensor):
-        if value.device_mesh is not ctx.device_mesh(mesh) or tuple(value.placements) != want:
+        if value.device_mesh is not device_mesh or tuple(value.placements) != want:
             raise ValueError(f"input {index}: expected a DTensor on ctx.device_mesh(mesh) with placements {want} "
                              f"(in_specs[{index}] = {spec!r}), but got {tuple(value.placements)}; redistribute it")
         return value.to_local()
@@ -309,32 +309,37 @@ def shard_map(f: Callable[..., Any], *, mesh: Mesh, in_specs: PartitionSpec | Se
     ...
     fmesh.SpmdTypeError: exp on x (shape rank 1), which is partial along 'tp': a non-linear operation ... before it
     """
-    # Values made here, not in the region: a compiled region only reads them.
+    # Values made here, not in the region: a compiled region only reads them. The exported DeviceMesh too: its
+    # lookup hashes the mesh's layouts, which Dynamo before torch 2.13 cannot do (a user-defined __hash__).
     plain, ins, outs = Axes(ctx, mesh), _specs(in_specs, None, "in_specs"), _specs(out_specs, None, "out_specs")
     placed_in = [to_placements(Sharding(mesh, spec)) for spec in ins]
     placed_out = [to_placements(Sharding(mesh, spec)) for spec in outs]
+    exported = [ctx.device_mesh(mesh)]
 
     def region(*args: Any) -> Any:
+        if not compiling():  # eager: the context's export now (the same object, unless the context changed it)
+            exported[0] = ctx.device_mesh(mesh)
+        device_mesh = exported[0]
         specs = _specs(ins, len(args), "in_specs")
-        blocks = [_local(ctx, mesh, s, p, a, i) for i, (s, p, a) in enumerate(zip(specs, placed_in, args, strict=True))]
+        blocks = [_local(device_mesh, mesh, s, p, a, i)
+                  for i, (s, p, a) in enumerate(zip(specs, placed_in, args, strict=True))]
         if not check or compiling():
             out = f(plain, *blocks)
-            return _assemble(ctx, mesh, outs, placed_out, out, None)
+            return _assemble(device_mesh, mesh, outs, placed_out, out, None)
         types = Types(mesh)
         for i, (spec, block) in enumerate(zip(specs, blocks, strict=True)):
             types.set(block, _types_of(mesh, spec, block.dim()), names[i] if i < len(names) else f"input {i}")
         with types:
             out = f(Axes(ctx, mesh, types), *blocks)
-        return _assemble(ctx, mesh, outs, placed_out, out, types)
+        return _assemble(device_mesh, mesh, outs, placed_out, out, types)
     return region
 
 
-def _assemble(ctx: Context, mesh: Mesh, out_specs: tuple[PartitionSpec, ...], placed: list[tuple[Any, ...]],
+def _assemble(device_mesh: Any, mesh: Mesh, out_specs: tuple[PartitionSpec, ...], placed: list[tuple[Any, ...]],
               out: Any, types: Types | None) -> Any:
     single = isinstance(out, torch.Tensor)
     values = (out,) if single else tuple(out)
     specs = _specs(out_specs, len(values), "out_specs")
-    device_mesh = ctx.device_mesh(mesh)
     results = []
     for i, (spec, placements, value) in enumerate(zip(specs, placed, values, strict=True)):
         check_spec(mesh, spec, value.dim(), f"out_specs[{i}]")

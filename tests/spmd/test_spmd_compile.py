@@ -1,5 +1,6 @@
 """The manual region inside ``torch.compile(fullgraph=True)``: no graph break, and the same values and gradients
-as eager (unchecked; checks run eagerly). Two gloo processes."""
+as eager (unchecked; checks run eagerly), on every supported torch (2.10-2.12 included: the region reads the
+exported DeviceMesh looked up in eager code, never hashing a mesh inside the trace). Two gloo processes."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 import fmesh
-from fmesh.spmd import P
+from fmesh.spmd import P, Sharding, to_placements
 from fmesh.spmd.region import Axes, shard_map
 
 
@@ -45,13 +47,22 @@ def compiled(ctx: fmesh.Context) -> dict[str, Any]:
     found["breaks"] = torch._dynamo.explain(step)(x, w1, w2).graph_break_count
     checked = shard_map(body, mesh=mesh, in_specs=(P("tp"), P("tp"), P(None, "tp")), out_specs=P(), ctx=ctx)
     found["checked"] = checked(x, w1, w2).to_local()
+
+    # A region compiled before any eager call, given DTensors, called again with eager calls between: no recompile.
+    torch._dynamo.reset()
+    specs = (P("tp"), P("tp"), P(None, "tp"))
+    fresh = shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(), ctx=ctx, check=False)
+    device_mesh = ctx.device_mesh(mesh)
+    placed = [DTensor.from_local(t, device_mesh, to_placements(Sharding(mesh, s)), run_check=False)
+              for t, s in zip((x, w1, w2), specs, strict=True)]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        run = torch.compile(lambda *a: fresh(*a).to_local(), backend="aot_eager", fullgraph=True)
+        found["dtensors"] = [(run(*placed), fresh(*placed).to_local()) for _ in range(3)]
+    torch._dynamo.reset()
     return found
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13),
-                    reason="the region under torch.compile needs torch >= 2.13 (Dynamo hashes fmesh's values); on "
-                           "2.10-2.12 compile the function inside the region instead (docs/compatibility.md)")
 def test_the_region_compiles_with_no_graph_break_and_equals_eager() -> None:
     results = fmesh.launch(compiled, 2, timeout=400, context_options={"timeout": 300}, return_exceptions=True)
     for result in results:
@@ -61,3 +72,6 @@ def test_the_region_compiles_with_no_graph_break_and_equals_eager() -> None:
         for eager, got in zip(result["eager"], result["compiled"], strict=True):
             torch.testing.assert_close(got, eager)
         torch.testing.assert_close(result["checked"], result["eager"][0])
+        for compiled_loss, eager_loss in result["dtensors"]:
+            torch.testing.assert_close(compiled_loss, result["eager"][0])
+            torch.testing.assert_close(eager_loss, result["eager"][0])

@@ -19,9 +19,10 @@ build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build)
 
 
-def test_there_are_three_notebooks_built_from_one_place() -> None:
+def test_there_are_four_notebooks_built_from_one_place() -> None:
     assert sorted(build.NOTEBOOKS) == [p.name for p in NOTEBOOKS]
-    assert [p.name for p in NOTEBOOKS] == ["01_mesh_algebra.ipynb", "02_planning_a_job.ipynb", "03_collectives.ipynb"]
+    assert [p.name for p in NOTEBOOKS] == ["01_mesh_algebra.ipynb", "02_planning_a_job.ipynb", "03_collectives.ipynb",
+                                           "04_sharded_computation.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
