@@ -41,6 +41,7 @@ from fmesh.context.groups import GroupRegistry, Route, Target
 from fmesh.context.options import AxisOptions, GroupSettings
 from fmesh.context.tensors import TensorChecks, check_tensor
 from fmesh.context.world import World
+from fmesh.errors import GroupTimeoutError, RankLostError, RecoveryError
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
@@ -582,8 +583,19 @@ class Context:
         self._end("hand_over")
         if self.rank not in renumber:
             return None
-        renewed = Context._made(old.renewed(renumber[self.rank], len(world), store, self._settings.timeout),
-                                self._settings, TensorChecks(self._tensors.enabled), self._simulated)
+        ended = self._agreement.ended  # the launcher's marks, by old rank
+
+        def ended_since() -> list[int]:
+            return ended(list(world))
+
+        try:
+            started = old.renewed(renumber[self.rank], len(world), store, self._settings.timeout,
+                                  self._settings.creation_timeout, ended_since)
+        except (RankLostError, GroupTimeoutError) as error:  # a survivor died after agreeing, or never started
+            raise RecoveryError(f"on rank {self.rank}: the survivors agreed to recover without {list(gone)}, but "
+                                f"their new world could not start: {error} (ranks by their old number). Recover "
+                                "again without those ranks too, or restart the job") from error
+        renewed = Context._made(started, self._settings, TensorChecks(self._tensors.enabled), self._simulated)
         renewed._groups.adopt_all(taken)
         return renewed
 

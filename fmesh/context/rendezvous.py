@@ -30,7 +30,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 import attrs
@@ -41,6 +41,7 @@ from fmesh.errors import GroupTimeoutError, RankLostError
 
 START = "fmesh/start"
 FAILED = f"{START}/failed"  # a bad rank's report: JSON with its error, the variables it read, host and pid
+ENDED = "ended"  # an outcome: the ranks that follow, in JSON, ended before coming (``gone``)
 SEEN = f"{START}/failed/seen"  # how many waiting ranks read the report (its host stays up until they all have)
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 REPORT_CONNECT_SECONDS = 3.0  # how long a bad rank tries to reach the store to report (then it only raises)
@@ -88,10 +89,12 @@ def open_store(environ: Mapping[str, str], rank: int | None, world_size: int | N
     return store, rank, world_size
 
 
-def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, hosts: bool = False) -> None:
+def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, hosts: bool = False,
+         gone: Callable[[], list[int]] | None = None) -> None:
     """Wait until all ``world_size`` ranks have come to ``store`` (steps 1-4 above).
 
-    :class:`~fmesh.RankLostError` as soon as a rank reports a bad launcher environment (naming what it read),
+    :class:`~fmesh.RankLostError` as soon as a rank reports a bad launcher environment (naming what it read), or
+    ``gone()`` (asked by the first to arrive, as it watches) names ranks whose processes ended,
     ``ValueError`` when ranks disagree about the world size, :class:`~fmesh.GroupTimeoutError` after ``timeout``.
     ``hosts``: this rank hosts the store, so before raising it waits (a few seconds at most) until the waiting
     ranks have read why.
@@ -111,11 +114,14 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     if arrived == world_size:
         store.compare_set(all_came, "", "1")
 
-    def look() -> bool:  # the first to arrive watches for a rank that reports it cannot start
+    def look() -> bool:  # the first to arrive watches for a rank that reports it cannot start, or that ended
         if store.check([FAILED]):
             store.compare_set(all_came, "", "failed")
             return True
-        return False
+        ended = gone() if gone is not None else []
+        if ended:
+            store.compare_set(all_came, "", f"{ENDED} {json.dumps(ended)}")
+        return bool(ended)
 
     waiting = Agreement(store, START, rank, timeout, grace=WATCH_SECONDS)
     try:
@@ -124,6 +130,10 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
         outcome = store.get(all_came).decode() if came or store.check([all_came]) else None
         if outcome == "failed" or (outcome is None and store.check([FAILED])):
             raise _reported(store, rank, world_size, hosts)
+        if outcome is not None and outcome.startswith(ENDED):
+            raise RankLostError(f"on rank {rank}: the processes of ranks {outcome.removeprefix(ENDED).strip()} ended "
+                                "before the job's default group could form (the launcher saw them end); see their "
+                                "logs first")
     except dist.DistError as error:  # its host is gone: it failed to start, or died
         raise RankLostError(f"on rank {rank}: the store this job meets in is unreachable while its processes "
                             f"start (its host, rank 0 or torchrun's agent, is gone): {error}") from None

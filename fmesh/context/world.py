@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -284,9 +284,15 @@ class World:
         _torch.abort_group(None)
         return attrs.evolve(self, owns_default_group=False)
 
-    def renewed(self, rank: int, world_size: int, store: dist.Store, timeout: timedelta) -> World:
+    def renewed(self, rank: int, world_size: int, store: dist.Store, timeout: timedelta, meet_timeout: timedelta,
+                gone: Callable[[], list[int]] | None = None) -> World:
         """The world a recovery makes of this one's survivors: ``rank`` of ``world_size``, its default group
-        started on ``store`` (a namespace of the old store of its own), the next generation."""
+        started on ``store`` (a namespace of the old store of its own), the next generation.
+
+        The survivors first meet in ``store`` (:func:`fmesh.context.rendezvous.meet`, within ``meet_timeout``,
+        ``gone`` naming ranks whose processes ended): torch's rendezvous would wait the whole ``timeout`` for a
+        survivor that died after agreeing, then raise a raw store error."""
+        rendezvous.meet(store, rank=rank, world_size=world_size, timeout=meet_timeout, gone=gone)
         return World.start(backend=self.backend, rank=rank, world_size=world_size, store=store, timeout=timeout,
                            device=self.device, gpus_per_node=min(self.local_world_size, world_size), name=self.name,
                            generation=self.generation + 1)

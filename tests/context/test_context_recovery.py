@@ -266,3 +266,35 @@ def test_what_recover_keeps_and_creates_is_what_plan_lose_prints() -> None:
         (kept, shrunk, created), counts, total = results[rank]
         assert (kept, shrunk, created) == (counts["keep"], counts["shrink"], counts["create"]) == (1, 0, 1), results
         assert total == 4.0
+
+
+def a_survivor_dies_after_agreeing(ctx: Context) -> Any:
+    """Rank 3 dies; the survivors agree to recover without it; then rank 2 dies too, before the new world starts
+    (its process ends where it would meet the others). Ranks 0 and 1: a RecoveryError naming rank 2, in seconds."""
+    from fmesh.context.world import World
+
+    mesh = fmesh.make_mesh((4,), ("all",))
+    ctx.all_reduce(torch.ones(1), mesh, "all")
+    if ctx.rank == 3:
+        os._exit(3)
+    with pytest.raises(fmesh.RankLostError):
+        ctx.all_reduce(torch.ones(1), mesh, "all")
+    if ctx.rank == 2:
+        World.renewed = lambda *args, **kwargs: os._exit(7)  # type: ignore[assignment,method-assign]
+    started = time.monotonic()
+    try:
+        ctx.recover([3])
+    except fmesh.RecoveryError as error:
+        return str(error), time.monotonic() - started
+    return "recovered", time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_a_survivor_that_dies_after_agreeing_ends_the_recovery_on_the_others_in_seconds() -> None:
+    results = launch(a_survivor_dies_after_agreeing, 4, timeout=120, context_timeout=60, creation_timeout=30,
+                     on_rank_loss="continue")
+    assert [getattr(result, "exitcode", None) for result in results[2:]] == [7, 3], results
+    for rank in (0, 1):
+        message, took = results[rank]
+        assert "their new world could not start" in message and "ranks [2] ended" in message, (rank, message)
+        assert took < 15, (rank, took, message)  # not the 30 s creation timeout, nor torch's 60 s
