@@ -575,7 +575,15 @@ class Context:
             raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
         self._groups.cut_broken(gone)
         survivors = tuple(r for r in range(self.world_size) if r not in gone)
-        holding = self._agreement.agree_on_loss(survivors, gone, [spec.digest() for spec in self._groups.held()])
+        try:
+            holding = self._agreement.agree_on_loss(survivors, gone, [spec.digest() for spec in self._groups.held()])
+        except dist.DistError as error:  # the store is unreachable: its host was among the lost
+            raise RecoveryError(
+                f"on rank {self.rank}: the survivors cannot agree to recover without {list(gone)}: the store they "
+                f"meet in is unreachable, so its host (rank 0 of a tcp:// or env:// start) is lost with them ("
+                f"{error}). A lost store host cannot be recovered in place: restart the job from its checkpoint, and "
+                "host the store outside the ranks (fmesh.launch, torchrun's agent, or a TCPStore server process of "
+                "its own) to recover in place next time") from None
         renumber = {old: new for new, old in enumerate(world)}
         taken = self._groups.take_renewed(renumber, holding)
         store = dist.PrefixStore(f"{self._agreement.prefix}/recovered", self._world.store())

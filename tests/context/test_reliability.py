@@ -238,7 +238,8 @@ def store_host_dies(rank: int, port: int, out: Any) -> None:
     ctx.all_reduce(torch.ones(1), mesh, "dp")
     if rank == 0:  # it hosts the store
         os._exit(3)
-    out.put((rank, timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "dp"))))
+    lost = timed(lambda: ctx.all_reduce(torch.ones(1), mesh, "dp"))
+    out.put((rank, (lost, timed(lambda: ctx.recover([0])))))
     ctx.abort()
     os._exit(0)
 
@@ -261,10 +262,14 @@ def test_when_the_store_host_dies_no_survivor_names_itself() -> None:
                 proc.join()
         out.close()
         out.join_thread()
-    for rank, (kind, took, message) in results.items():
+    for rank, ((kind, took, message), recovery) in results.items():
         assert kind == "RankLostError" and took < 8.0, (rank, kind, took, message)
         named = message.split("ranks ", 1)[1].split(" of the group")[0]
         assert str(rank) not in named and "0" in named, (rank, message)
+        # recovering in place is impossible without the store: one fmesh error saying so, in seconds
+        assert recovery[0] == "RecoveryError" and recovery[1] < 15, (rank, recovery)
+        assert "the store they meet in is unreachable" in recovery[2], (rank, recovery)
+        assert "host the store outside the ranks" in recovery[2], (rank, recovery)
 
 
 # --------------------------------------------------------------------------------------------- numbering
