@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from fmesh.context import collectives, permute
+from fmesh.context.collectives import ReduceOp
 from fmesh.context.groups import Route
 from fmesh.errors import NoGradientError
 
@@ -52,7 +53,7 @@ class AllReduce(torch.autograd.Function):  # type: ignore[misc]
     """all_reduce with ``op`` sum or avg; the backward is the same all_reduce of the gradients."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, route: Route, op: str) -> torch.Tensor:
+    def forward(ctx: Any, tensor: torch.Tensor, route: Route, op: ReduceOp) -> torch.Tensor:
         ctx.link = (route, op)
         return collectives.all_reduce(route, tensor, op)
 
@@ -96,7 +97,7 @@ class ReduceScatter(torch.autograd.Function):  # type: ignore[misc]
     """reduce_scatter (sum or avg) along ``dim``; the backward is an all_gather along ``dim`` (1/n for avg)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, route: Route, dim: int, op: str) -> torch.Tensor:
+    def forward(ctx: Any, tensor: torch.Tensor, route: Route, dim: int, op: ReduceOp) -> torch.Tensor:
         ctx.link = (route, dim, op)
         return collectives.reduce_scatter(route, tensor, dim, op)
 

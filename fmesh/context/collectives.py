@@ -31,7 +31,7 @@ import re
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -42,7 +42,10 @@ from fmesh.context.groups import Route, Target
 from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
 from fmesh.layout.int_tuple import is_int
 
-REDUCE_OPS: dict[str, Any] = {
+ReduceOp = Literal["sum", "avg", "max", "min", "product"]
+"""The reductions of ``all_reduce`` and ``reduce_scatter``, by name (``avg`` divides: floating-point tensors only)."""
+
+REDUCE_OPS: dict[ReduceOp, Any] = {
     "sum": dist.ReduceOp.SUM,
     "avg": dist.ReduceOp.AVG,
     "max": dist.ReduceOp.MAX,
@@ -273,7 +276,7 @@ def run(what: str, route: Route, call: Callable[[], object]) -> None:
         failed(what, target, target.ranks, target.spec.timeout, started, error, route.agreement, route.group)
 
 
-def all_reduce(route: Route, tensor: torch.Tensor, op: str) -> torch.Tensor:
+def all_reduce(route: Route, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
     """Reduce over the group; ``op`` is checked by the caller (:func:`reduce_op`)."""
     target, process_group = route.target, route.group
     if process_group is None:
@@ -307,7 +310,7 @@ def all_gather(route: Route, tensor: torch.Tensor, dim: int) -> torch.Tensor:
     return output.movedim(0, dim)
 
 
-def reduce_scatter(route: Route, tensor: torch.Tensor, dim: int, op: str) -> torch.Tensor:
+def reduce_scatter(route: Route, tensor: torch.Tensor, dim: int, op: ReduceOp) -> torch.Tensor:
     """Reduce over the group and keep this member's chunk of ``dim``; divisibility checked by the caller."""
     target, process_group = route.target, route.group
     if process_group is None:

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from fmesh.context import _torch, autograd, collectives, objects, permute, recovery
 from fmesh.context.agreement import Agreement
+from fmesh.context.collectives import ReduceOp
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, materialize, plan_groups
 from fmesh.context.groups import GroupRegistry, Route, Target
@@ -229,7 +230,7 @@ class Context:
 
     # ----------------------------------------------------------- collectives
 
-    def all_reduce(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, op: str = "sum") -> torch.Tensor:
+    def all_reduce(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, op: ReduceOp = "sum") -> torch.Tensor:
         """Reduce ``tensor`` over the group along ``axes``; returns a new tensor.
 
         >>> import fmesh
@@ -253,7 +254,7 @@ class Context:
                                 eager=lambda route, t: collectives.all_gather(route, t, dim))
 
     def reduce_scatter(
-        self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0, op: str = "sum"
+        self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0, op: ReduceOp = "sum"
     ) -> torch.Tensor:
         """Reduce over the group, then keep this member's chunk of ``dim`` (its coordinate's).
 

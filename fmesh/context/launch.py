@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 import attrs
 import torch
@@ -35,8 +35,12 @@ from fmesh.context.options import DEFAULT_CREATION_TIMEOUT, normalize_timeout
 from fmesh.errors import LaunchError, RemoteTraceback
 from fmesh.layout.int_tuple import is_int
 
-START_METHODS = ("fork", "spawn", "forkserver")
-ON_RANK_LOSS = ("fail", "continue")
+StartMethod = Literal["fork", "spawn", "forkserver"]
+"""How :func:`launch` starts its processes (``multiprocessing``'s start methods)."""
+OnRankLoss = Literal["fail", "continue"]
+"""What :func:`launch` does when a rank's process dies: end the launch, or let the others go on (and recover)."""
+START_METHODS: tuple[StartMethod, ...] = get_args(StartMethod)
+ON_RANK_LOSS: tuple[OnRankLoss, ...] = get_args(OnRankLoss)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # The ranks' own timeouts, as shares of the launch's: a rank waiting for a missing peer raises fmesh's error
 # (naming the peer) before the launch gives up with its generic TimeoutError.
@@ -137,8 +141,8 @@ def launch(
     timeout: float = 120,
     context_options: Mapping[str, Any] | None = None,
     return_exceptions: bool = False,
-    start_method: str | None = None,
-    on_rank_loss: str = "fail",
+    start_method: StartMethod | None = None,
+    on_rank_loss: OnRankLoss = "fail",
 ) -> list[Any]:
     """``[fn(ctx) for each rank]``, each rank a real gloo process with its own :class:`Context`.
 
