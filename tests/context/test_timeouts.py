@@ -41,3 +41,25 @@ def test_a_peer_later_than_the_creation_timeout_is_waited_for_by_every_collectiv
     assert [(what, value) for what, value, _ in zero] == [("ppermute", 2.0), ("all_reduce", 3.0)], zero
     assert [(what, value) for what, value, _ in one] == [("ppermute", 1.0), ("all_reduce", 3.0)], one
     assert all(waited > LATE - 1 for _, _, waited in zero), zero  # rank 0 did wait for its late peer
+
+
+def permutations_differ(ctx: Context) -> Any:
+    """Rank 0 sends to rank 1 and waits for rank 1; rank 1 means the identity and sends nothing: rank 0 waits until
+    the group's timeout, then gets fmesh's timeout error, not the backend's raw one."""
+    mesh = fmesh.make_mesh((2,), ("pp",))
+    ctx.all_reduce(torch.ones(1), mesh, "pp")
+    perm = [(0, 1), (1, 0)] if ctx.rank == 0 else [(0, 0), (1, 1)]
+    started = time.monotonic()
+    try:
+        result = "ok", ctx.ppermute(torch.ones(1), mesh, "pp", perm).item(), time.monotonic() - started
+    except Exception as error:
+        return type(error).__name__, str(error), time.monotonic() - started
+    time.sleep(12)  # rank 1 stays (busy elsewhere) past rank 0's timeout and roll call
+    return result
+
+
+@pytest.mark.slow
+def test_a_ppermute_whose_permutations_differ_ends_in_a_group_timeout() -> None:
+    zero, one = launch(permutations_differ, 2, timeout=60, context_timeout=4, creation_timeout=2)
+    assert one[0] == "ok", one  # the identity: rank 1 keeps its own
+    assert zero[0] == "GroupTimeoutError" and 3.5 < zero[2] < 15, zero
