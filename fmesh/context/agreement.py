@@ -161,9 +161,11 @@ class Agreement:
         return {rank: _loads(self.store.get(key)) if self.store.check([key]) else {"state": "missing"}
                 for rank, key in zip(ranks, keys, strict=True)}
 
-    def failed(self, error: BaseException) -> None:
-        """Post that this rank failed with ``error`` (others waiting for it report it); never raises."""
-        self.post_quietly(FAILED, error=f"{type(error).__name__}: {error}"[:2000], kind=type(error).__name__)
+    def failed(self, error: BaseException, refused: bool = False) -> None:
+        """Post that this rank failed with ``error`` (others waiting for it report it); ``refused``: it refused a
+        collective on itself, before sending any of it (the caller's tensor or arguments). Never raises."""
+        self.post_quietly(FAILED, error=f"{type(error).__name__}: {error}"[:2000], kind=type(error).__name__,
+                          **({"refused": True} if refused else {}))
 
     def close_quietly(self, aborted: bool) -> None:
         """Post that this rank closed (or aborted) its context, keeping the error it failed with, if any.
@@ -173,7 +175,8 @@ class Agreement:
         """
         with contextlib.suppress(Exception):
             last = self.statuses([self.rank])[self.rank]
-            failure = {k: last[k] for k in ("error", "kind") if k in last} if last.get("state") == FAILED else {}
+            kept = ("error", "kind", "refused")
+            failure = {k: last[k] for k in kept if k in last} if last.get("state") == FAILED else {}
             aborted = aborted or self.connections.halted.is_set()
             self.post(CLOSED, aborted=aborted, **failure)
 

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from fmesh.context import _torch
 from fmesh.context.agreement import FAILED, Agreement, describe_status
 from fmesh.context.groups import Route, Target
-from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
+from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError, TensorMismatchError
 from fmesh.layout.int_tuple import is_int
 
 ReduceOp = Literal["sum", "avg", "max", "min", "product"]
@@ -78,9 +78,10 @@ LOCAL_REFUSALS: tuple[str, ...] = (
     # ProcessGroupGloo.cpp, invalidArgument: "ProcessGroupGloo::<collective>: " and the check of c10d/Utils.hpp that
     # failed (assertNonEmpty, assertRootRank, assertTypeMatch, assertSizesMatch, assertDense, ...; "unsupported
     # layout", "unsupported reduction operation"), all before the work is queued; and send's single-tensor check.
-    # Not gloo's "Invalid scalar type" (a dtype gloo lacks, met while the work is made): that is how one rank's odd
-    # dtype shows, and as a group failure its peers fail at once, naming it, instead of waiting out the timeout
     r"^ProcessGroupGloo::\w+(: | takes a single tensor)",
+    # ProcessGroupGloo.cpp, GENERATE_ALL_TYPES: a dtype gloo cannot reduce (int16), met while the work is made, before
+    # it sends: one rank's odd dtype shows so; that rank frees its peers, which name it (refused_together)
+    r"^Invalid scalar type",
 )
 # How long a member that refused a collective on itself waits for the others to refuse it too (they do at once when
 # every rank runs the same program on the same kind of tensor) before it takes them for blocked in the collective.
@@ -200,7 +201,7 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
             raise error  # refused on this rank before any byte was sent: the group is as healthy as before
         # Refused here alone: the other members are blocked in the collective. Free them now (cut, abort: the group
         # cannot match its next collective anyway) and tell them why; this rank's own error is the caller's.
-        agreement.failed(error)
+        agreement.failed(error, refused=True)
         if process_group is not None:
             agreement.connections.sever(process_group.group_name)
             _torch.abort_group(process_group)
@@ -239,8 +240,15 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         if ended:
             doing = f"the launcher saw the processes of ranks {ended} end; {doing}"
     mismatch = next((m for m in missing if statuses.get(m, {}).get("kind") == "MeshMismatchError"), None)
+    refused = next((m for m in missing if statuses.get(m, {}).get("refused")), None)
     explained: Exception
-    if mismatch is not None:
+    if refused is not None:
+        explained = TensorMismatchError(
+            f"on rank {agreement.rank}: {what} along {where} could not complete: rank {refused} refused it on itself, "
+            f"before sending any of it ({statuses[refused].get('error')}), while this rank's tensor went. Expected "
+            f"every member to pass a tensor the backend takes, of the same shape and dtype; see rank {refused}'s "
+            "error first")
+    elif mismatch is not None:
         explained = MeshMismatchError(
             f"on rank {agreement.rank}: {what} along {where} could not complete because rank {mismatch} disagrees "
             f"about a mesh: {statuses[mismatch].get('error')}")
