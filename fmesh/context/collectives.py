@@ -279,7 +279,7 @@ def run(what: str, route: Route, call: Callable[[], object]) -> None:
     started = time.monotonic()
     try:
         call()
-    except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
+    except (RuntimeError, ValueError, TypeError) as error:  # ValueError: also torch's for a group aborted meanwhile
         target = route.target
         failed(what, target, target.ranks, target.spec.timeout, started, error, route.agreement, route.group)
 
@@ -300,7 +300,7 @@ def all_reduce(route: Route, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor
             result.div_(target.size)
         else:
             dist.all_reduce(result, op=REDUCE_OPS[op], group=process_group)
-    except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
+    except (RuntimeError, ValueError, TypeError) as error:  # ValueError: also torch's for a group aborted meanwhile
         failed("all_reduce", target, target.ranks, target.spec.timeout, started, error, route.agreement, process_group)
     return result
 
@@ -374,5 +374,5 @@ def world_barrier(world_size: int, timeout: timedelta, agreement: Agreement | No
     started = time.monotonic()
     try:
         dist.barrier()
-    except (RuntimeError, ValueError) as error:  # ValueError: torch's, for a group aborted meanwhile
+    except (RuntimeError, ValueError, TypeError) as error:  # ValueError: also torch's for a group aborted meanwhile
         failed("barrier", None, tuple(range(world_size)), timeout, started, error, agreement)
