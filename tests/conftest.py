@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import strict_nccl
 
-strict_nccl.install()  # NCCL's rules on CPU under FMESH_STRICT_NCCL=1 (strict_nccl.py)
+strict_nccl.install()  # NCCL's rules on CPU, unless FMESH_STRICT_NCCL=0 (strict_nccl.py)
 
 # deadline=None: examples run multi-process groups or big meshes on a shared 2-core machine.
 settings.register_profile("fmesh", max_examples=150, deadline=None)

@@ -1,7 +1,7 @@
-"""NCCL's rules on CPU: with ``FMESH_STRICT_NCCL=1``, the c10d calls fmesh makes refuse what ProcessGroupNCCL
-refuses, with NCCL's messages: a non-contiguous tensor ("Tensors must be contiguous"), a sparse one ("Tensors must
-be CUDA and dense"), a tensor on a device other than the group's, and a dtype NCCL lacks. gloo checks none of
-these, so without this a test on CPU passes what a GPU job refuses.
+"""NCCL's rules on CPU, by default (``FMESH_STRICT_NCCL=0`` turns them off): the c10d calls fmesh makes refuse
+what ProcessGroupNCCL refuses, with NCCL's messages: a non-contiguous tensor ("Tensors must be contiguous"), a
+sparse one ("Tensors must be CUDA and dense"), a tensor on a device other than the group's, and a dtype NCCL lacks.
+gloo checks none of these, so without this a test on CPU passes what a GPU job refuses.
 
 Installed by ``tests/conftest.py`` for the test session and by ``tests/support.py`` in every process the
 multi-process tests start (they import it), so the rules hold on every rank. The patching lives here, in the
@@ -28,8 +28,9 @@ PATCHED = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_
 
 
 def enabled() -> bool:
-    """Whether this process runs under NCCL's rules (``FMESH_STRICT_NCCL=1``)."""
-    return os.environ.get(ENV, "0") == "1"
+    """Whether this process runs under NCCL's rules: yes, unless ``FMESH_STRICT_NCCL=0`` (gloo's own leniency, to
+    see what a CPU-only job would let through)."""
+    return os.environ.get(ENV, "1") != "0"
 
 
 def check(tensor: torch.Tensor, group: Any = None) -> None:
