@@ -195,6 +195,7 @@ class Agreement:
             self.failed(error)
         else:
             self.close_quietly(aborted=aborted)
+        self.waiter.clear()  # its second store connection goes with the last wait on it (one per ended context)
 
     def post_exit(self) -> None:
         """Post, at interpreter exit, that this rank's process ended without closing its context (the Context
