@@ -3,10 +3,13 @@
     python bench/scale.py            # 256, 1,024 and 4,096 ranks (about 3 minutes on 2 cores)
     python bench/scale.py --quick    # 64 and 256 ranks (seconds): the smoke run
 
-N ranks are N threads of this process, each with its own connection (``store.clone()``) to one real
-``TCPStore`` (libuv server) in this process, each counting its store operations and the bytes they move (its
-second connection, for blocking waits, counts for it too). Each rank runs what a real job's Context puts through
-the store, with fmesh's own code, phase after phase (all ranks meet at a barrier between phases):
+N ranks are N threads of this process, each with its own connections (``store.clone()``) to one real
+``TCPStore`` (libuv server), each counting its store operations and the bytes they move (its second connection,
+for blocking waits, counts for it too). The server runs in a process of its own, the store's host, whose CPU
+time is measured per phase (in this process too it would hold both ends of every connection: 4,096 ranks open
+three each, which is more descriptors than this machine allows a process). Each rank runs what a real job's
+Context puts through the store, with fmesh's own code, phase after phase (all ranks meet at a barrier between
+phases):
 
 1. start: the start rendezvous (``fmesh.context.rendezvous.meet``), then the rank posts that it runs;
 2. agree: the agreement (``Agreement.agree``) on each group of a 5-D mesh (pp, dp_replicate, dp_shard, cp, tp)
@@ -28,10 +31,12 @@ and 131,072 ranks against that capacity.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -43,6 +48,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Thousands of connections: torch's C++ warning for each client socket whose host name it cannot look up (this
 # machine's DNS) would drown the tables.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+# torch looks up the name of each new connection's peer; where DNS does not answer (this machine), some look-ups
+# wait out the resolver's timeout (5 s): one try of one second instead (the store host inherits it).
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 
 import torch
 import torch.distributed as dist
@@ -63,6 +71,7 @@ TIMEOUT = timedelta(seconds=600)
 SETTINGS = GroupSettings.of(None, 600, backend="nccl")
 BOUND = 16  # store operations per member of one agreement: the bound of tests/context/test_store_operations.py
 TARGETS = (16_384, 131_072)
+CONNECTING = 128  # ranks that connect at once
 
 
 def mesh_sizes(world: int) -> tuple[int, ...]:
@@ -110,13 +119,19 @@ class Tally:
 
 
 class RankStore:
-    """One simulated rank's connection to the shared store, counting its operations (its clones' too)."""
+    """One simulated rank's connection to the shared store, counting its operations (its clones' too).
 
-    def __init__(self, inner: Any, tally: Tally, rank: int) -> None:
+    ``spares``: connections the rank opened beforehand, which its clones take first: a real rank opens its
+    connections as its code runs, but here opening one can stall on this machine's DNS (a look-up of the peer's
+    name, see ``RES_OPTIONS`` above), so the harness opens them all before the first phase ("connect")."""
+
+    def __init__(self, inner: Any, tally: Tally, rank: int, spares: list[Any] | None = None) -> None:
         self.inner, self.tally, self.rank = inner, tally, rank
+        self.spares = [] if spares is None else spares
 
     def clone(self) -> RankStore:
-        return RankStore(self.inner.clone(), self.tally, self.rank)
+        inner = self.spares.pop() if self.spares else self.inner.clone()
+        return RankStore(inner, self.tally, self.rank, self.spares)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         call = getattr(self.inner, name)
@@ -129,17 +144,55 @@ class RankStore:
         return counted
 
 
-def server() -> dist.TCPStore:
-    return dist.TCPStore("127.0.0.1", 0, None, True, TIMEOUT, wait_for_workers=False, use_libuv=True)
+SERVE = """
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=600), wait_for_workers=False, use_libuv=True)
+print(store.port, flush=True)
+sys.stdin.read()  # until the benchmark closes our stdin
+"""
+
+
+class Host:
+    """The store's host: a process of its own running one ``TCPStore`` server (libuv), as a job's store host is
+    (rank 0's process, or torchrun's agent); its CPU time is the load the store puts on that host."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        self.process = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, env=env)
+        assert self.process.stdout is not None
+        port = int(self.process.stdout.readline())
+        self.clients = [dist.TCPStore("127.0.0.1", port, None, False, TIMEOUT, use_libuv=True)]
+
+    def connect(self) -> dist.Store:
+        """A new connection to the store."""
+        return self.clients[0].clone()
+
+    def cpu(self) -> float:
+        """CPU seconds the host's process has used (user + system)."""
+        with open(f"/proc/{self.process.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        self.clients.clear()
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
 
 
 def simulate(size: int) -> dict[str, Any]:
     """Run the four phases (and torch's barrier) with ``size`` simulated ranks; per-phase times, counts, outcomes."""
     sizes = mesh_sizes(size)
     mesh = fmesh.make_mesh(sizes, NAMES)
-    host = server()
+    host = Host()
     tally = Tally(size)
     stores: list[RankStore] = []
+    # A few connect at once: thousands at once overflow the server's backlog, and the clients' retries pile up
+    # half-open sockets in this one process (a job's ranks are processes of their own, on hosts of their own).
+    connecting = threading.Semaphore(CONNECTING)
     gate = threading.Barrier(size + 1)
     outcome: dict[str, list[str]] = {phase: ["?"] * size for phase in PHASES}
     lost = size - 1
@@ -165,12 +218,10 @@ def simulate(size: int) -> dict[str, Any]:
         gate.wait()
 
     def rank_main(rank: int) -> None:
-        store = RankStore(host.clone(), tally, rank)
+        with connecting:  # three connections, as a rank opens: its own, the start's waiter, its Context's waiter
+            store = RankStore(host.connect(), tally, rank, [host.connect() for _ in range(2)])
         stores.append(store)
         agreement = Agreement(store, PREFIX, rank, TIMEOUT)  # type: ignore[arg-type]
-        # Its second connection, for blocking waits, opened now (a real rank opens it at its first wait): the
-        # phases time the protocol, not connecting (see "connect").
-        agreement.waiter.append(store.clone())
         held: list[str] = []
 
         def start() -> None:
@@ -216,27 +267,33 @@ def simulate(size: int) -> dict[str, Any]:
     for thread in threads:
         thread.start()
     seconds: dict[str, float] = {}
+    host_cpu: dict[str, float] = {}
     connect = 0.0
     for phase in PHASES:
         gate.wait()
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), host.cpu()
         if phase == PHASES[0]:  # every rank connected (two connections each), in parallel as a job's ranks do
             connect = began - started
         gate.wait()
         seconds[phase] = time.perf_counter() - began
+        host_cpu[phase] = host.cpu() - cpu
     for thread in threads:
         thread.join()
-    fenced = host.get(f"{PREFIX}/recovery-agreement/fate/{lost}").decode()
+    fenced = host.clients[0].get(f"{PREFIX}/recovery-agreement/fate/{lost}").decode()
     expected = {
         "mismatch": {rank: "MeshMismatchError" if rank in odd_group else "ok" for rank in range(size)},
         "recover": {rank: "LookupError" if rank == lost else "ok" for rank in range(size)},
     }
     as_expected = {phase: all(outcome[phase][rank] == expected.get(phase, {}).get(rank, "ok") for rank in range(size))
                    for phase in PHASES}
-    for connection in stores:
+    for connection in stores:  # closed now: the next size needs the descriptors
         del connection.inner
+        connection.spares.clear()
+    gc.collect()
+    host.close()
     return {
         "ranks": size, "mesh": dict(zip(NAMES, sizes, strict=True)), "connect_s": connect, "seconds": seconds,
+        "host_cpu_s": host_cpu,
         "ops": tally.ops, "bytes": tally.bytes, "as_expected": as_expected, "lost_rank_fenced": fenced == FENCED,
         "mismatched_group": list(odd_group), "groups_per_rank": sum(1 for s in sizes if s > 1),
         "outcomes": {phase: sorted(set(outcome[phase])) for phase in PHASES},
@@ -248,9 +305,10 @@ def capacity(seconds: float, threads: int = 32, windows: int = 3) -> dict[str, f
     """Operations per second a fresh server answers to ``threads`` client threads of this process doing set, get
     and add on keys of their own: the best of ``windows`` runs of ``seconds`` each (the machine is shared; the best
     is the least disturbed). A lower bound of the server's own capacity: its clients share this machine's cores."""
-    host = server()
-    clients = [host.clone() for _ in range(threads)]
-    rates = []
+    host = Host()
+    clients = [host.connect() for _ in range(threads)]
+    rates: list[float] = []
+    per_cpu: list[float] = []
     for _ in range(windows):
         done = [0] * threads
         stop = time.perf_counter() + seconds
@@ -264,15 +322,18 @@ def capacity(seconds: float, threads: int = 32, windows: int = 3) -> dict[str, f
                 count += 3
             done[index] = count
 
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), host.cpu()
         workers = [threading.Thread(target=hammer, args=(i,)) for i in range(threads)]
         for worker in workers:
             worker.start()
         for worker in workers:
             worker.join()
         rates.append(sum(done) / (time.perf_counter() - began))
+        per_cpu.append(sum(done) / max(host.cpu() - cpu, 1e-3))
+    clients.clear()
+    host.close()
     return {"threads": threads, "seconds": seconds, "windows": windows, "ops_per_s": max(rates),
-            "all_ops_per_s": rates}
+            "all_ops_per_s": rates, "ops_per_host_cpu_s": max(per_cpu)}
 
 
 def fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
@@ -318,8 +379,8 @@ def _fmt(value: float) -> str:
 def report(rows: list[dict[str, Any]], cap: dict[str, float], fits: dict[str, Any]) -> None:
     print("### Per phase and size: wall time, store operations per rank, bytes per rank, load on the store host\n")
     print("| ranks | mesh (pp, dpr, dps, cp, tp) | phase | wall s | ops/rank max | ops/rank mean | ops/rank per "
-          "agreement, max | bytes/rank mean | store ops/s | % of capacity | outcome |")
-    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+          "agreement, max | bytes/rank mean | store ops/s | % of capacity | host CPU % | host µs/op | outcome |")
+    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for row in rows:
         n = row["ranks"]
         for phase in PHASES:
@@ -334,14 +395,15 @@ def report(rows: list[dict[str, Any]], cap: dict[str, float], fits: dict[str, An
                 ended = f"{n - 1} survivors ok, lost rank {'fenced' if row['lost_rank_fenced'] else 'NOT fenced'}"
             print(f"| {n:,} | {shape} | {phase} | {seconds:.2f} | {max(ops)} | {statistics.mean(ops):.1f} | "
                   f"{math.ceil(max(ops) / agreements)} | {statistics.mean(nbytes):,.0f} | {rate:,.0f} | "
-                  f"{100 * rate / cap['ops_per_s']:.1f} | {ended} |")
-    opened = ", ".join(f"{row['ranks']:,} connections in {row['connect_s']:.1f}s" for row in rows)
-    print(f"\nconnect: {opened} "
-          "(one per rank; each rank opens a second one at its first wait)")
+                  f"{100 * rate / cap['ops_per_s']:.1f} | {100 * row['host_cpu_s'][phase] / seconds:.0f} | "
+                  f"{1e6 * row['host_cpu_s'][phase] / max(sum(ops), 1):.0f} | {ended} |")
+    opened = ", ".join(f"{row['ranks']:,} ranks in {row['connect_s']:.1f}s" for row in rows)
+    print(f"\nconnect: {opened} (three connections per rank, {CONNECTING} ranks at a time, before the first phase)")
     print(f"\n### The store's capacity here\n\n{cap['threads']} client threads of this process, each set + get + add "
           f"on keys of its own, the best of {cap['windows']} runs of {cap['seconds']:g}s "
           f"({', '.join(f'{r:,.0f}' for r in cap['all_ops_per_s'])}): **{cap['ops_per_s']:,.0f} operations/s** "
-          "(a lower bound: the clients and the libuv server share this machine's cores)\n")
+          "(a lower bound: the clients and the store's host share this machine's cores); per CPU second of the "
+          f"host's process: {cap['ops_per_host_cpu_s']:,.0f} operations\n")
     print("### Model: fits against N, and the extrapolation\n")
     print("| phase | ops/rank (mean) | total ops ~ N^k | bytes ~ N^k | wall s here ≈ a + b·N | "
           + " | ".join(f"{n:,}: total ops | store busy s | spread for 10% (s) | bytes | wall s here" for n in TARGETS)
