@@ -57,6 +57,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 import fmesh
+from fmesh.context import agreement as agreement_module
 from fmesh.context.agreement import EXITED, FENCED, Agreement
 from fmesh.context.groups import describe_group
 from fmesh.context.options import GroupSettings
@@ -72,6 +73,11 @@ SETTINGS = GroupSettings.of(None, 600, backend="nccl")
 BOUND = 16  # store operations per member of one agreement: the bound of tests/context/test_store_operations.py
 TARGETS = (16_384, 131_072)
 CONNECTING = 128  # ranks that connect at once
+# A waiting rank's thread wakes every POLL_MAX_SECONDS (0.1 s) to see whether its context was aborted: no store
+# operation, nothing in a real job (a process per rank), but thousands of threads of one process on 2 cores spend
+# their time in those wake-ups. Here they wake every 2 s: the store sees the same operations (the watcher's looks
+# keep their times); only an abort, which nothing here does, would be noticed later.
+POLL_SECONDS = 2.0
 
 
 def mesh_sizes(world: int) -> tuple[int, ...]:
@@ -277,6 +283,7 @@ def simulate(size: int) -> dict[str, Any]:
         gate.wait()
         seconds[phase] = time.perf_counter() - began
         host_cpu[phase] = host.cpu() - cpu
+        print(f"  {size:,} ranks: {phase} {seconds[phase]:.1f}s", file=sys.stderr, flush=True)
     for thread in threads:
         thread.join()
     fenced = host.clients[0].get(f"{PREFIX}/recovery-agreement/fate/{lost}").decode()
@@ -449,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(sizes) < 2:
         parser.error("give at least two sizes: the model is a fit")
     threading.stack_size(256 * 1024)  # thousands of threads: each with a small stack
+    agreement_module.POLL_MAX_SECONDS = POLL_SECONDS  # see POLL_SECONDS
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}\n")
     rows = []
     for size in sizes:
