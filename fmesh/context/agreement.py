@@ -405,12 +405,29 @@ class Agreement:
                                        "creating this group (a member of it)")
                 return
         cycle = self._cycle(key, members, statuses)
-        if cycle:
+        if cycle and self._still_stuck(cycle):
             lines = [describe_status(rank, status) for rank, status in cycle]
             verdict = (f"{MISMATCH}\nranks disagree about the meshes: they wait for each other in a cycle, each to "
                        f"create a group the next one does not create: {'; '.join(lines)}")
             for _, status in cycle:
                 self.store.compare_set(f"{self.prefix}/agree/{status['at']}/done", "", verdict)
+
+    def _still_stuck(self, cycle: list[tuple[int, dict[str, Any]]]) -> bool:
+        """Whether a cycle found in statuses read at different moments is real: no group on it is done, before and
+        after each rank on it is read again, and each still waits where it did. A real cycle never moves; a reading
+        that a slow look made while the groups completed does (at 1,024 simulated ranks on a loaded machine, such a
+        reading once ended a correct start in false mismatches)."""
+        done = [f"{self.prefix}/agree/{status['at']}/done" for _, status in cycle]
+
+        def any_done() -> bool:
+            return any(self.store.check([key]) for key in done)
+
+        if any_done():
+            return False
+        now = self.statuses([rank for rank, _ in cycle])
+        moved = any(now[rank].get("state") != "waiting" or now[rank].get("at") != status.get("at")
+                    for rank, status in cycle)
+        return not moved and not any_done()
 
     def _cycle(self, start: str, members: Sequence[int],
                statuses: dict[int, dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:

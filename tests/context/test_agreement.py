@@ -162,3 +162,25 @@ def test_a_forked_child_that_exits_posts_nothing_for_its_parents_rank(monkeypatc
     monkeypatch.setattr("os.getpid", lambda: agreement.pid + 1)  # the hook runs in a child the rank forked
     agreement.post_exit()
     assert agreement.statuses([1])[1] == {"state": "running"}
+
+
+def cycle_readings(done_before: bool) -> dict[str, bool]:
+    """Rank 0 waits at group A for rank 1, whose status says it waits at group B for rank 0: a cycle, as a look
+    reads it. ``done_before``: A completed before the look (its members moved on; the look is a slow, stale one).
+    Which groups got a mismatch verdict from rank 0's look."""
+    store = dist.HashStore()
+    zero, one = (Agreement(store, "t", rank, timedelta(seconds=5)) for rank in (0, 1))
+    zero.post("waiting", at="A", what="group A", description="A")
+    one.post("waiting", at="B", what="group B", description="B")
+    store.set("t/agree/B/members", "[0, 1]")
+    if done_before:
+        store.set("t/agree/A/done", "ok")
+    zero._diagnose("A", [0, 1])
+    return {key: store.check([f"t/agree/{key}/done"]) and store.get(f"t/agree/{key}/done").decode().startswith(
+        "mismatch") for key in ("A", "B")}
+
+
+def test_a_cycle_is_concluded_only_from_a_reading_that_still_holds() -> None:
+    assert cycle_readings(done_before=False) == {"A": True, "B": True}  # a real cycle: both groups told
+    # A finished before the (slow) look read it: the ranks it saw elsewhere had moved on; no group is blamed
+    assert cycle_readings(done_before=True) == {"A": False, "B": False}
