@@ -518,7 +518,7 @@ class Agreement:
         :meth:`agree_on_loss`)."""
         base = f"{self.prefix}/recovery-agreement"
         mine = sorted(lost)
-        self.store.set(f"{self.prefix}/recovery/{self.rank}", json.dumps({"lost": mine, "groups": sorted(groups)}))
+        self.store.set(f"{self.prefix}/recovery/{self.rank}", json.dumps({"lost": mine}))
         self.store.append(f"{base}/called", f"{self.rank},")
         fate = self.store.compare_set(f"{base}/fate/{self.rank}", "", SURVIVOR).decode()
         # The set and who fixed it, in one value: compare_set hands back the first survivor's, whoever posts later.
@@ -532,12 +532,15 @@ class Agreement:
         if first.get("lost") != mine:  # another set is fixed: this rank can never be in its world
             self.store.compare_set(f"{base}/done", "", json.dumps({"rank": self.rank, "lost": mine}))
             self._raise_disagreement(mine)
+        for group in groups:  # how many survivors hold each group: one counter per group, a few bytes whatever N
+            self.store.add(f"{base}/held/{group}", 1)
         return int(self.store.add(f"{base}/count", 1))
 
     def agree_on_loss(self, survivors: Sequence[int], lost: Sequence[int],
-                      groups: Sequence[str]) -> dict[int, frozenset[str]]:
+                      groups: Sequence[str]) -> dict[str, int]:
         """Post ``lost`` and ``groups`` (:meth:`post_loss`), wait for every one of ``survivors`` to post theirs,
-        and return the digests of the groups each holds.
+        and return, for each of this rank's ``groups`` (digests), how many survivors hold it (a group is kept
+        only where every surviving member holds it).
 
         :class:`~fmesh.RecoveryError` as soon as one posts other lost ranks (naming both sets), or a rank called
         lost shows it is alive (it comes to recover too: the ranks split into two worlds, each calling the other
@@ -547,11 +550,12 @@ class Agreement:
         ``ok``, after giving a lost rank not known to be gone :data:`ALIVE_GRACE_SECONDS` to show it is alive;
         a fenced rank that comes later is refused.
 
-        A constant number of store operations per survivor (the last one also fences each lost rank): it posts,
-        blocks once on the outcome key, then reads every survivor's post in one ``multi_get``."""
+        A constant number of store operations and bytes per survivor and group it holds, whatever the world size
+        (the last one also fences each lost rank): it posts, counts itself in each group's counter, blocks once on
+        the outcome key, then reads its groups' counters in one ``multi_get`` (reading every survivor's post
+        instead grew as N² bytes through the store: 46 GB at 16,384 ranks, by ``bench/scale.py``)."""
         count = self.post_loss(lost, groups)
         done = f"{self.prefix}/recovery-agreement/done"
-        keys = [f"{self.prefix}/recovery/{rank}" for rank in survivors]
         if count >= len(survivors):
             self._fence(sorted(lost), done)
 
@@ -582,8 +586,10 @@ class Agreement:
                     f"{within} ({outcome['doing']}). Expected every rank not lost to call recover(); if those ranks "
                     "are gone too, recover without them as well")
             self._raise_disagreement(sorted(lost), outcome)
-        posts = self.store.multi_get(keys)
-        return {rank: frozenset(_loads(raw).get("groups", ())) for rank, raw in zip(survivors, posts, strict=True)}
+        if not groups:
+            return {}
+        counters = self.store.multi_get([f"{self.prefix}/recovery-agreement/held/{group}" for group in groups])
+        return {group: int(raw) for group, raw in zip(groups, counters, strict=True)}
 
     def _fence(self, lost: list[int], done: str) -> None:
         """The last survivor to come: wait up to :data:`ALIVE_GRACE_SECONDS` for a rank in ``lost`` that is not

@@ -586,7 +586,7 @@ class Context:
                 "host the store outside the ranks (fmesh.launch, torchrun's agent, or a TCPStore server process of "
                 "its own) to recover in place next time") from None
         renumber = {old: new for new, old in enumerate(world)}
-        taken = self._groups.take_renewed(renumber, holding)
+        taken = self._groups.take_renewed(renumber, holding, set(survivors))
         store = dist.PrefixStore(f"{self._agreement.prefix}/recovered", self._world.store())
         old = self._world
         self._end("hand_over")

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -469,15 +469,17 @@ class GroupRegistry:
                 if gone.intersection(spec.ranks):
                     self._agreement.connections.sever(group.group_name)
 
-    def take_renewed(self, renumber: Mapping[int, int], holding: Mapping[int, frozenset[str]]) -> tuple[Taken, ...]:
+    def take_renewed(self, renumber: Mapping[int, int], holders: Mapping[str, int],
+                     survivors: Container[int]) -> tuple[Taken, ...]:
         """The groups that go on into the new world (old rank -> new rank: ``renumber``), kept or shrunk by the
-        planner's one rule (:func:`fmesh.plan.communicators.renewals`), detached from torch and renumbered; each
-        survivor's ``holding`` (the digests of the groups it holds) says whether every member can keep one."""
+        planner's one rule (:func:`fmesh.plan.communicators.renewals`), detached from torch and renumbered;
+        ``holders`` (how many of the ``survivors`` hold each group, by digest) says whether every surviving member
+        can keep one."""
         held = self.held()
         specs = sorted(held, key=lambda s: (len(s.ranks), s.digest()))  # one order on every rank; smallest first
         choices = renewals([spec.ranks for spec in specs], renumber,
                            shrinkable=[_torch.can_shrink(spec.backend) for spec in specs],
-                           held_everywhere=[all(spec.digest() in holding[m] for m in spec.ranks if m in holding)
+                           held_everywhere=[holders.get(spec.digest(), 0) == sum(m in survivors for m in spec.ranks)
                                             for spec in specs])
         taken = []
         for spec, action in zip(specs, choices, strict=True):

@@ -40,7 +40,8 @@ def test_quick_scale_benchmark_runs(tmp_path: Path) -> None:
         assert max(ops["start"]) <= BOUND
         assert max(ops["agree"]) <= BOUND * row["groups_per_rank"]  # one agreement per group of the rank
         assert max(ops["mismatch"]) <= BOUND
-        assert max(ops["recover"]) <= BOUND
+        # the recovery: the bound, plus one counter per group the rank holds (who holds it), whatever N
+        assert max(ops["recover"]) <= BOUND + row["groups_per_rank"]
     for phase in PHASES[:4]:  # operations per rank do not grow with the world
         per_rank = [sum(row["ops"][phase]) / row["ranks"] for row in rows]
         assert per_rank[1] <= 1.25 * per_rank[0], (phase, per_rank)
