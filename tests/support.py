@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
 import os
 import pathlib
 import random
@@ -13,7 +14,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import strict_nccl
 import torch
@@ -23,6 +24,8 @@ import fmesh
 from fmesh import Context, Mesh
 
 strict_nccl.install()  # in every process a multi-process test starts: NCCL's rules on each rank (strict_nccl.py)
+
+T = TypeVar("T")
 
 
 def patience(seconds: float, processes: int = 1) -> float:
@@ -215,3 +218,13 @@ def one_axis_views(mesh: Mesh) -> list[tuple[Mesh, str, tuple[str, ...]]]:
 def losses(path: pathlib.Path) -> tuple[int, list[float]]:
     data = json.loads(path.read_text())
     return data["start"], data["losses"]
+
+
+def in_a_child(fn: Callable[[], T]) -> T:
+    """``fn()`` run in a forked child of this process, its result sent back. For a reference that runs autograd in
+    ways that start its engine's threads (a gradient of a gradient, a compiled backward): a process that has done
+    so cannot fork children that run autograd (torch's CUDA builds: "Unable to handle autograd's threading in
+    combination with fork-based multiprocessing"), and a pytest worker forks the ranks of every later test."""
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        return pool.apply(fn)
+
