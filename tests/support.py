@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import itertools
 import json
-import multiprocessing
 import os
 import pathlib
+import pickle
 import random
 import threading
 from collections import defaultdict
@@ -220,11 +220,30 @@ def losses(path: pathlib.Path) -> tuple[int, list[float]]:
     return data["start"], data["losses"]
 
 
-def in_a_child(fn: Callable[[], T]) -> T:
-    """``fn()`` run in a forked child of this process, its result sent back. For a reference that runs autograd in
-    ways that start its engine's threads (a gradient of a gradient, a compiled backward): a process that has done
-    so cannot fork children that run autograd (torch's CUDA builds: "Unable to handle autograd's threading in
-    combination with fork-based multiprocessing"), and a pytest worker forks the ranks of every later test."""
-    with multiprocessing.get_context("fork").Pool(1) as pool:
-        return pool.apply(fn)
+def in_a_child(fn: Callable[[], T], timeout: float = 300) -> T:
+    """``fn()`` run in a forked child of this process, its result (or its exception, re-raised here) sent back.
 
+    For what starts autograd's engine threads in this process (a gradient of a gradient; Dynamo compiling, after
+    which any backward does): a process that has done so cannot fork children that run autograd (torch's CUDA
+    builds: "Unable to handle autograd's threading in combination with fork-based multiprocessing"), and a pytest
+    worker forks the ranks of every later test. ``fn`` may be a closure: the child is a fork."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, send, leave without running this process's exit hooks
+        os.close(read)
+        try:
+            payload = pickle.dumps((True, fn()))
+        except BaseException as error:  # sent back, raised in the parent
+            payload = pickle.dumps((False, RuntimeError(f"in the child: {type(error).__name__}: {error}")))
+        with os.fdopen(write, "wb") as out:
+            out.write(payload)
+        os._exit(0)
+    os.close(write)
+    try:
+        with os.fdopen(read, "rb") as source:
+            ok, value = pickle.loads(source.read())
+    finally:
+        os.waitpid(pid, 0)
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]

@@ -143,11 +143,11 @@ def materialize(items: Iterable[object], registry: GroupRegistry, world: World) 
         if split:
             registry.split(planned.mesh, planned.axes, planned.ranks)
         elif planned.ranks is not None:
-            registry.group(registry.target(planned.mesh, planned.axes))
+            registry.group(registry.target(planned.mesh, planned.axes), claim=False)
     # Every pair asked for is resolved, not only one per distinct group: a compiled region looks up
     # (mesh, axes) as written (two axes of one layout share a group but are two lookups).
     for mesh, names in plan_items(items, registry):
         if mesh.coordinate(world.rank) is not None:
-            registry.resolve(mesh, names)
+            registry.resolve(mesh, names, claim=False)
     # Every group this rank is a member of exists now; no need to plan (and walk the topology) again.
     return GroupPlan(tuple(attrs.evolve(g, exists=g.ranks is not None) for g in plan.groups))

@@ -20,8 +20,9 @@ One thread uses a group: the first that creates it or runs a collective on it. C
 ranks by their order on each group, so two threads of one rank using one group would mix their tensors: the
 second is refused with an error saying so (:meth:`GroupRegistry.claim`). Threads on distinct groups (a pipeline
 schedule's send/receive thread, an asynchronous checkpoint on a group of its own) run side by side, as torch
-allows: a group is created under its own lock, and ranks meet on a key derived from its content, so the order in
-which threads create groups does not matter.
+allows, once their groups exist: groups are created by one thread at a time (their creation shares the rank's store
+connection), and a thread asking for a new group while another creates one is refused, saying to create them first
+(``ctx.materialize``).
 
 Connecting a group is bounded by the creation timeout (gloo's rendezvous otherwise waits the
 collective timeout), and a member that fails meanwhile is named
@@ -165,6 +166,7 @@ class GroupRegistry:
         self._creating: dict[GroupSpec, threading.Lock] = {}  # one lock per group: two threads create it once
         self._splitting = threading.Lock()  # materialize's splits: every rank makes them in one order
         self._agreeing = 0  # agreements under way on this rank (threads creating groups at once)
+        self._creator: tuple[int, str] | None = None  # the thread creating a group now: one at a time
         self._splits: set[str] = set()  # split_group calls made (every rank makes the same ones)
         self._hits = 0
         self._adopted: dict[GroupSpec, Action] = {}  # groups a recovery handed over: kept or shrunk
@@ -267,11 +269,11 @@ class GroupRegistry:
                 "reversed axis order); run this mesh on real processes with fmesh.launch(...)"
             )
 
-    def resolve(self, mesh: Mesh, axes: AxesArg) -> Route:
+    def resolve(self, mesh: Mesh, axes: AxesArg, claim: bool = True) -> Route:
         """:meth:`target` and :meth:`group` in one cached lookup, as a :class:`Route`: what a collective's hot path
-        asks."""
+        asks. ``claim`` as in :meth:`group`."""
         if BY_IDENTITY:
-            return self._resolve_by_identity(mesh, axes)
+            return self._resolve_by_identity(mesh, axes, claim)
         try:  # one axis by name is the common case: skip the call that normalises the others
             found = self._resolved.get((mesh, (axes,) if axes.__class__ is str else mesh.as_axes(axes)))
         except (AttributeError, TypeError):
@@ -280,26 +282,28 @@ class GroupRegistry:
             if torch.compiler.is_compiling():
                 raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=axes, mesh=mesh))
             target = self.target(mesh, axes)
-            found = self._resolved[(mesh, target.axes)] = Route(target, self.group(target), self._agreement)
+            found = self._resolved[(mesh, target.axes)] = Route(target, self.group(target, claim), self._agreement)
             return found
-        self._claimed(found.target)
+        if claim:
+            self._claimed(found.target)
         self._count_hit()
         return found
 
-    def _resolve_by_identity(self, mesh: Mesh, axes: AxesArg) -> Route:
+    def _resolve_by_identity(self, mesh: Mesh, axes: AxesArg, claim: bool = True) -> Route:
         """:meth:`resolve` where Dynamo cannot hash a Mesh: a compiled region looks the mesh object up by its
         identity (as recorded by eager calls); eager calls record it."""
         key = (id(mesh), mesh.as_axes(axes) if isinstance(mesh, Mesh) else axes)
         known = self._by_identity.get(key)
         if known is not None and known[0] is mesh:
             if not torch.compiler.is_compiling():  # counted and checked as on the hashing path
-                self._claimed(known[1].target)
+                if claim:
+                    self._claimed(known[1].target)
                 self._hits += 1
             return known[1]
         if torch.compiler.is_compiling():
             raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=axes, mesh=mesh))
         target = self.target(mesh, axes)  # checks a user's mistake outside any except block; counts its hit
-        route = Route(target, self.group(target), self._agreement)
+        route = Route(target, self.group(target, claim), self._agreement)
         if len(self._by_identity) >= IDENTITY_ENTRIES:
             self._by_identity.clear()
             self._by_target.clear()
@@ -309,8 +313,9 @@ class GroupRegistry:
 
     # -------------------------------------------------------------- groups
 
-    def group(self, target: Target) -> dist.ProcessGroup | None:
-        """The target's process group, created on first need; ``None`` for a group of one."""
+    def group(self, target: Target, claim: bool = True) -> dist.ProcessGroup | None:
+        """The target's process group, created on first need; ``None`` for a group of one. ``claim``: the calling
+        thread becomes the one that uses it (``False``: it only creates it, as ``ctx.materialize`` does)."""
         if target.size == 1:
             return None
         if torch.compiler.is_compiling():  # traced: the group was made in eager; its eager checks stay out
@@ -318,11 +323,13 @@ class GroupRegistry:
             if known is None or known[1] is None:
                 raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=target.axes, mesh=target.mesh))
             return known[1]
-        return self.process_group(target)
+        return self.process_group(target, claim)
 
-    def process_group(self, target: Target) -> dist.ProcessGroup:
-        """The target's process group, even for a group of one (made only when asked for)."""
-        self._claimed(target)
+    def process_group(self, target: Target, claim: bool = True) -> dist.ProcessGroup:
+        """The target's process group, even for a group of one (made only when asked for); ``claim`` as in
+        :meth:`group`."""
+        if claim:
+            self._claimed(target)
         group = self._groups.get(target.spec)
         if group is not None:
             if _torch.registered(group):
@@ -332,8 +339,25 @@ class GroupRegistry:
                 f"{target.label()} failed earlier on rank {self._world.rank} and was aborted then (its members are "
                 "gone or broke it); this context cannot use it again: abort the context and restart, or recover "
                 "onto a mesh without the lost ranks")
+        me = threading.get_ident()
         with self._owning:
             creating = self._creating.setdefault(target.spec, threading.Lock())
+            if self._creator is not None and self._creator[0] != me:
+                raise RuntimeError(
+                    f"thread {threading.current_thread().name!r} asked for {target.label()}, which does not exist "
+                    f"yet, while thread {self._creator[1]!r} creates another group of this context: groups are "
+                    "created by one thread at a time (their creation shares this rank's store connection, and ranks "
+                    "would wait for each other's in different orders). Create every group first, from one thread "
+                    "(ctx.materialize(mesh) for each mesh), then run collectives on distinct groups from distinct "
+                    "threads")
+            self._creator = (me, threading.current_thread().name)
+        try:
+            return self._create(target, creating)
+        finally:
+            with self._owning:
+                self._creator = None
+
+    def _create(self, target: Target, creating: threading.Lock) -> dist.ProcessGroup:
         with creating:
             group = self._groups.get(target.spec)
             if group is not None:  # another thread made it meanwhile (it asked first)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo
-from support import launch, succeeded
+from support import in_a_child, launch, succeeded
 
 import fmesh
 from fmesh import Context
@@ -119,6 +119,10 @@ def test_inductor_compiles_a_collective_and_its_backward_like_eager() -> None:
 
 
 def test_a_mesh_built_inside_a_compiled_function_is_one_clear_error() -> None:
+    in_a_child(mesh_built_inside)  # Dynamo in this worker would keep it from forking later tests' ranks
+
+
+def mesh_built_inside() -> None:
     with Context.fake(4) as ctx:
         def step(x: torch.Tensor) -> torch.Tensor:
             return ctx.all_reduce(x, fmesh.make_mesh((2, 2), ("dp", "tp")), "tp")
@@ -131,6 +135,10 @@ def test_a_mesh_built_inside_a_compiled_function_is_one_clear_error() -> None:
 
 
 def test_materialize_makes_every_axis_traceable_even_axes_that_share_a_group() -> None:
+    in_a_child(materialized_axes_trace)
+
+
+def materialized_axes_trace() -> None:
     # pp and cp are both groups of one: one planned group, two (mesh, axes) lookups in a compiled region.
     with Context.fake(4) as ctx:
         mesh = fmesh.make_mesh((1, 4, 1), ("pp", "tp", "cp"))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from support import in_a_child
 from torch._dynamo.testing import CompileCounter
 
 import fmesh
@@ -33,6 +34,10 @@ CALLS: dict[str, Callable[[fmesh.Context, torch.Tensor], torch.Tensor]] = {
 
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_ten_calls_compile_once(name: str) -> None:
+    in_a_child(lambda: ten_calls(name))  # Dynamo in this worker would keep it from forking later tests' ranks
+
+
+def ten_calls(name: str) -> None:
     torch._dynamo.reset()
     with fmesh.Context.fake(4) as ctx:
         ctx.materialize(MESH, (MESH, ("tp", "dp")))

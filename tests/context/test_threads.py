@@ -16,9 +16,10 @@ ROUNDS = 1000
 
 
 def two_threads_two_groups(ctx: Context) -> Any:
-    """On a (dp=2, tp=2) mesh one thread sums along dp and another along tp, ROUNDS times each, at once; each
-    thread creates its own group (in whichever order the threads get there, on each rank)."""
+    """On a (dp=2, tp=2) mesh one thread sums along dp and another along tp, ROUNDS times each, at once, once the
+    groups exist (made by one thread: ``materialize``)."""
     mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+    ctx.materialize(mesh)
     start = threading.Barrier(2)
     sums: dict[str, list[float]] = {}
     errors: list[BaseException] = []
