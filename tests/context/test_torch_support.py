@@ -76,7 +76,8 @@ def test_a_newer_torch_is_refused_where_the_environment_says_so() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("version", ["2.16.0a0+git1234", "3.0.0"])
 def test_a_newer_torch_runs_a_job_with_one_warning(version: str) -> None:
-    warned, results = run(NEWER.format(version=version, remove=""))
+    lines = run(NEWER.format(version=version, remove=""))  # gloo on torch 2.10 prints its own lines between
+    warned, results = lines[0], lines[-1]
     assert warned.startswith("1 UntestedTorchWarning") and f"torch {version} is installed" in warned, warned
     assert "every probe passed" in warned and "FMESH_REFUSE_UNTESTED_TORCH=1" in warned, warned
     assert results == "[(3.0, 'DeviceMesh', 2.0), (3.0, 'DeviceMesh', 2.0)]", results
@@ -86,7 +87,8 @@ def test_a_newer_torch_runs_a_job_with_one_warning(version: str) -> None:
 def test_a_failed_probe_turns_off_only_its_feature() -> None:
     remove = ("import torch.distributed.tensor, torch.distributed._mesh_layout as layouts\n"
               "del layouts._MeshLayout  # a newer torch that renamed it")
-    warned, results = run(NEWER.format(version="2.17.0", remove=remove))
+    lines = run(NEWER.format(version="2.17.0", remove=remove))
+    warned, results = lines[0], lines[-1]
     assert "features off: DeviceMesh export (ctx.device_mesh, FSDP2, DTensor)" in warned, warned
     assert results.count("(3.0, ") == 2 and results.count(", 2.0)") == 2, results  # before and after: they run
     assert results.count("DeviceMesh export (ctx.device_mesh, FSDP2, DTensor) needs private parts of "
