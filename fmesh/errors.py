@@ -304,6 +304,13 @@ class SpmdTypeError(ValueError):
     operation on a partial value, a reduction of an already-reduced value, an invariant value that wants a
     gradient meeting a varying one, an out spec that does not match the value.
 
-    >>> issubclass(SpmdTypeError, ValueError)
-    True
+    >>> import fmesh, torch
+    >>> from fmesh.spmd import P, shard_map
+    >>> with fmesh.Context.fake(2) as ctx:
+    ...     mesh = fmesh.make_mesh((2,), ("tp",))
+    ...     shard_map(lambda ax, x: x.exp(), mesh=mesh, in_specs=P(partial="tp"), out_specs=P(), ctx=ctx,
+    ...               names=["x"])(torch.ones(3))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fmesh.SpmdTypeError: exp on x (shape rank 1), which is partial along 'tp': a non-linear operation ... before it
     """

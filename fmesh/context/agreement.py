@@ -215,27 +215,23 @@ class Agreement:
 
     # ------------------------------------------------------------ agreement
 
-    def agree(self, key: str, members: Sequence[int], description: str, what: str, alone: bool = True) -> None:
+    def agree(self, key: str, members: Sequence[int], description: str, what: str) -> None:
         """Meet the other ``members`` at ``key`` and check they mean ``description`` too.
 
         ``what`` names the group in errors (axes, mesh, first ranks). Raises
         :class:`~fmesh.MeshMismatchError`, :class:`~fmesh.RankLostError` or
-        :class:`~fmesh.GroupTimeoutError`; on success every member has arrived and agrees. ``alone``: no other
-        thread of this rank is creating a group meanwhile (see :meth:`arrive`).
+        :class:`~fmesh.GroupTimeoutError`; on success every member has arrived and agrees.
         """
-        watcher = self.arrive(key, members, description, what, alone)
+        watcher = self.arrive(key, members, description, what)
         self.settle(key, members, description, what, watcher)
 
-    def arrive(self, key: str, members: Sequence[int], description: str, what: str, alone: bool = True) -> bool:
+    def arrive(self, key: str, members: Sequence[int], description: str, what: str) -> bool:
         """Steps 1-3: post this rank's status, compare digests, count the arrival (no waiting). Whether this
-        member arrived first: the one that watches the missing members while they all wait.
-
-        A rank whose threads create groups at once (not ``alone``) posts that it waits at several keys: its one
-        status names only the last, so no cycle through it is ever concluded (threads on distinct groups wait for
-        each other's peers, never in a cycle)."""
+        member arrived first: the one that watches the missing members while they all wait. A rank creates one
+        group at a time (:class:`~fmesh.context.groups.GroupRegistry`), so its status names the one key it waits at."""
         base = f"{self.prefix}/agree/{key}"
         mine = digest(description)
-        self.post("waiting", at=key, what=what, description=description, **({} if alone else {"concurrent": True}))
+        self.post("waiting", at=key, what=what, description=description)
         first = self.store.compare_set(f"{base}/digest", "", mine).decode()
         if first != mine:
             theirs = self.store.get(f"{base}/description").decode()
@@ -441,8 +437,8 @@ class Agreement:
             key, group, known, path = stack.pop()
             for member in group:
                 status = known[member]
-                if status.get("state") != "waiting" or status.get("at") == key or status.get("concurrent"):
-                    continue  # arrived here, not waiting for any group, or waiting for several (threads)
+                if status.get("state") != "waiting" or status.get("at") == key:
+                    continue  # arrived here, or not waiting for any group
                 elsewhere = str(status.get("at"))
                 if elsewhere == start:
                     return [*path, (member, status)]
@@ -553,7 +549,19 @@ class Agreement:
         A constant number of store operations and bytes per survivor and group it holds, whatever the world size
         (the last one also fences each lost rank): it posts, counts itself in each group's counter, blocks once on
         the outcome key, then reads its groups' counters in one ``multi_get`` (reading every survivor's post
-        instead grew as N² bytes through the store: 46 GB at 16,384 ranks, by ``bench/scale.py``)."""
+        instead grew as N² bytes through the store: 46 GB at 16,384 ranks, by ``bench/scale.py``). A store that
+        cannot be reached (its host was among the lost) is one ``RecoveryError`` saying so and what to do."""
+        try:
+            return self._agree_on_loss(survivors, lost, groups)
+        except dist.DistError as error:
+            raise RecoveryError(
+                f"on rank {self.rank}: the survivors cannot agree to recover without {sorted(lost)}: the store they "
+                f"meet in is unreachable, so its host (rank 0 of a tcp:// or env:// start) is lost with them ("
+                f"{error}). A lost store host cannot be recovered in place: restart the job from its checkpoint, and "
+                "host the store outside the ranks (fmesh.launch, torchrun's agent, or a TCPStore server process of "
+                "its own) to recover in place next time") from None
+
+    def _agree_on_loss(self, survivors: Sequence[int], lost: Sequence[int], groups: Sequence[str]) -> dict[str, int]:
         count = self.post_loss(lost, groups)
         done = f"{self.prefix}/recovery-agreement/done"
         if count >= len(survivors):
@@ -604,9 +612,11 @@ class Agreement:
         statuses = self.statuses(lost)
         unknown = [r for r in lost if statuses[r].get("state") not in (*FINAL_STATES, "missing")]
         unknown = [r for r in unknown if r not in self.ended(unknown)]
-        while unknown and not came() and time.monotonic() < deadline:
+        arrived = came()
+        while unknown and not arrived and time.monotonic() < deadline:
             self.check_halted("agreeing on the ranks lost")
             time.sleep(POLL_MAX_SECONDS / 2)
+            arrived = came()
         fenced = [r for r in lost if self.store.compare_set(f"{base}/fate/{r}", "", FENCED).decode() != FENCED]
         alive = sorted({*came(), *fenced})
         if alive:

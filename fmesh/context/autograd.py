@@ -1,4 +1,4 @@
-"""The backward of every tensor collective: one small ``torch.autograd.Function`` per collective.
+"""The backward of every tensor collective: one ``torch.autograd.Function`` whose backward is this table.
 
 The meaning is torch's ``torch.distributed.nn.functional``'s: the loss is the sum of every member's
 loss, so each collective's backward is the collective that carries each gradient back to where its
@@ -17,12 +17,14 @@ broadcast from ``src``     sum reduce to ``src``; the other members' inputs get 
 ppermute / shift           the inverse permutation
 =========================  ===========================================================
 
-And the tensor-parallel pair, for a loss every member computes alike: :class:`SumGradients`
-(identity forward, all_reduce backward) and :class:`SumPartials` (all_reduce forward, identity
+And the tensor-parallel pair, for a loss every member computes alike: ``sum_gradients``
+(identity forward, all_reduce backward) and ``sum_partials`` (all_reduce forward, identity
 backward).
 
-Each backward runs its collective through the Function of that collective (never the bare collective), so a
-gradient of a gradient (``torch.autograd.grad(..., create_graph=True)``) is recorded and right.
+:class:`Collective` runs the forward column (:func:`forward`) and the backward column (:func:`backward`), for
+every collective by its name. Each backward runs its collective through :class:`Collective` again (never the
+bare collective), so a gradient of a gradient (``torch.autograd.grad(..., create_graph=True)``) is recorded and
+right.
 
 The Context goes through a Function only when autograd records (``torch.is_grad_enabled()`` and the
 input ``requires_grad``); otherwise it calls the collective directly, as before.
@@ -30,14 +32,18 @@ input ``requires_grad``); otherwise it calls the collective directly, as before.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 
 from fmesh.context import collectives, permute
-from fmesh.context.collectives import ReduceOp
 from fmesh.context.groups import Route
 from fmesh.errors import NoGradientError
+
+Kind = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "permute",
+               "sum_gradients", "sum_partials"]
+"""The collectives :class:`Collective` differentiates, by name (a permute is ppermute's and shift's)."""
 
 
 def records(tensor: torch.Tensor) -> bool:
@@ -49,18 +55,56 @@ def records(tensor: torch.Tensor) -> bool:
     return bool(tensor.requires_grad and torch.is_grad_enabled())
 
 
-class AllReduce(torch.autograd.Function):  # type: ignore[misc]
-    """all_reduce with ``op`` sum or avg; the backward is the same all_reduce of the gradients."""
+def forward(kind: Kind, route: Route, tensor: torch.Tensor, args: tuple[Any, ...]) -> torch.Tensor:
+    """The collective ``kind`` of ``tensor`` with its arguments ``args`` (the table's left column)."""
+    if kind == "permute":
+        return permute.permute(route, tensor, *args)
+    if kind == "sum_partials":
+        return collectives.all_reduce(route, tensor, "sum")
+    if kind != "sum_gradients":  # all_reduce, all_gather, reduce_scatter, broadcast, all_to_all: by their own names
+        run: Callable[..., torch.Tensor] = getattr(collectives, kind)
+        return run(route, tensor, *args)
+    return tensor.view_as(tensor)  # sum_gradients: the identity, as a new autograd node
+
+
+def backward(kind: Kind, route: Route, grad: torch.Tensor, args: tuple[Any, ...]) -> torch.Tensor:
+    """The gradient of the input of the collective ``kind`` from the gradient of its output (the table's right
+    column), through :class:`Collective`, so that it is itself differentiable."""
+    if kind == "all_reduce":
+        return Collective.apply(grad, route, "all_reduce", args)
+    if kind == "all_gather":
+        return Collective.apply(grad, route, "reduce_scatter", (*args, "sum"))
+    if kind == "reduce_scatter":
+        dim, op = args
+        gathered = Collective.apply(grad, route, "all_gather", (dim,))
+        return gathered / route.target.size if op == "avg" else gathered
+    if kind == "broadcast":
+        summed = Collective.apply(grad, route, "all_reduce", ("sum",))
+        if route.target.member == args[0]:
+            return summed
+        # Zeros; under create_graph still tied to the sum, so every member runs its backward (the same collective).
+        return summed * 0 if summed.requires_grad else torch.zeros_like(summed)
+    if kind in ("all_to_all", "permute"):  # the exchange back: split/concat dims, or destination/source, swapped
+        first, second = args
+        return Collective.apply(grad, route, kind, (second, first))
+    if kind == "sum_gradients":
+        return Collective.apply(grad, route, "all_reduce", ("sum",))
+    return grad  # sum_partials: every member's loss is the same one, counted once
+
+
+class Collective(torch.autograd.Function):  # type: ignore[misc]
+    """The collective ``kind`` along ``route`` with its arguments ``args`` (``op``, ``dim``, ``src``, ...), recorded by
+    autograd; its backward is the table's (:func:`backward`)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, route: Route, op: ReduceOp) -> torch.Tensor:
-        ctx.link = (route, op)
-        return collectives.all_reduce(route, tensor, op)
+    def forward(ctx: Any, tensor: torch.Tensor, route: Route, kind: Kind, args: tuple[Any, ...]) -> torch.Tensor:
+        ctx.link = (route, kind, args)
+        return forward(kind, route, tensor, args)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        route, op = ctx.link
-        return AllReduce.apply(grad, route, op), None, None
+        route, kind, args = ctx.link
+        return backward(kind, route, grad, args), None, None, None
 
 
 class NoGradient(torch.autograd.Function):  # type: ignore[misc]
@@ -77,104 +121,3 @@ class NoGradient(torch.autograd.Function):  # type: ignore[misc]
         raise NoGradientError(
             f"{ctx.what} has no gradient in fmesh (only op='sum' and op='avg' do); reduce a detached tensor "
             "(tensor.detach()), or write the selection with a sum all_reduce (e.g. of a one-hot mask of the winner)")
-
-
-class AllGather(torch.autograd.Function):  # type: ignore[misc]
-    """all_gather along ``dim``; the backward is a sum reduce_scatter along ``dim``."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, route: Route, dim: int) -> torch.Tensor:
-        ctx.link = (route, dim)
-        return collectives.all_gather(route, tensor, dim)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        route, dim = ctx.link
-        return ReduceScatter.apply(grad, route, dim, "sum"), None, None
-
-
-class ReduceScatter(torch.autograd.Function):  # type: ignore[misc]
-    """reduce_scatter (sum or avg) along ``dim``; the backward is an all_gather along ``dim`` (1/n for avg)."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, route: Route, dim: int, op: ReduceOp) -> torch.Tensor:
-        ctx.link = (route, dim, op)
-        return collectives.reduce_scatter(route, tensor, dim, op)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        route, dim, op = ctx.link
-        gathered = AllGather.apply(grad, route, dim)
-        return gathered / route.target.size if op == "avg" else gathered, None, None, None
-
-
-class AllToAll(torch.autograd.Function):  # type: ignore[misc]
-    """all_to_all; the backward is the inverse all_to_all (``split_dim`` and ``concat_dim`` swapped)."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, route: Route, split_dim: int, concat_dim: int) -> torch.Tensor:
-        ctx.link = (route, split_dim, concat_dim)
-        return collectives.all_to_all(route, tensor, split_dim, concat_dim)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        route, split_dim, concat_dim = ctx.link
-        return AllToAll.apply(grad, route, concat_dim, split_dim), None, None, None
-
-
-class Broadcast(torch.autograd.Function):  # type: ignore[misc]
-    """broadcast from member ``src``; the backward sums the gradients into ``src`` (zeros elsewhere)."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, route: Route, src: int) -> torch.Tensor:
-        ctx.link = (route, src)
-        return collectives.broadcast(route, tensor, src)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        route, src = ctx.link
-        summed = AllReduce.apply(grad, route, "sum")
-        if route.target.member == src:
-            return summed, None, None
-        # Zeros; under create_graph still tied to the sum, so every member runs its backward (the same collective).
-        return (summed * 0 if summed.requires_grad else torch.zeros_like(summed)), None, None
-
-
-class Permute(torch.autograd.Function):  # type: ignore[misc]
-    """ppermute / shift; the backward sends each gradient back to where its value came from."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, route: Route, send_to: int | None,
-                receive_from: int | None) -> torch.Tensor:
-        ctx.link = (route, send_to, receive_from)
-        return permute.permute(route, tensor, send_to, receive_from)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        route, send_to, receive_from = ctx.link
-        return Permute.apply(grad, route, receive_from, send_to), None, None, None
-
-
-class SumGradients(torch.autograd.Function):  # type: ignore[misc]
-    """Identity forward; the backward is a sum all_reduce of the gradients (Megatron's "f")."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, route: Route) -> torch.Tensor:
-        ctx.route = route
-        return tensor.view_as(tensor)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return AllReduce.apply(grad, ctx.route, "sum"), None
-
-
-class SumPartials(torch.autograd.Function):  # type: ignore[misc]
-    """Sum all_reduce forward; identity backward (Megatron's "g")."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, route: Route) -> torch.Tensor:
-        return collectives.all_reduce(route, tensor, "sum")
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return grad, None

@@ -209,15 +209,19 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     if agreement is not None and halted:
         raise ContextClosedError(f"on rank {agreement.rank}: {what} along {where} ended: this context was aborted "
                                  "(ctx.abort())") from None
-    if process_group is not None and not _torch.registered(process_group):  # a use after an earlier failure aborted it
+    if process_group is not None and (not _torch.registered(process_group) or (
+            agreement is not None and agreement.connections.was_cut(process_group.group_name))):  # used after failing
         raise RankLostError(f"on rank {'?' if agreement is None else agreement.rank}: {where} failed earlier and was "
                             "aborted then; this context cannot use it again: abort the context and restart, or "
                             "recover onto a mesh without the lost ranks") from None
     if process_group is not None and agreement is not None:
         # Cut its connections first: torch's abort of a gloo group releases neither a peer blocked in it nor this
-        # rank; with them cut, every member still blocked fails now and answers the roll call.
+        # rank; with them cut, every member still blocked fails now and answers the roll call. A communicator that
+        # can shrink (NCCL >= 2.27) is left for a recovery to shrink (SHRINK_ABORT ends its work; pytorch #194775:
+        # the parent of a shrink is aborted after it, never destroyed); any other is aborted now.
         agreement.connections.sever(process_group.group_name)
-        _torch.abort_group(process_group)
+        if target is None or not _torch.can_shrink(target.spec.backend):
+            _torch.abort_group(process_group)
     timed_out = isinstance(error, dist.DistStoreError) or (
         time.monotonic() - started >= _TIMED_OUT * timeout.total_seconds())
     if agreement is None:
@@ -305,35 +309,45 @@ def all_reduce(route: Route, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor
     return result
 
 
-def all_gather(route: Route, tensor: torch.Tensor, dim: int) -> torch.Tensor:
-    """Every member's ``tensor``, concatenated along ``dim`` in group order."""
-    target, process_group = route.target, route.group
-    if process_group is None:
+def _along_first(route: Route, tensor: torch.Tensor, dim: int, traced: Callable[[torch.Tensor], torch.Tensor],
+                 eager: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """A collective that works along the first dimension (the single-tensor c10d calls), on ``tensor`` along
+    ``dim``: ``dim`` moved first and made contiguous (NCCL refuses anything else), then ``traced(moved)`` under
+    ``torch.compile`` or ``eager(moved)``, and the result's first dimension moved back to ``dim``. A group of one
+    gets a copy."""
+    if route.group is None:
         return tensor.clone()
     moved = tensor.movedim(dim, 0).contiguous()
-    if compiling():
-        return _torch.traced_all_gather(moved, 0, process_group).movedim(0, dim)
-    output = torch.empty((target.size * moved.shape[0], *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    run("all_gather", route, lambda: _torch.all_gather_single(output, moved, group=process_group))
-    return output.movedim(0, dim)
+    return (traced(moved) if compiling() else eager(moved)).movedim(0, dim)
+
+
+def all_gather(route: Route, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+    """Every member's ``tensor``, concatenated along ``dim`` in group order."""
+    size, process_group = route.target.size, route.group
+
+    def eager(moved: torch.Tensor) -> torch.Tensor:
+        output = moved.new_empty((size * moved.shape[0], *moved.shape[1:]))
+        run("all_gather", route, lambda: _torch.all_gather_single(output, moved, group=process_group))
+        return output
+
+    return _along_first(route, tensor, dim, lambda moved: _torch.traced_all_gather(moved, 0, process_group), eager)
 
 
 def reduce_scatter(route: Route, tensor: torch.Tensor, dim: int, op: ReduceOp) -> torch.Tensor:
     """Reduce over the group and keep this member's chunk of ``dim``; divisibility checked by the caller."""
     target, process_group = route.target, route.group
-    if process_group is None:
-        return tensor.clone()
-    moved = tensor.movedim(dim, 0).contiguous()
-    if compiling():
-        return _traced_reduce(moved, op, lambda t, o: _torch.traced_reduce_scatter(t, o, 0, process_group),
-                              target.size).movedim(0, dim)
-    output = torch.empty((moved.shape[0] // target.size, *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    gloo_avg = op == "avg" and target.spec.backend == "gloo"
-    op_now = REDUCE_OPS["sum" if gloo_avg else op]
-    run("reduce_scatter", route, lambda: _torch.reduce_scatter_single(output, moved, op=op_now, group=process_group))
-    if gloo_avg:
-        output.div_(target.size)
-    return output.movedim(0, dim)
+    gloo_avg = op == "avg" and target.spec.backend == "gloo"  # gloo has no AVG: the sum, divided
+
+    def eager(moved: torch.Tensor) -> torch.Tensor:
+        output = moved.new_empty((moved.shape[0] // target.size, *moved.shape[1:]))
+        how = REDUCE_OPS["sum" if gloo_avg else op]
+        run("reduce_scatter", route, lambda: _torch.reduce_scatter_single(output, moved, op=how, group=process_group))
+        return output.div_(target.size) if gloo_avg else output
+
+    def traced(moved: torch.Tensor) -> torch.Tensor:
+        return _traced_reduce(moved, op, lambda t, o: _torch.traced_reduce_scatter(t, o, 0, process_group), target.size)
+
+    return _along_first(route, tensor, dim, traced, eager)
 
 
 def broadcast(route: Route, tensor: torch.Tensor, src: int) -> torch.Tensor:
@@ -349,17 +363,16 @@ def broadcast(route: Route, tensor: torch.Tensor, src: int) -> torch.Tensor:
 
 def all_to_all(route: Route, tensor: torch.Tensor, split_dim: int, concat_dim: int) -> torch.Tensor:
     """Chunk ``i`` of ``split_dim`` to member ``i``; what arrives concatenated along ``concat_dim``."""
-    target, process_group = route.target, route.group
-    if process_group is None:
-        return tensor.clone()
-    moved = tensor.movedim(split_dim, 0).contiguous()
-    if compiling():
-        output = _torch.traced_all_to_all(moved, None, None, process_group)
-    else:
+    size, process_group = route.target.size, route.group
+
+    def eager(moved: torch.Tensor) -> torch.Tensor:
         output = torch.empty_like(moved)
         run("all_to_all", route, lambda: dist.all_to_all_single(output, moved, group=process_group))
-    chunks = output.movedim(0, split_dim).chunk(target.size, dim=split_dim)
-    return torch.cat(chunks, dim=concat_dim)
+        return output
+
+    arrived = _along_first(route, tensor, split_dim,
+                           lambda moved: _torch.traced_all_to_all(moved, None, None, process_group), eager)
+    return torch.cat(arrived.chunk(size, dim=split_dim), dim=concat_dim)
 
 
 def barrier(route: Route) -> None:

@@ -90,6 +90,7 @@ class Connections:
 
     def __init__(self) -> None:
         self._sockets: dict[str, frozenset[Socket]] = {}
+        self._cut: set[str] = set()  # groups severed: broken for good (shrunk by a recovery, or aborted; never reused)
         self._warned = False
         # Set by ctx.abort() (any thread, a signal handler): every wait of the Context ends at its next poll.
         self.halted = threading.Event()
@@ -116,8 +117,16 @@ class Connections:
                           FileDescriptorWarning, stacklevel=4)
 
     def sever(self, name: str) -> None:
-        """Cut the group ``name``'s connections (see the module docstring); never raises, never waits."""
+        """Cut the group ``name``'s connections (see the module docstring); never raises, never waits. The group is
+        broken for good (:meth:`was_cut`)."""
+        self._cut.add(name)
         shut(self._sockets.pop(name, frozenset()))
+
+    def was_cut(self, name: str) -> bool:
+        """Whether the group ``name`` was cut (:meth:`sever`): a failure broke it, so it is never used again, nor
+        destroyed in the orderly way (which would wait for its broken members): only aborted, or shrunk by a
+        recovery (NCCL's ``SHRINK_ABORT`` ends its work first)."""
+        return name in self._cut
 
     def sever_all(self) -> None:
         """Cut every group's connections."""

@@ -38,11 +38,10 @@ from fmesh.context.agreement import Agreement
 from fmesh.context.collectives import ReduceOp
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, materialize, plan_groups
-from fmesh.context.groups import GroupRegistry, Route, Target
+from fmesh.context.groups import GroupRegistry, Target
 from fmesh.context.options import AxisOptions, GroupSettings
 from fmesh.context.tensors import TensorChecks, check_tensor
 from fmesh.context.world import World
-from fmesh.errors import GroupTimeoutError, RankLostError, RecoveryError
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
@@ -239,8 +238,7 @@ class Context:
         torch.Size([3])
         """
         collectives.reduce_op(op)  # raises, naming the choices
-        return self._collective("all_reduce", tensor, mesh, axes, autograd.AllReduce, op, op=op,
-                                eager=lambda route, t: collectives.all_reduce(route, t, op))
+        return self._collective("all_reduce", tensor, mesh, axes, op, op=op)
 
     def all_gather(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0) -> torch.Tensor:
         """Concatenate every member's ``tensor`` along ``dim``, in group (coordinate) order.
@@ -250,8 +248,7 @@ class Context:
         ...     ctx.all_gather(torch.ones(2, 3), fmesh.make_mesh((2, 2), ("dp", "tp")), "tp", dim=1).shape
         torch.Size([2, 6])
         """
-        return self._collective("all_gather", tensor, mesh, axes, autograd.AllGather, dim, dims={"dim": dim},
-                                eager=lambda route, t: collectives.all_gather(route, t, dim))
+        return self._collective("all_gather", tensor, mesh, axes, dim, dims={"dim": dim})
 
     def reduce_scatter(
         self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0, op: ReduceOp = "sum"
@@ -265,9 +262,8 @@ class Context:
         """
         collectives.reduce_op(op)
         return self._collective(
-            "reduce_scatter", tensor, mesh, axes, autograd.ReduceScatter, dim, op, op=op,
-            check=lambda t, target: collectives.check_divisible("reduce_scatter", "dim", t, dim, target.size),
-            eager=lambda route, t: collectives.reduce_scatter(route, t, dim, op))
+            "reduce_scatter", tensor, mesh, axes, dim, op, op=op,
+            check=lambda t, target: collectives.check_divisible("reduce_scatter", "dim", t, dim, target.size))
 
     def broadcast(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, src: int = 0) -> torch.Tensor:
         """Every member gets the ``tensor`` of member ``src`` (an index within the group).
@@ -277,9 +273,8 @@ class Context:
         ...     ctx.broadcast(torch.ones(2), fmesh.make_mesh((4,), ("dp",)), "dp", src=3).shape
         torch.Size([2])
         """
-        return self._collective("broadcast", tensor, mesh, axes, autograd.Broadcast, src,
-                                check=lambda t, target: collectives.check_index("broadcast", "src", src, target.size),
-                                eager=lambda route, t: collectives.broadcast(route, t, src))
+        return self._collective("broadcast", tensor, mesh, axes, src,
+                                check=lambda t, target: collectives.check_index("broadcast", "src", src, target.size))
 
     def all_to_all(
         self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, split_dim: int = 0, concat_dim: int = 0
@@ -293,9 +288,8 @@ class Context:
         torch.Size([2, 6])
         """
         return self._collective(
-            "all_to_all", tensor, mesh, axes, autograd.AllToAll, split_dim, concat_dim, dims={"concat_dim": concat_dim},
-            check=lambda t, target: collectives.check_divisible("all_to_all", "split_dim", t, split_dim, target.size),
-            eager=lambda route, t: collectives.all_to_all(route, t, split_dim, concat_dim))
+            "all_to_all", tensor, mesh, axes, split_dim, concat_dim, dims={"concat_dim": concat_dim},
+            check=lambda t, target: collectives.check_divisible("all_to_all", "split_dim", t, split_dim, target.size))
 
     def sum_gradients(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None) -> torch.Tensor:
         """``tensor`` itself forward; its gradient is summed over the group along ``axes`` backward.
@@ -312,8 +306,7 @@ class Context:
         ...     x.grad.shape
         torch.Size([3])
         """
-        return self._collective("sum_gradients", tensor, mesh, axes, autograd.SumGradients, agree=False,
-                                eager=lambda route, t: t)
+        return self._collective("sum_gradients", tensor, mesh, axes, agree=False)
 
     def sum_partials(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None) -> torch.Tensor:
         """The sum over the group along ``axes`` forward (an all_reduce); the gradient passes unchanged backward.
@@ -329,17 +322,17 @@ class Context:
         ...     ctx.sum_partials(torch.ones(3), fmesh.make_mesh((2,), ("tp",)), "tp").shape
         torch.Size([3])
         """
-        return self._collective("sum_partials", tensor, mesh, axes, autograd.SumPartials,
-                                eager=lambda route, t: collectives.all_reduce(route, t, "sum"))
+        return self._collective("sum_partials", tensor, mesh, axes)
 
-    def _collective(self, what: str, tensor: object, mesh: Mesh, axes: AxesArg, function: Any, *args: Any,
-                    eager: Callable[[Route, torch.Tensor], torch.Tensor], op: str | None = None,
-                    dims: Mapping[str, int] | None = None,
+    def _collective(self, kind: autograd.Kind, tensor: object, mesh: Mesh, axes: AxesArg, *args: Any,
+                    what: str | None = None, op: str | None = None, dims: Mapping[str, int] | None = None,
                     check: Callable[[torch.Tensor, Target], object] | None = None, agree: bool = True) -> torch.Tensor:
         """The one door of the tensor collectives, in order: the tensor and the arguments (its ``dims``, then what
         ``check`` asks of the target) before any group is touched; the route (the group made on first use); the
-        members' tensors compared, if asked; then the collective, eager, through its autograd ``function``, or
-        with no gradient (max, min, product)."""
+        members' tensors compared, if asked; then the collective ``kind`` with ``args``: eager, recorded by autograd
+        (:class:`~fmesh.context.autograd.Collective`), or with no gradient (max, min, product). ``what`` names the
+        call in errors (``ppermute`` and ``shift`` are permutes)."""
+        what = what or kind
         checked = check_tensor(what, tensor, self._world.device, op)
         for label, dim in (dims or {}).items():
             collectives.check_dim(what, label, checked, dim)
@@ -349,11 +342,11 @@ class Context:
         if agree:
             self._tensors.check(what, route, checked)
         if not autograd.records(checked):
-            return eager(route, checked)
+            return autograd.forward(kind, route, checked, args)
         if op not in (None, "sum", "avg"):
-            return autograd.NoGradient.apply(
-                checked, eager(route, checked.detach()), f"{what} op={op!r} along {route.target.label()}")
-        return function.apply(checked, route, *args)
+            return autograd.NoGradient.apply(checked, autograd.forward(kind, route, checked.detach(), args),
+                                             f"{what} op={op!r} along {route.target.label()}")
+        return autograd.Collective.apply(checked, route, kind, args)
 
     def barrier(self, mesh: Mesh | None = None, axes: AxesArg = None) -> None:
         """Wait until every member of the group along ``axes`` (default: the whole world) arrives.
@@ -442,8 +435,7 @@ class Context:
             raise ValueError(
                 "simulate() cannot run point-to-point operations (ppermute, shift): torch's LocalTensorMode has "
                 "no send or receive; run them on real processes with fmesh.launch(...)")
-        return self._collective(what, tensor, mesh, axis, autograd.Permute, send_to, receive_from,  # every member
-                                eager=lambda route, t: permute.permute(route, t, send_to, receive_from))
+        return self._collective("permute", tensor, mesh, axis, send_to, receive_from, what=what)
 
     # --------------------------------------------------------- plan, create
 
@@ -576,34 +568,15 @@ class Context:
             raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
         self._groups.cut_broken(gone)
         survivors = tuple(r for r in range(self.world_size) if r not in gone)
-        try:
-            holding = self._agreement.agree_on_loss(survivors, gone, [spec.digest() for spec in self._groups.held()])
-        except dist.DistError as error:  # the store is unreachable: its host was among the lost
-            raise RecoveryError(
-                f"on rank {self.rank}: the survivors cannot agree to recover without {list(gone)}: the store they "
-                f"meet in is unreachable, so its host (rank 0 of a tcp:// or env:// start) is lost with them ("
-                f"{error}). A lost store host cannot be recovered in place: restart the job from its checkpoint, and "
-                "host the store outside the ranks (fmesh.launch, torchrun's agent, or a TCPStore server process of "
-                "its own) to recover in place next time") from None
+        holding = self._agreement.agree_on_loss(survivors, gone, [spec.digest() for spec in self._groups.held()])
         renumber = {old: new for new, old in enumerate(world)}
         taken = self._groups.take_renewed(renumber, holding, set(survivors))
         store = dist.PrefixStore(f"{self._agreement.prefix}/recovered", self._world.store())
-        old = self._world
+        old, ended = self._world, self._agreement.ended  # the launcher's marks, by old rank
         self._end("hand_over")
         if self.rank not in renumber:
             return None
-        ended = self._agreement.ended  # the launcher's marks, by old rank
-
-        def ended_since() -> list[int]:
-            return ended(list(world))
-
-        try:
-            started = old.renewed(renumber[self.rank], len(world), store, self._settings.timeout,
-                                  self._settings.creation_timeout, ended_since)
-        except (RankLostError, GroupTimeoutError) as error:  # a survivor died after agreeing, or never started
-            raise RecoveryError(f"on rank {self.rank}: the survivors agreed to recover without {list(gone)}, but "
-                                f"their new world could not start: {error} (ranks by their old number). Recover "
-                                "again without those ranks too, or restart the job") from error
+        started = old.renewed(world, gone, store, self._settings.timeout, self._settings.creation_timeout, ended)
         renewed = Context._made(started, self._settings, TensorChecks(self._tensors.enabled), self._simulated)
         renewed._groups.adopt_all(taken)
         return renewed

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -163,10 +163,8 @@ class GroupRegistry:
         # BY_IDENTITY: (id(mesh), axes) -> (mesh, target, group), and id(target) -> (target, group).
         self._by_identity: dict[tuple[int, Any], tuple[Mesh, Route]] = {}
         self._by_target: dict[int, tuple[Target, dist.ProcessGroup | None]] = {}
-        self._creating: dict[GroupSpec, threading.Lock] = {}  # one lock per group: two threads create it once
-        self._splitting = threading.Lock()  # materialize's splits: every rank makes them in one order
-        self._agreeing = 0  # agreements under way on this rank (threads creating groups at once)
-        self._creator: tuple[int, str] | None = None  # the thread creating a group now: one at a time
+        self._creating = threading.Lock()  # held while a group (or a split) is created: one at a time; close waits
+        self._creator: tuple[int, str] | None = None  # (ident, name) of the thread creating one now
         self._splits: set[str] = set()  # split_group calls made (every rank makes the same ones)
         self._hits = 0
         self._adopted: dict[GroupSpec, Action] = {}  # groups a recovery handed over: kept or shrunk
@@ -332,63 +330,70 @@ class GroupRegistry:
             self._claimed(target)
         group = self._groups.get(target.spec)
         if group is not None:
-            if _torch.registered(group):
+            if self._usable(group):
                 return group
             self._drop(target.spec)
             raise RankLostError(
                 f"{target.label()} failed earlier on rank {self._world.rank} and was aborted then (its members are "
                 "gone or broke it); this context cannot use it again: abort the context and restart, or recover "
                 "onto a mesh without the lost ranks")
+        with self._creation(target.label()):
+            return self._create(target)
+
+    @contextlib.contextmanager
+    def _creation(self, what: str) -> Iterator[None]:
+        """Hold the creation lock while ``what`` (a group, or a split) is created: one thread at a time (creation
+        shares this rank's store connection, and ranks would wait for each other's groups in different orders); a
+        second thread asking meanwhile is refused, saying what to do. :meth:`close` waits for a creation under way."""
         me = threading.get_ident()
         with self._owning:
-            creating = self._creating.setdefault(target.spec, threading.Lock())
             if self._creator is not None and self._creator[0] != me:
                 raise RuntimeError(
-                    f"thread {threading.current_thread().name!r} asked for {target.label()}, which does not exist "
-                    f"yet, while thread {self._creator[1]!r} creates another group of this context: groups are "
-                    "created by one thread at a time (their creation shares this rank's store connection, and ranks "
-                    "would wait for each other's in different orders). Create every group first, from one thread "
+                    f"thread {threading.current_thread().name!r} asked for {what}, which does not exist yet, while "
+                    f"thread {self._creator[1]!r} creates another group of this context: groups are created by one "
+                    "thread at a time (their creation shares this rank's store connection, and ranks would wait for "
+                    "each other's in different orders). Create every group first, from one thread "
                     "(ctx.materialize(mesh) for each mesh), then run collectives on distinct groups from distinct "
                     "threads")
             self._creator = (me, threading.current_thread().name)
         try:
-            return self._create(target, creating)
+            with self._creating:
+                self.check_open()
+                yield
         finally:
             with self._owning:
                 self._creator = None
 
-    def _create(self, target: Target, creating: threading.Lock) -> dist.ProcessGroup:
-        with creating:
-            group = self._groups.get(target.spec)
-            if group is not None:  # another thread made it meanwhile (it asked first)
-                return group
-            self.check_open()
-            if _torch.bound_device() is not None and target.size > 1:
-                raise RuntimeError(
-                    f"no group yet for axes {target.axes} of {target.mesh!r}: the default group is bound to a "
-                    "device, so creating one needs every rank; call ctx.materialize(...) on every rank before "
-                    "collectives"
-                )
-            started = time.perf_counter()
-            if self._agreement is not None and target.size > 1:
-                agreement, held = self._agreement, len(self._groups)
-                self._failing_as_posted(lambda: agreement.connections.check_room(target.size, held, target.label()))
-            self._agree(target.spec.digest(), target.ranks, target.describe(), target.label())
-            connect_timeout = self._connect_timeout(target.spec)
-            group = self._connect(target.ranks, target.label(), lambda: _torch.create_group(
-                target.spec.ranks,
-                f"{self._world.namespace}:{target.spec.digest()}",
-                rank=self._world.rank,
-                backend=target.spec.backend,
-                timeout=connect_timeout,
-                options=target.spec.options,
-                description=f"fmesh_{'_'.join(target.axes)}",
-                store=None if self._agreement is None else self._agreement.store,
-            ))
-            if connect_timeout != target.spec.timeout:
-                _torch.set_group_timeout(group, target.spec.timeout)
-            self._record(target.spec, group, started)
+    def _create(self, target: Target) -> dist.ProcessGroup:
+        group = self._groups.get(target.spec)
+        if group is not None:  # another thread made it meanwhile (it asked first)
             return group
+        if _torch.bound_device() is not None and target.size > 1:
+            raise RuntimeError(
+                f"no group yet for axes {target.axes} of {target.mesh!r}: the default group is bound to a "
+                "device, so creating one needs every rank; call ctx.materialize(...) on every rank before "
+                "collectives"
+            )
+        started = time.perf_counter()
+        if self._agreement is not None and target.size > 1:
+            agreement, held = self._agreement, len(self._groups)
+            self._failing_as_posted(lambda: agreement.connections.check_room(target.size, held, target.label()))
+        self._agree(target.spec.digest(), target.ranks, target.describe(), target.label())
+        connect_timeout = self._connect_timeout(target.spec)
+        group = self._connect(target.ranks, target.label(), lambda: _torch.create_group(
+            target.spec.ranks,
+            f"{self._world.namespace}:{target.spec.digest()}",
+            rank=self._world.rank,
+            backend=target.spec.backend,
+            timeout=connect_timeout,
+            options=target.spec.options,
+            description=f"fmesh_{'_'.join(target.axes)}",
+            store=None if self._agreement is None else self._agreement.store,
+        ))
+        if connect_timeout != target.spec.timeout:
+            _torch.set_group_timeout(group, target.spec.timeout)
+        self._record(target.spec, group, started)
+        return group
 
     def _connect_timeout(self, spec: GroupSpec) -> Any:
         # gloo's rendezvous waits for every member with the group's timeout (the collectives', 10 min by
@@ -428,8 +433,7 @@ class GroupRegistry:
         """Create the groups along ``axes`` of ``mesh`` for the whole world at once (one
         ``split_group``): every rank calls this, for the same meshes, in the same order. ``mine`` is
         this rank's group (``None`` if the mesh does not cover it); it is recorded like any other."""
-        with self._splitting:
-            self.check_open()
+        with self._creation(f"the split of axes {axes} of {mesh!r}"):
             spec = self.spec(axes, mine or ())
             if mine is not None and spec in self._groups:
                 return
@@ -448,14 +452,7 @@ class GroupRegistry:
 
     def _agree(self, key: str, members: tuple[int, ...], description: str, what: str) -> None:
         if self._agreement is not None and len(members) > 1:
-            with self._owning:
-                self._agreeing += 1
-                alone = self._agreeing == 1
-            try:
-                self._agreement.agree(key, members, description, what, alone)
-            finally:
-                with self._owning:
-                    self._agreeing -= 1
+            self._agreement.agree(key, members, description, what)
 
     def _failing_as_posted(self, step: Callable[[], Any]) -> Any:
         """``step()``; a failure is posted in its status first, so peers waiting for us learn it."""
@@ -499,6 +496,8 @@ class GroupRegistry:
         planner's one rule (:func:`fmesh.plan.communicators.renewals`), detached from torch and renumbered;
         ``holders`` (how many of the ``survivors`` hold each group, by digest) says whether every surviving member
         can keep one."""
+        if self._world.rank not in renumber:  # this rank leaves: it takes nothing, and never calls a shrink (torch
+            return ()                         # refuses one from an excluded member; the others shrink without it)
         held = self.held()
         specs = sorted(held, key=lambda s: (len(s.ranks), s.digest()))  # one order on every rank; smallest first
         choices = renewals([spec.ranks for spec in specs], renumber,
@@ -596,10 +595,8 @@ class GroupRegistry:
             if self._closed:
                 return False
             self._closed = True  # no creation starts now: each checks, under its group's lock, that this is open
-            under_way = [*self._creating.values(), self._splitting]
-        for lock in under_way:  # a creation under way finishes (or fails) first, and its group is ended too
-            with lock:
-                pass
+        with self._creating:  # a creation under way finishes (or fails) first, and its group is ended too
+            pass
         return self._forget_all(end_group)
 
     def _forget_all(self, end_group: Any) -> bool:
@@ -612,14 +609,23 @@ class GroupRegistry:
         if dist.is_initialized():
             for group in groups:
                 # Aborted already (after a failed collective: ValueError), or the backend's abort failed: the
-                # groups left must still end, and the context still close.
-                with contextlib.suppress(ValueError if end_group is _torch.destroy_group else Exception):
-                    end_group(group)
+                # groups left must still end, and the context still close. One a failure cut is aborted, never
+                # destroyed: the orderly way would wait for its broken members.
+                orderly = end_group is _torch.destroy_group
+                ending = _torch.abort_group if orderly and not self._usable(group) else end_group
+                with contextlib.suppress(ValueError if ending is _torch.destroy_group else Exception):
+                    ending(group)
                 if self._agreement is not None:
                     self._agreement.connections.forget(group.group_name)
         released = bool(groups)
         del groups
         return released
+
+    def _usable(self, group: dist.ProcessGroup) -> bool:
+        """Whether ``group`` can run collectives: torch still knows it and no failure cut it (a cut group that can
+        shrink stays registered until a recovery shrinks it)."""
+        return _torch.registered(group) and not (
+            self._agreement is not None and self._agreement.connections.was_cut(group.group_name))
 
     @property
     def closed(self) -> bool:

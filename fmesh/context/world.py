@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from fmesh.context import _torch, rendezvous
 from fmesh.context.options import DEFAULT_TIMEOUT, normalize_backend
+from fmesh.errors import GroupTimeoutError, RankLostError, RecoveryError
 from fmesh.layout.int_tuple import is_int
 
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -182,17 +183,9 @@ class World:
 
     @classmethod
     def start(
-        cls,
-        *,
-        backend: str | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        store: dist.Store | None = None,
-        init_method: str | None = None,
-        timeout: timedelta = DEFAULT_TIMEOUT,
-        device: torch.device | str | None = None,
-        gpus_per_node: int | None = None,
-        name: str = "fmesh",
+        cls, *, rank: int | None = None, world_size: int | None = None, backend: str | None = None,
+        device: torch.device | str | None = None, gpus_per_node: int | None = None, name: str = "fmesh",
+        store: dist.Store | None = None, init_method: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT,
         generation: int = 0,
     ) -> World:
         """Join the default process group, initialising it first if nobody has.
@@ -284,18 +277,27 @@ class World:
         _torch.abort_group(None)
         return attrs.evolve(self, owns_default_group=False)
 
-    def renewed(self, rank: int, world_size: int, store: dist.Store, timeout: timedelta, meet_timeout: timedelta,
-                gone: Callable[[], list[int]] | None = None) -> World:
-        """The world a recovery makes of this one's survivors: ``rank`` of ``world_size``, its default group
-        started on ``store`` (a namespace of the old store of its own), the next generation.
+    def renewed(self, survivors: Sequence[int], lost: Sequence[int], store: dist.Store, timeout: timedelta,
+                meet_timeout: timedelta, ended: Callable[[list[int]], list[int]]) -> World:
+        """The world a recovery makes of ``survivors`` (old ranks, in new rank order; this rank among them), the
+        ``lost`` ranks gone: its default group started on ``store`` (a namespace of the old store of its own), the
+        next generation.
 
-        The survivors first meet in ``store`` (:func:`fmesh.context.rendezvous.meet`, within ``meet_timeout``,
-        ``gone`` naming ranks whose processes ended): torch's rendezvous would wait the whole ``timeout`` for a
-        survivor that died after agreeing, then raise a raw store error."""
-        rendezvous.meet(store, rank=rank, world_size=world_size, timeout=meet_timeout, gone=gone)
-        return World.start(backend=self.backend, rank=rank, world_size=world_size, store=store, timeout=timeout,
-                           device=self.device, gpus_per_node=min(self.local_world_size, world_size), name=self.name,
-                           generation=self.generation + 1)
+        The survivors first meet in ``store`` (:func:`fmesh.context.rendezvous.meet`, within ``meet_timeout``;
+        ``ended`` names the old ranks whose processes the launcher saw end): torch's rendezvous would wait the
+        whole ``timeout`` for a survivor that died after agreeing, then raise a raw store error. A survivor that
+        never comes is one :class:`~fmesh.RecoveryError` naming it."""
+        rank, world_size = list(survivors).index(self.rank), len(survivors)
+        try:
+            rendezvous.meet(store, rank=rank, world_size=world_size, timeout=meet_timeout,
+                            gone=lambda: ended(list(survivors)))
+            return World.start(backend=self.backend, rank=rank, world_size=world_size, store=store, timeout=timeout,
+                               device=self.device, gpus_per_node=min(self.local_world_size, world_size),
+                               name=self.name, generation=self.generation + 1)
+        except (RankLostError, GroupTimeoutError) as error:  # a survivor died after agreeing, or never started
+            raise RecoveryError(f"on rank {self.rank}: the survivors agreed to recover without {list(lost)}, but "
+                                f"their new world could not start: {error} (ranks by their old number). Recover "
+                                "again without those ranks too, or restart the job") from error
 
     def store(self) -> dist.Store:
         """The default group's store, where group creation rendezvous and agreement happen."""

@@ -268,6 +268,77 @@ def test_what_recover_keeps_and_creates_is_what_plan_lose_prints() -> None:
         assert total == 4.0
 
 
+def shrinks_as_nccl_must(ctx: Context) -> Any:
+    """The same job on NCCL's rule (``can_shrink`` made true), with a recording fake of NCCL's calls: torch's
+    ``shrink_group`` (a group of the survivors, made on gloo), the abort and the destroy of groups. What recover
+    kept, shrunk and created is what ``plan --lose`` prints for a backend that shrinks; each parent of a shrink is
+    shrunk with ``SHRINK_ABORT`` and then aborted, never destroyed (pytorch #194775: destroying the parent after a
+    shrink hangs)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from fmesh.context import _torch
+
+    calls: list[tuple[Any, ...]] = []
+    abort, destroy = c10d._abort_process_group, dist.destroy_process_group
+
+    def shrink_group(exclude: list[int], group: Any, shrink_flags: int = 0, pg_options: Any = None) -> Any:
+        calls.append(("shrink", group.group_name, tuple(exclude), shrink_flags))
+        members = dist.get_process_group_ranks(group)
+        if members.index(dist.get_rank()) in exclude:  # torch's rule: "if an excluded rank calls this function"
+            raise RuntimeError(f"rank {dist.get_rank()} is excluded from the shrink of {members}: it must not call it")
+        return dist.new_group([r for i, r in enumerate(members) if i not in exclude], backend="gloo",
+                              use_local_synchronization=True)
+
+    def recording_abort(group: Any = None) -> None:
+        ended = list(c10d._world.pg_map) if group is None else [group]
+        calls.append(("abort", {g.group_name for g in ended}))
+        abort(group)
+
+    def recording_destroy(group: Any = None) -> None:
+        ended = list(c10d._world.pg_map) if group is None else [group]
+        calls.append(("destroy", {g.group_name for g in ended}))
+        destroy(group)
+
+    _torch.can_shrink = lambda backend: True  # type: ignore[assignment]
+    dist.shrink_group = shrink_group  # type: ignore[assignment]
+    c10d._abort_process_group, dist.destroy_process_group = recording_abort, recording_destroy  # type: ignore
+    dims = fmesh.ParallelDims(6, dp_shard=3, tp=2)
+    ctx.materialize(*[(request.mesh, request.axes) for request in job_requests(dims)])
+    if ctx.rank == 5:
+        os._exit(5)
+    for axis in ("dp_shard", "tp"):  # the members of rank 5's groups learn of its loss there
+        if 5 in dims.mesh(axis).group(ctx.rank):
+            with pytest.raises(fmesh.RankLostError):
+                ctx.all_reduce(torch.ones(1), dims.mesh(axis), axis)
+    job = recover_job(dims, [5], shrink_groups=True)
+    renewed = ctx.recover([5], job.after.world_mesh)
+    if renewed is None:
+        return None
+    with renewed:
+        renewed.materialize(*[(request.mesh, request.axes) for request in job_requests(job.after)])
+        stats = renewed.stats()
+        total = renewed.all_reduce(torch.ones(1), job.after.mesh("dp_shard"), "dp_shard").item()
+    counts = (stats["groups_kept"], stats["groups_shrunk"], stats["groups_created"])
+    return counts, job.plan.counts, total, calls, c10d.SHRINK_ABORT
+
+
+@pytest.mark.slow
+def test_an_nccl_recovery_shrinks_what_plan_lose_prints_and_aborts_each_parent() -> None:
+    results = launch(shrinks_as_nccl_must, 6, timeout=90, on_rank_loss="continue")
+    assert isinstance(results[5], fmesh.LaunchError)
+    assert results[4] is None
+    for rank in range(4):
+        counts, planned, total, calls, abort_flag = results[rank]
+        assert counts == (planned["keep"], planned["shrink"], planned["create"]) == (1, 1, 0), results[rank]
+        assert total == 2.0
+        shrinks = [call for call in calls if call[0] == "shrink"]
+        assert len(shrinks) == 1 and shrinks[0][2] == (2,) and shrinks[0][3] == abort_flag, calls
+        parent = shrinks[0][1]
+        after = calls[calls.index(shrinks[0]) + 1:]
+        assert any(call[0] == "abort" and parent in call[1] for call in after), calls
+        assert not any(call[0] == "destroy" and parent in call[1] for call in calls), calls
+
+
 def a_survivor_dies_after_agreeing(ctx: Context) -> Any:
     """Rank 3 dies; the survivors agree to recover without it; then rank 2 dies too, before the new world starts
     (its process ends where it would meet the others). Ranks 0 and 1: a RecoveryError naming rank 2, in seconds."""

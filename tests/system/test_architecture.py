@@ -7,7 +7,17 @@ import subprocess
 import sys
 
 import pytest
-from architecture import Module, all_violations, cycles, exception_homes, layering, parse_tree, planted, privacy
+from architecture import (
+    Module,
+    all_violations,
+    code_lines,
+    cycles,
+    exception_homes,
+    layering,
+    parse_tree,
+    planted,
+    privacy,
+)
 
 import fmesh
 import fmesh.errors
@@ -41,6 +51,12 @@ def test_every_exception_lives_in_errors_and_is_public() -> None:
         assert cls.__module__ == ("fmesh" if public else "fmesh.errors"), cls
         assert not public or getattr(fmesh, cls.__name__) is cls, cls
         assert cls.__doc__ and len(cls.__doc__.split()) >= 8, f"{cls.__name__} does not say what raises it"
+
+
+def test_the_context_stays_thin() -> None:
+    # One door for the collectives, the rooms doing their own work: the Context conducts, in under 250 code lines.
+    (context,) = [m for m in TREE if m.name == "fmesh.context.context"]
+    assert 100 < code_lines(context) < 250, code_lines(context)
 
 
 PLANTED = [
