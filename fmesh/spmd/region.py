@@ -36,6 +36,7 @@ from fmesh.spmd.types import (
     AxisType,
     Kind,
     Operand,
+    averaged,
     check_output,
     combine,
     moved_dim,
@@ -99,6 +100,7 @@ class Types(TorchFunctionMode):  # type: ignore[misc]
             return result
         if broken is not None:
             raise broken
+        found = [averaged(op, kwargs.get("reduction"), outputs[0].dim(), t) for t in found]
         if op in MOVES and isinstance(args[0], torch.Tensor):
             before, after = tuple(args[0].shape), tuple(outputs[0].shape)
             found = [AxisType(VARYING, moved_dim(op, args[1:], before, after, d)) if t.kind == VARYING and d is not None
@@ -129,8 +131,10 @@ class Axes:
         return names
 
     def _run(self, what: str, x: torch.Tensor, axes: tuple[str, ...], allowed: Mapping[Kind, str],
-             result: Callable[[], torch.Tensor], becomes: Callable[[AxisType], AxisType]) -> torch.Tensor:
-        """``result()`` after checking ``x``'s type along ``axes`` (``allowed``: a forbidden kind → the fix)."""
+             result: Callable[[], torch.Tensor], becomes: Callable[[AxisType], AxisType],
+             summing: bool = False) -> torch.Tensor:
+        """``result()`` after checking ``x``'s type along ``axes`` (``allowed``: a forbidden kind → the fix;
+        ``summing``: a sum, which refuses the members' means of their own blocks)."""
         types = self.types
         if types is None or compiling():
             return result()
@@ -140,6 +144,11 @@ class Axes:
             if found.kind in allowed:
                 raise SpmdTypeError(f"{what} of {operand.name}, which is {found!r} along {axis!r}: "
                                     f"{allowed[found.kind]}")
+            if summing and found.mean:
+                raise SpmdTypeError(
+                    f"{what} of {operand.name}, which is {found!r} along {axis!r}: the sum of the members' means is "
+                    f"{self.mesh.shape[axis]} times the mean of the whole; fix: ax.pmean(..., {axis!r}) (or sum "
+                    f"each block, divide by the whole's count, then psum)")
         types.quiet += 1
         try:
             out = result()
@@ -165,14 +174,19 @@ class Axes:
         """The sum over ``axes``, invariant along them; the gradient passes unchanged (``ctx.sum_partials``)."""
         if self.types is None:  # unchecked: the Context's call and nothing else (it checks the axes)
             return self.ctx.sum_partials(x, self.mesh, axes)
-        names = self._axes(axes)
-        return self._run("psum", x, names, {INVARIANT: "it is already the same on every member (reduced); a "
-                                            "second sum multiplies it by the axis size; fix: drop this psum"},
-                         lambda: self.ctx.sum_partials(x, self.mesh, names), lambda t: AxisType(INVARIANT))
+        return self._sum("psum", x, self._axes(axes), summing=True)
 
     def pmean(self, x: torch.Tensor, axes: AxesArg) -> torch.Tensor:
-        """The mean over ``axes`` (:meth:`psum` divided by their size)."""
-        return self.psum(x, axes) / self.axis_size(axes)
+        """The mean over ``axes`` (:meth:`psum` divided by their size; the members' means of their own blocks
+        average to the mean of the whole)."""
+        if self.types is None:
+            return self.ctx.sum_partials(x, self.mesh, axes) / self.axis_size(axes)
+        return self._sum("pmean", x, self._axes(axes), summing=False) / self.axis_size(axes)
+
+    def _sum(self, what: str, x: torch.Tensor, names: tuple[str, ...], summing: bool) -> torch.Tensor:
+        return self._run(what, x, names, {INVARIANT: "it is already the same on every member (reduced); a second "
+                                          f"sum multiplies it by the axis size; fix: drop this {what}"},
+                         lambda: self.ctx.sum_partials(x, self.mesh, names), lambda t: AxisType(INVARIANT), summing)
 
     def pvary(self, x: torch.Tensor, axes: AxesArg) -> torch.Tensor:
         """``x`` itself, from now on varying along ``axes``; its gradient is summed over them (``sum_gradients``)."""

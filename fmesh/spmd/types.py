@@ -8,6 +8,11 @@ Along each mesh axis a local value is one of (JAX's ``vma`` words, plus DTensor'
   (counted from the end) the axis splits, where known. Its gradient is each member's own.
 * ``partial``: a pending sum over the axis (a row-parallel product); only linear operations may touch it.
 
+A varying value that is the mean of each member's own block (a full ``mean``, or a loss averaged over all its
+elements, of a varying value) is marked so (``AxisType.mean``): the sum of the members' means is the axis size
+times the mean of the whole, so a ``psum`` of it is refused with ``pmean`` as the fix (a sum where a mean was
+meant, which JAX's ``vma`` does not see).
+
 The rules are pure (no torch import): :mod:`fmesh.spmd.region` applies them to each torch call.
 """
 
@@ -41,6 +46,9 @@ ELEMENTWISE_SAME_DIMS = ADDITIVE - {"cat", "concat", "concatenate", "stack"} | {
     "tanh", "sigmoid", "exp", "pow", "rsqrt", "sqrt", "dropout", "where", "maskedfill", "typeas", "requiresgrad",
     "softmax", "logsoftmax", "layernorm", "rmsnorm", "addcmul"}
 MOVES = frozenset({"view", "reshape", "transpose", "swapaxes", "permute", "t"})
+# Reductions that average (torch.mean; the losses, whose default reduction is the mean of every element).
+MEANS = frozenset({"mean", "crossentropy", "nllloss", "mseloss", "l1loss", "smoothl1loss", "huberloss",
+                   "binarycrossentropy", "binarycrossentropywithlogits", "kldiv"})
 
 
 @attrs.frozen
@@ -53,8 +61,11 @@ class AxisType:
 
     kind: Kind
     dim: int | None = None  # varying only: the tensor dimension (negative, from the end) the axis splits
+    mean: bool = False  # varying only: the mean of each member's own block (a psum of it is size x the mean)
 
     def __repr__(self) -> str:
+        if self.mean:
+            return f"{self.kind}(the mean of each member's own block)"
         return f"{self.kind}(dim {self.dim})" if self.dim is not None else self.kind
 
 
@@ -140,7 +151,22 @@ def combine(op: str, axis: str, index: int, operands: list[Operand]) -> AxisType
             f"summed over {axis!r}: Megatron's sum_gradients, DDP's all_reduce)")
     if not varying:
         return AxisType(INVARIANT)
-    return AxisType(VARYING, _dim(op, operands, varying, index))
+    mean = op in ELEMENTWISE_SAME_DIMS and any(o.types[index].mean for o in varying)  # a mean scaled is one still
+    return AxisType(VARYING, _dim(op, operands, varying, index), mean)
+
+
+def averaged(op: str, reduction: object, out_ndim: int, found: AxisType) -> AxisType:
+    """``found``, marked as the mean of each member's own block when ``op`` averages every element of a value that
+    varies along the axis (:data:`MEANS`, with the default ``reduction`` or ``"mean"``, to a 0-dim result).
+
+    >>> averaged("crossentropy", None, 0, AxisType("varying", -2))
+    varying(the mean of each member's own block)
+    >>> averaged("crossentropy", "sum", 0, AxisType("varying", -2))
+    varying(dim -2)
+    """
+    if found.kind == VARYING and out_ndim == 0 and op in MEANS and reduction in (None, "mean"):
+        return AxisType(VARYING, None, True)
+    return found
 
 
 def _dim(op: str, operands: list[Operand], varying: list[Operand], index: int) -> int | None:

@@ -45,6 +45,7 @@ BUGS = {
     "residual without reduce": "the row-parallel output added to the residual unreduced",
     "wrong axis": "the attention output reduce-scattered over dp instead of tp",
     "loss not reduced over dp": "out spec claims the loss replicated but it varies over dp",
+    "sum vs mean over dp": "each member's mean loss summed over dp (and tp): dp x tp times the mean",
     "out spec claims replicated": "the block output is sequence-sharded but its out spec says replicated over tp",
     "out spec wrong dimension": "the block output is split at the sequence dim but its spec names the hidden dim",
 }
@@ -136,7 +137,7 @@ def program(ax: Axes, bug: str, x: torch.Tensor, *weights: torch.Tensor) -> tupl
         y = ax.psum_scatter(F.linear(f, p["w2"]), "tp", dim=1) + p["b2"]
     y = x + y
 
-    local = (y ** 2).sum() / (B * S * H)
+    local = (y ** 2).mean() if bug == "sum vs mean over dp" else (y ** 2).sum() / (B * S * H)
     if bug == "loss psum twice":
         loss = ax.psum(ax.psum(local, everywhere), "dp")
     elif bug == "loss not reduced over dp":
