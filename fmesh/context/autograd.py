@@ -13,7 +13,7 @@ all_reduce max/min/product raises :class:`~fmesh.NoGradientError`
 all_gather along ``dim``   reduce_scatter sum along ``dim``
 reduce_scatter sum (avg)   all_gather along ``dim`` (scaled by 1/n)
 all_to_all                 all_to_all with ``split_dim`` and ``concat_dim`` swapped
-broadcast from ``src``     sum reduce to ``src``; the other members' inputs get zeros
+broadcast from ``src``     all_reduce sum, kept by ``src``; the other members' inputs get zeros
 ppermute / shift           the inverse permutation
 =========================  ===========================================================
 

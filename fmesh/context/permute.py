@@ -13,6 +13,7 @@ is the permutation to the neighbour ``offset`` steps along, computed for this me
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -68,10 +69,12 @@ def _explain_perm(perm: object, size: int, axis: str) -> Perm:
     by_source: dict[int, tuple[int, int]] = {}
     by_destination: dict[int, tuple[int, int]] = {}
     for pair in perm:
-        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2 or not all(
-                is_int(c) for c in pair):
+        coordinates = [] if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) else [
+            _integer(c) for c in pair]  # numpy's and torch's integers as ints
+        ints = [c for c in coordinates if c is not None]
+        if len(ints) != 2 or len(coordinates) != 2:
             raise TypeError(f"ppermute perm: expected (source, destination) pairs of ints, but got {pair!r}")
-        source, destination = pair
+        source, destination = ints
         for role, coordinate in (("source", source), ("destination", destination)):
             if not 0 <= coordinate < size:
                 raise ValueError(
@@ -85,6 +88,17 @@ def _explain_perm(perm: object, size: int, axis: str) -> Perm:
                     f"coordinate {'sends' if role == 'source' else 'receives'} at most once")
             seen[coordinate] = (source, destination)
     return tuple(by_source.values())
+
+
+def _integer(value: object) -> int | None:
+    """``value`` as an int if it is one (numpy's and torch's integer scalars too, by ``__index__``; never a bool
+    or a float), else ``None``."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def peers(perm: Perm, member: int) -> tuple[int | None, int | None]:

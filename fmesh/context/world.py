@@ -31,9 +31,13 @@ from fmesh.layout.int_tuple import is_int
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+MAX_COUNT = 2**31 - 1  # torch numbers ranks (and counts them) with 32-bit ints
+
+
 def _check_count(label: str, value: object) -> None:
-    if value is not None and (not is_int(value) or value < 0):
-        raise ValueError(f"{label} must be a non-negative int, got {value!r}")
+    if value is not None and (not is_int(value) or not 0 <= value <= MAX_COUNT):
+        raise ValueError(f"{label} must be an int in 0..2**31 - 1 (torch numbers ranks with 32-bit ints), got "
+                         f"{value!r}")
 
 
 def check_device(device: object, dry_run: bool = False) -> torch.device | None:

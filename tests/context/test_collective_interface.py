@@ -291,6 +291,16 @@ def broken(perm: list[Any], size: int, kind: str, data: st.DataObject) -> tuple[
     return [*perm[:at], pair, *perm[at:]], words
 
 
+def test_check_perm_takes_numpy_and_torch_integers_as_ints() -> None:
+    import numpy as np
+
+    perm = [(np.int64(0), torch.tensor(1).item()), (np.int32(1), np.int64(0))]
+    assert check_perm(perm, 2, "pp") == ((0, 1), (1, 0))
+    assert all(type(c) is int for pair in check_perm(perm, 2, "pp") for c in pair)
+    with pytest.raises(TypeError, match="pairs of ints"):
+        check_perm([(np.float64(0.0), 1)], 2, "pp")
+
+
 def test_check_perm_accepts_the_partial_permutations_and_names_each_way_to_break_one() -> None:
     """Law: every partial permutation comes back as tuples, unchanged; each kind of broken one raises its own
     error, whose message names what is wrong. Both branches counted: valid non-empty perms >= 30% of draws,

@@ -37,6 +37,8 @@ CASES: list[tuple[str, Callable[[], Any], type[Exception], tuple[str, ...]]] = [
     ("a device, not a type", lambda: fmesh.make_mesh((2,), ("a",), device_type="cuda:1"), ValueError,
      ("'cuda:1'", "without an index", "Context(device='cuda:1')", "device_type='cuda'")),
     ("world size zero", lambda: Universe(0), ValueError, ("0", "positive integer")),
+    ("a dry run past torch's ranks", lambda: fmesh.Context.fake(2**40), ValueError,
+     ("1099511627776", "0..2**31 - 1", "32-bit")),
     ("unknown axis in slice", lambda: fmesh.slice(MESH, "pp"), KeyError, ("'pp'", "('dp', 'cp', 'tp')")),
     ("slice nothing", lambda: fmesh.slice(MESH), ValueError, ("at least one", "('dp', 'cp', 'tp')")),
     ("slice twice the same axis", lambda: fmesh.slice(MESH, "tp", "tp"), ValueError, ("'tp'", "more than once")),
