@@ -157,7 +157,7 @@ def combine(op: str, axis: str, index: int, operands: list[Operand]) -> AxisType
 
 def averaged(op: str, reduction: object, out_ndim: int, found: AxisType) -> AxisType:
     """``found``, marked as the mean of each member's own block when ``op`` averages every element of a value that
-    varies along the axis (:data:`MEANS`, with the default ``reduction`` or ``"mean"``, to a 0-dim result).
+    varies along the axis (``MEANS``, with the default ``reduction`` or ``"mean"``, to a 0-dim result).
 
     >>> averaged("crossentropy", None, 0, AxisType("varying", -2))
     varying(the mean of each member's own block)
