@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Literal, NoReturn
 
@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch
-from fmesh.context.agreement import FAILED, Agreement, describe_status
+from fmesh.context.agreement import FAILED, FINAL_STATES, Agreement, describe_status
 from fmesh.context.groups import Route, Target
 from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError, TensorMismatchError
 from fmesh.layout.int_tuple import is_int
@@ -87,6 +87,21 @@ LOCAL_REFUSALS: tuple[str, ...] = (
 # every rank runs the same program on the same kind of tensor) before it takes them for blocked in the collective.
 REFUSAL_GRACE_SECONDS = 2.0
 _REFUSED = re.compile("|".join(f"(?:{pattern})" for pattern in LOCAL_REFUSALS))
+# What a backend says when a peer is gone, in a collective fmesh did not run (FSDP's, DTensor's, a raw dist call):
+# gloo's transport (gloo/transport/tcp/pair.cc: a closed or reset connection, a read or write error, its timeout),
+# and NCCL's (ProcessGroupNCCL: a remote or system error, an aborted communicator, the watchdog's timeout). A
+# torch.distributed.DistError is one whatever it says.
+PEER_FAILURES: tuple[str, ...] = (
+    r"Connection closed by peer",
+    r"Connection reset by peer",
+    r"\bRead error\b",
+    r"\bWrite error\b",
+    r"Timed out waiting .* for recv operation",
+    r"ncclRemoteError|ncclSystemError|ncclInternalError",
+    r"NCCL communicator was aborted",
+    r"Watchdog caught collective operation timeout",
+)
+_PEER_FAILED = re.compile("|".join(f"(?:{pattern})" for pattern in PEER_FAILURES))
 
 
 def reduce_op(op: object) -> Any:
@@ -239,10 +254,15 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         missing, statuses, answers = [m for m in ranks if m != agreement.rank], {}, {}
     doing = "; ".join(describe_status(m, statuses[m]) if m in statuses else f"rank {m}: the store is unreachable, "
                       "its host is gone (rank 0, unless torchrun's agent hosts it)" for m in missing[:8])
+    ended: list[int] = []
     with contextlib.suppress(Exception):  # the store may be gone: what it would add is a detail
         ended = agreement.ended(missing)
         if ended:
             doing = f"the launcher saw the processes of ranks {ended} end; {doing}"
+    # Gone for sure: the launcher saw the process end, or it posted a final status. The others that did not answer
+    # are alive as far as anyone knows (blocked in a collective, or slow): named apart, never as lost.
+    known_gone = sorted({*ended, *(m for m in missing if statuses.get(m, {}).get("state") in FINAL_STATES)})
+    blocked = [m for m in missing if m not in known_gone and m != agreement.rank]  # this rank answered, if late
     mismatch = next((m for m in missing if statuses.get(m, {}).get("kind") == "MeshMismatchError"), None)
     refused = next((m for m in missing if statuses.get(m, {}).get("refused")), None)
     explained: Exception
@@ -261,6 +281,13 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
             f"on rank {agreement.rank}: {what} along {where} timed out after {timeout.total_seconds():g}s; ranks "
             f"{missing} did not answer a roll call: {doing or 'all answered, so one is stuck elsewhere'}. Expected "
             "every member to run this collective; check the order of collectives on the ranks named here")
+    elif known_gone:
+        alive = (f"; ranks {blocked} did not answer a roll call within {ROLL_CALL_SECONDS:g}s but are not known to be "
+                 "gone (still blocked in a collective, or slow)") if blocked else ""
+        explained = RankLostError(
+            f"on rank {agreement.rank}: {what} along {where} failed: ranks {known_gone} of the group are gone "
+            f"({doing}){alive}. Expected every member alive; see the logs of ranks {known_gone}, then restart the "
+            f"job or recover without them (the backend said: {error})")
     elif missing:
         gone = [m for m in missing if statuses.get(m, {}).get("state") != FAILED]
         explained = RankLostError(
@@ -276,6 +303,37 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
             "(check that every member passes a tensor of the same dtype and shape)")
     agreement.failed(explained)
     raise explained from error
+
+
+def peer_failed(error: BaseException) -> bool:
+    """Whether ``error``, raised by a collective fmesh did not run, says a peer is gone (:data:`PEER_FAILURES`, or a
+    ``torch.distributed.DistError``); never for fmesh's own errors, which explain themselves already.
+
+    >>> peer_failed(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:31123")), peer_failed(
+    ...     RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    (True, False)
+    """
+    if type(error).__module__.split(".")[0] == "fmesh":
+        return False
+    return isinstance(error, dist.DistError) or (
+        isinstance(error, RuntimeError) and _PEER_FAILED.search(str(error)) is not None)
+
+
+@contextlib.contextmanager
+def guarded(what: str, world_size: int, timeout: timedelta, agreement: Agreement | None) -> Iterator[None]:
+    """Explain a peer's loss in collectives fmesh did not run (FSDP's, DTensor's, raw ``torch.distributed`` calls)
+    inside the block, as fmesh explains its own: a backend error that says a peer is gone (:func:`peer_failed`)
+    becomes, after a roll call of the world (every survivor whose block failed answers it),
+    :class:`~fmesh.RankLostError` naming the ranks that did not answer, with the backend's error as its cause. Any
+    other error passes unchanged, at once."""
+    started = time.monotonic()
+    try:
+        yield
+    except Exception as error:
+        if agreement is None or not peer_failed(error):
+            raise
+        count = agreement.store.add(f"{agreement.prefix}/guarded/{agreement.rank}", 1)  # the n-th on every rank
+        failed(f"{what} (#{count})", None, tuple(range(world_size)), timeout, started, error, agreement)
 
 
 def run(what: str, route: Route, call: Callable[[], object]) -> None:

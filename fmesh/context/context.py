@@ -24,6 +24,7 @@ Rules for group creation (what every rank must do):
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -360,6 +361,19 @@ class Context:
             collectives.world_barrier(self.world_size, self._settings.timeout, self._agreement)
             return
         collectives.barrier(self._groups.resolve(mesh, axes))
+
+    def guard(self, what: str = "a training step") -> contextlib.AbstractContextManager[None]:
+        """Explain a lost rank in collectives fmesh did not run (FSDP2's, DTensor's, raw ``torch.distributed``
+        calls on this context's groups) as fmesh's own collectives do: inside ``with ctx.guard():``, a backend
+        error saying a peer is gone becomes, after a roll call of the world, :class:`~fmesh.RankLostError`
+        naming the ranks that did not answer (the backend's error is its ``__cause__``), on every survivor whose
+        block failed; any other error passes unchanged. ``what`` names the block in the error.
+
+        >>> import fmesh
+        >>> with Context.fake(2) as ctx, ctx.guard("step 3"):
+        ...     total = ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("dp",)), "dp")
+        """
+        return collectives.guarded(what, self.world_size, self._settings.timeout, self._agreement)
 
     # ------------------------------------------------------ objects, permutes
 

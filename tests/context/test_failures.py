@@ -131,6 +131,42 @@ def test_a_rank_that_dies_mid_job_is_named_by_the_survivors() -> None:
     assert all("2" in ranks for ranks in named) and "[2]" in named, named
 
 
+def dies_in_a_collective_fmesh_did_not_run(ctx: Context) -> Any:
+    """FSDP's collectives, DTensor's, raw torch.distributed calls: fmesh does not run them, but inside ctx.guard() a
+    peer's loss in them is explained as in fmesh's own; a bug of the program inside it passes unchanged, at once."""
+    import torch.distributed as dist
+
+    group = ctx.group(fmesh.make_mesh((3,), ("dp",)), "dp")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"), ctx.guard("step 0"):
+        torch.ones(2, 3) @ torch.ones(2, 3)
+    bug_seconds = time.monotonic() - started
+    dist.all_reduce(torch.ones(1), group=group)
+    if ctx.rank == 2:
+        os._exit(3)
+    started = time.monotonic()
+    try:
+        with ctx.guard("step 1"):
+            dist.all_reduce(torch.ones(1), group=group)
+            dist.all_reduce(torch.ones(1), group=group)
+    except fmesh.RankLostError as error:
+        return str(error), type(error.__cause__).__name__, time.monotonic() - started, bug_seconds
+    return "no error"
+
+
+def test_a_peer_lost_in_a_collective_fmesh_did_not_run_is_explained_inside_guard() -> None:
+    results = launch(dies_in_a_collective_fmesh_did_not_run, 3, timeout=60)
+    assert isinstance(results[2], fmesh.LaunchError) and "exit code 3" in str(results[2])
+    for rank in (0, 1):
+        assert isinstance(results[rank], tuple), results[rank]
+        message, cause, seconds, bug_seconds = results[rank]
+        assert message.startswith(f"on rank {rank}: step 1 (#1) along the default group failed: ranks ")
+        gone = message.split("ranks ", 1)[1].split(" of the group")[0]
+        assert gone == "[2]", message  # the launcher saw rank 2 end; a survivor slow to answer is never named lost
+        assert cause == "RuntimeError" and seconds < 15, (message, cause, seconds)
+        assert bug_seconds < 1, bug_seconds  # the program's own error: no roll call
+
+
 def aborts_while_a_peer_waits(ctx: Context) -> tuple[str, float]:
     mesh = fmesh.make_mesh((2,), ("dp",))
     ctx.all_reduce(torch.ones(1), mesh, "dp")
