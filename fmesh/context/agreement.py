@@ -311,11 +311,13 @@ class Agreement:
         started = time.monotonic()
         done = f"{base}/done"
 
-        looks: list[None] = []
+        looks: list[dict[int, tuple[Any, Any]]] = []  # what each look saw: every member's state and key
 
         def look() -> bool:
-            self._diagnose(key, members, publish=not looks)
-            looks.append(None)
+            # A cycle never moves: it is looked for only when the members stand where the previous look saw them.
+            # While they move (a slow start, where each member works through its agreements), a look costs one read.
+            seen = self._diagnose(key, members, publish=not looks, search=lambda now: bool(looks) and now == looks[-1])
+            looks.append(seen)
             return False
 
         try:
@@ -386,20 +388,25 @@ class Agreement:
 
     # ------------------------------------------------------------- diagnosis
 
-    def _diagnose(self, key: str, members: Sequence[int], publish: bool = True) -> None:
+    def _diagnose(self, key: str, members: Sequence[int], publish: bool = True,
+                  search: Callable[[dict[int, tuple[Any, Any]]], bool] | None = None) -> dict[int, tuple[Any, Any]]:
         """The slow path: publish this group's members (at the first look), then look for a member that failed
-        or a cycle."""
+        or a cycle (only where ``search``, given each member's state and key now, says so; always without it).
+        Each member's state and key, as read."""
         base = f"{self.prefix}/agree/{key}"
         if publish:
             self.store.set(f"{base}/members", json.dumps(list(members)))
         statuses = self.statuses(members)
+        seen = {member: (status.get("state"), status.get("at")) for member, status in statuses.items()}
         for member in members:
             status = statuses[member]
             if status.get("state") in FINAL_STATES and member != self.rank:
                 kind = MISMATCH if status.get("kind") == "MeshMismatchError" else LOST
                 self.store.compare_set(f"{base}/done", "", f"{kind}\n{describe_status(member, status)}, instead of "
                                        "creating this group (a member of it)")
-                return
+                return seen
+        if search is not None and not search(seen):
+            return seen
         cycle = self._cycle(key, members, statuses)
         if cycle and self._still_stuck(cycle):
             lines = [describe_status(rank, status) for rank, status in cycle]
@@ -407,6 +414,7 @@ class Agreement:
                        f"create a group the next one does not create: {'; '.join(lines)}")
             for _, status in cycle:
                 self.store.compare_set(f"{self.prefix}/agree/{status['at']}/done", "", verdict)
+        return seen
 
     def _still_stuck(self, cycle: list[tuple[int, dict[str, Any]]]) -> bool:
         """Whether a cycle found in statuses read at different moments is real: no group on it is done, before and
