@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -362,7 +362,8 @@ class Context:
             return
         collectives.barrier(self._groups.resolve(mesh, axes))
 
-    def guard(self, what: str = "a training step") -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def guard(self, what: str = "a training step") -> Iterator[None]:
         """Explain a lost rank in collectives fmesh did not run (FSDP2's, DTensor's, raw ``torch.distributed``
         calls on this context's groups) as fmesh's own collectives do: inside ``with ctx.guard():``, a backend
         error saying a peer is gone becomes, after a roll call of the world, :class:`~fmesh.RankLostError`
@@ -373,7 +374,8 @@ class Context:
         >>> with Context.fake(2) as ctx, ctx.guard("step 3"):
         ...     total = ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("dp",)), "dp")
         """
-        return collectives.guarded(what, self.world_size, self._settings.timeout, self._agreement)
+        with collectives.guarded(what, self.world_size, self._settings.timeout, self._agreement):
+            yield
 
     # ------------------------------------------------------ objects, permutes
 

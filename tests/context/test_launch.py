@@ -62,11 +62,11 @@ def test_a_failing_rank_raises_its_exception_with_rank_and_traceback() -> None:
 
 
 def test_a_hang_ends_at_the_timeout_and_leaves_no_process() -> None:
+    timeout = patience(3, 2)  # long enough for rank 0 to start and finish (about a second) on a busy machine
+
     def body(ctx: fmesh.Context) -> None:
         if ctx.rank == 1:
-            time.sleep(60)
-
-    timeout = patience(3, 2)  # long enough for rank 0 to start and finish (about a second) on a busy machine
+            time.sleep(timeout + 60)  # past the timeout, however far the load stretched it
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=rf"ranks \[1\] did not finish within {timeout}s"):
         fmesh.launch(body, world_size=2, timeout=timeout)
