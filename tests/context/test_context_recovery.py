@@ -246,15 +246,23 @@ def renews_as_the_plan_says(ctx: Context) -> Any:
         os._exit(5)
     with pytest.raises(fmesh.RankLostError):
         ctx.all_reduce(torch.ones(1), *everyone)
-    job = recover_job(dims, [5], shrink_groups=False)
+    return recovered_as_planned(ctx, dims, shrink_groups=False, axes=dims.world_mesh.axis_names)
+
+
+def recovered_as_planned(ctx: Context, dims: fmesh.ParallelDims, shrink_groups: bool,
+                         axes: tuple[str, ...]) -> Any:
+    """Recover without rank 5 onto the job ``plan --lose 5`` plans, create every group of its meshes: what the
+    Context kept, shrunk and created, what the plan counts, and a sum over ``axes`` of the new world mesh (the
+    ranks' count along them); ``None`` on a rank the smaller job drops."""
+    job = recover_job(dims, [5], shrink_groups=shrink_groups)
     renewed = ctx.recover([5], job.after.world_mesh)
     if renewed is None:
         return None
     with renewed:
         renewed.materialize(*[(request.mesh, request.axes) for request in job_requests(job.after)])
         stats = renewed.stats()
-        total = renewed.all_reduce(torch.ones(1), job.after.world_mesh, job.after.world_mesh.axis_names).item()
-        return (stats["groups_kept"], stats["groups_shrunk"], stats["groups_created"]), job.plan.counts, total
+        total = renewed.all_reduce(torch.ones(1), job.after.world_mesh, axes).item()
+    return (stats["groups_kept"], stats["groups_shrunk"], stats["groups_created"]), job.plan.counts, total
 
 
 @pytest.mark.slow
@@ -310,16 +318,8 @@ def shrinks_as_nccl_must(ctx: Context) -> Any:
         if 5 in dims.mesh(axis).group(ctx.rank):
             with pytest.raises(fmesh.RankLostError):
                 ctx.all_reduce(torch.ones(1), dims.mesh(axis), axis)
-    job = recover_job(dims, [5], shrink_groups=True)
-    renewed = ctx.recover([5], job.after.world_mesh)
-    if renewed is None:
-        return None
-    with renewed:
-        renewed.materialize(*[(request.mesh, request.axes) for request in job_requests(job.after)])
-        stats = renewed.stats()
-        total = renewed.all_reduce(torch.ones(1), job.after.mesh("dp_shard"), "dp_shard").item()
-    counts = (stats["groups_kept"], stats["groups_shrunk"], stats["groups_created"])
-    return counts, job.plan.counts, total, calls, c10d.SHRINK_ABORT
+    outcome = recovered_as_planned(ctx, dims, shrink_groups=True, axes=("dp_shard",))
+    return None if outcome is None else (*outcome, calls, c10d.SHRINK_ABORT)
 
 
 @pytest.mark.slow
