@@ -5,7 +5,9 @@ every backend that moves tensors (gloo on the CPU, NCCL on the GPU). A member wh
 pickled still takes part: it sends a negative size, ``-(len(reason) + 1)``, and the text of its
 error in place of the bytes, so every member learns of the failure from the same two collectives and
 raises :class:`~fmesh.errors.UnpicklableObjectError` naming the members that failed. Nobody waits for a
-member that gave up.
+member that gave up. Unpickling can fail too, on some members only (a class whose module one rank lacks): the
+members then tell each other whether they could load what arrived (one more gather of sizes, a few bytes), so that
+every member raises the same error, naming the members that could not, or none does.
 
 >>> import threading
 >>> size, payload = pickled(threading.Lock())
@@ -78,24 +80,53 @@ def alone(what: str, target: Target, obj: object) -> object:
     return pickle.loads(payload)
 
 
-def all_gather_object(route: Route, obj: object, device: torch.device) -> list[object]:
-    """Every member's ``obj``, unpickled, in group order."""
+def _gathered(what: str, route: Route, size: int, payload: bytes, device: torch.device) -> tuple[list[int],
+                                                                                                   list[bytes]]:
+    """Every member's ``size`` and ``payload`` (its :func:`pickled` form), in group order: the sizes first, then the
+    bytes padded to the longest."""
     target, process_group = route.target, route.group
-    size, payload = pickled(obj)
     sizes = torch.empty(target.size, dtype=torch.int64, device=device)
     mine = torch.tensor([size], dtype=torch.int64).to(device)
-    run("all_gather_object", route, lambda: _torch.all_gather_single(sizes, mine, group=process_group))
+    run(what, route, lambda: _torch.all_gather_single(sizes, mine, group=process_group))
     every = sizes.tolist()
     width = max(length(s) for s in every)
+    if width == 0:
+        return every, [b"" for _ in every]
     gathered = torch.empty(target.size * width, dtype=torch.uint8, device=device)
     sent = _bytes_tensor(payload, width, device)
-    run("all_gather_object", route, lambda: _torch.all_gather_single(gathered, sent, group=process_group))
+    run(what, route, lambda: _torch.all_gather_single(gathered, sent, group=process_group))
     raw = memoryview(gathered.cpu().numpy())
-    parts = [raw[i * width : i * width + length(s)] for i, s in enumerate(every)]
-    failed = [(i, bytes(part)) for i, (s, part) in enumerate(zip(every, parts, strict=True)) if s < 0]
+    return every, [bytes(raw[i * width : i * width + length(s)]) for i, s in enumerate(every)]
+
+
+def _loaded(what: str, route: Route, parts: Sequence[bytes], device: torch.device) -> list[object]:
+    """``parts`` unpickled on every member, or one :class:`~fmesh.errors.UnpicklableObjectError` on every member
+    naming those that could not (their reason): the members tell each other how it went (:func:`_gathered`)."""
+    try:
+        loaded, reason = [pickle.loads(part) for part in parts], b""
+    except Exception as error:  # a class or module this member lacks, a corrupt payload: its own reason
+        loaded, reason = [], f"{type(error).__name__}: {error}".encode()
+    every, reasons = _gathered(what, route, len(reason), reason, device)
+    failed = [(i, why) for i, (size, why) in enumerate(zip(every, reasons, strict=True)) if size > 0]
     if failed:
-        raise _refuse("all_gather_object", target, failed)
-    return [pickle.loads(part) for part in parts]
+        target = route.target
+        said = "; ".join(f"member {member} (rank {target.ranks[member]}): {why.decode(errors='replace')}"
+                         for member, why in failed[:8])
+        raise UnpicklableObjectError(
+            f"{what} along {target.label()}: the objects were sent, but {said} could not unpickle what arrived. "
+            "Expected every rank to import the modules and classes of the objects (the same code on every rank); "
+            "send plain data (numbers, strings, containers)")
+    return loaded
+
+
+def all_gather_object(route: Route, obj: object, device: torch.device) -> list[object]:
+    """Every member's ``obj``, unpickled, in group order."""
+    size, payload = pickled(obj)
+    every, parts = _gathered("all_gather_object", route, size, payload, device)
+    failed = [(i, part) for i, (s, part) in enumerate(zip(every, parts, strict=True)) if s < 0]
+    if failed:
+        raise _refuse("all_gather_object", route.target, failed)
+    return _loaded("all_gather_object", route, parts, device)
 
 
 def broadcast_object(route: Route, obj: object, src: int, device: torch.device) -> object:
@@ -110,6 +141,6 @@ def broadcast_object(route: Route, obj: object, src: int, device: torch.device) 
     run("broadcast_object", route, lambda: dist.broadcast(data, src=source, group=process_group))
     if size < 0:
         raise _refuse("broadcast_object", target, [(src, bytes(data.cpu().numpy()))])
-    if target.member == src:
-        return obj
-    return pickle.loads(memoryview(data.cpu().numpy()))
+    arrived = [] if target.member == src else [bytes(data.cpu().numpy())]
+    loaded = _loaded("broadcast_object", route, arrived, device)
+    return obj if target.member == src else loaded[0]

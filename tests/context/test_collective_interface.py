@@ -188,6 +188,43 @@ def test_bad_inputs_give_typed_errors_on_every_rank_and_no_hang() -> None:
     assert issubclass(fmesh.errors.UnpicklableObjectError, TypeError)
 
 
+def unloadable_on_rank_1(ctx: Context) -> dict[str, tuple[str, str]]:
+    """Rank 0 sends an object of a class from a module only rank 0 has (rank 1 cannot unpickle it), in a broadcast
+    and in an all_gather: what each collective raises on this rank."""
+    import sys
+    import types
+
+    if ctx.rank == 0:
+        module = types.ModuleType("only_on_rank_0")
+        exec("class Config:\n    pass\n", module.__dict__)
+        module.Config.__module__ = "only_on_rank_0"
+        sys.modules["only_on_rank_0"] = module
+        obj: object = module.Config()
+    else:
+        obj = "plain"
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    seen: dict[str, tuple[str, str]] = {}
+    for what, call in (("broadcast_object", lambda: ctx.broadcast_object(obj, mesh, "dp", src=0)),
+                       ("all_gather_object", lambda: ctx.all_gather_object(obj, mesh, "dp"))):
+        try:
+            call()
+            seen[what] = ("no error", "")
+        except Exception as error:
+            seen[what] = (type(error).__name__, str(error))
+    seen["after"] = ("ok", str(ctx.all_gather_object(ctx.rank, mesh, "dp")))  # the group is healthy
+    return seen
+
+
+def test_an_object_one_member_cannot_unpickle_is_one_error_on_every_member() -> None:
+    results = launch(unloadable_on_rank_1, 2, timeout=60)
+    for rank, seen in enumerate(results):
+        for what in ("broadcast_object", "all_gather_object"):
+            kind, message = seen[what]
+            assert kind == "UnpicklableObjectError", (rank, seen)
+            assert "member 1 (rank 1): ModuleNotFoundError" in message and "could not unpickle" in message, message
+        assert seen["after"] == ("ok", "[0, 1]"), seen
+
+
 def test_dry_runs_and_simulations() -> None:
     with Context.fake(8, rank=5) as ctx:
         mesh = fmesh.make_mesh((2, 2, 2), ("pp", "dp", "tp"), rank_map=[5, 2, 7, 0, 3, 6, 1, 4])
