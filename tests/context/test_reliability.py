@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from support import patience
 
 import fmesh
 from fmesh import Context
@@ -575,6 +576,19 @@ def test_a_device_this_process_cannot_use_is_refused_at_the_door(device: str, ex
 def test_axis_options_keyed_by_anything_but_axis_names_are_refused() -> None:
     with pytest.raises(TypeError, match="axis_options keys are axis names \\(str\\), but got 42 \\(int\\)"):
         Context.fake(2, axis_options={42: AxisOptions(timeout=5)})  # type: ignore[dict-item]
+
+
+def test_a_master_addr_that_names_no_host_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Waiting to reach it would take the whole timeout (10 minutes by default); it can never answer.
+    for name, value in {"MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": "29999", "RANK": "1",
+                        "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"on rank 1: the launcher's MASTER_ADDR='no-such-host.invalid' names no "
+                                         r"host here"):
+        Context.from_env(backend="gloo", timeout=600)
+    assert time.monotonic() - started < patience(2) and not torch.distributed.is_initialized()
 
 
 @pytest.mark.parametrize(("environ", "expected"), [
