@@ -10,7 +10,10 @@ import os
 import pathlib
 import pickle
 import random
+import select
+import signal
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -226,7 +229,8 @@ def in_a_child(fn: Callable[[], T], timeout: float = 300) -> T:
     For what starts autograd's engine threads in this process (a gradient of a gradient; Dynamo compiling, after
     which any backward does): a process that has done so cannot fork children that run autograd (torch's CUDA
     builds: "Unable to handle autograd's threading in combination with fork-based multiprocessing"), and a pytest
-    worker forks the ranks of every later test. ``fn`` may be a closure: the child is a fork."""
+    worker forks the ranks of every later test. ``fn`` may be a closure: the child is a fork. A child that has not
+    answered within ``timeout`` seconds is killed and ``TimeoutError`` raised: never a hang."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: run, send, leave without running this process's exit hooks
@@ -239,11 +243,25 @@ def in_a_child(fn: Callable[[], T], timeout: float = 300) -> T:
             out.write(payload)
         os._exit(0)
     os.close(write)
+    deadline, chunks = time.monotonic() + timeout, []
     try:
-        with os.fdopen(read, "rb") as source:
-            ok, value = pickle.loads(source.read())
+        while chunk := _read_by(read, deadline):
+            chunks.append(chunk)
+    except TimeoutError:
+        os.kill(pid, signal.SIGKILL)
+        raise TimeoutError(f"in_a_child: {fn!r} did not answer within {timeout}s") from None
     finally:
+        os.close(read)
         os.waitpid(pid, 0)
+    ok, value = pickle.loads(b"".join(chunks))
     if not ok:
         raise value
     return value  # type: ignore[no-any-return]
+
+
+def _read_by(fd: int, deadline: float) -> bytes:
+    """The next bytes of the pipe ``fd`` (empty at its end); ``TimeoutError`` if none come by ``deadline``."""
+    ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+    if not ready:
+        raise TimeoutError
+    return os.read(fd, 1 << 16)

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from fmesh.context import _torch
 from fmesh.context.agreement import FAILED, FINAL_STATES, Agreement, describe_status
-from fmesh.context.groups import Route, Target
+from fmesh.context.groups import Route, Target, usable
 from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError, TensorMismatchError
 from fmesh.layout.int_tuple import is_int
 
@@ -211,7 +211,7 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     first, so that members still blocked in it fail at once and answer the roll call too."""
     where = "the default group" if target is None else target.label()
     halted = agreement is not None and agreement.connections.halted.is_set()
-    if callers_error(error, group_is_live=not halted and _torch.registered(process_group)):
+    if callers_error(error, group_is_live=not halted and usable(process_group, agreement)):
         if agreement is None or len(ranks) == 1 or refused_together(agreement, process_group, ranks, error):
             raise error  # refused on this rank before any byte was sent: the group is as healthy as before
         # Refused here alone: the other members are blocked in the collective. Free them now (cut, abort: the group
@@ -224,8 +224,7 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     if agreement is not None and halted:
         raise ContextClosedError(f"on rank {agreement.rank}: {what} along {where} ended: this context was aborted "
                                  "(ctx.abort())") from None
-    if process_group is not None and (not _torch.registered(process_group) or (
-            agreement is not None and agreement.connections.was_cut(process_group.group_name))):  # used after failing
+    if process_group is not None and not usable(process_group, agreement):  # used after an earlier failure
         raise RankLostError(f"on rank {'?' if agreement is None else agreement.rank}: {where} failed earlier and was "
                             "aborted then; this context cannot use it again: abort the context and restart, or "
                             "recover onto a mesh without the lost ranks") from None

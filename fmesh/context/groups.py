@@ -136,6 +136,14 @@ def describe_mesh(mesh: Mesh) -> str:
     return f"{mesh!r} over {mesh.universe!r}, layouts {layouts}"
 
 
+def usable(group: dist.ProcessGroup | None, agreement: Agreement | None) -> bool:
+    """Whether ``group`` (``None``: the default group) can run collectives: torch still knows it, and no failure cut
+    it (:meth:`~fmesh.context.connections.Connections.was_cut`; a cut group that can shrink stays registered until a
+    recovery shrinks it or the context aborts it)."""
+    return _torch.registered(group) and not (
+        group is not None and agreement is not None and agreement.connections.was_cut(group.group_name))
+
+
 class GroupRegistry:
     """Targets and process groups of one Context; see the module docstring.
 
@@ -330,7 +338,7 @@ class GroupRegistry:
             self._claimed(target)
         group = self._groups.get(target.spec)
         if group is not None:
-            if self._usable(group):
+            if usable(group, self._agreement):
                 return group
             self._drop(target.spec)
             raise RankLostError(
@@ -594,7 +602,7 @@ class GroupRegistry:
         with self._owning:
             if self._closed:
                 return False
-            self._closed = True  # no creation starts now: each checks, under its group's lock, that this is open
+            self._closed = True  # no creation starts now: each checks, under the creation lock, that this is open
         with self._creating:  # a creation under way finishes (or fails) first, and its group is ended too
             pass
         return self._forget_all(end_group)
@@ -612,7 +620,7 @@ class GroupRegistry:
                 # groups left must still end, and the context still close. One a failure cut is aborted, never
                 # destroyed: the orderly way would wait for its broken members.
                 orderly = end_group is _torch.destroy_group
-                ending = _torch.abort_group if orderly and not self._usable(group) else end_group
+                ending = _torch.abort_group if orderly and not usable(group, self._agreement) else end_group
                 with contextlib.suppress(ValueError if ending is _torch.destroy_group else Exception):
                     ending(group)
                 if self._agreement is not None:
@@ -620,12 +628,6 @@ class GroupRegistry:
         released = bool(groups)
         del groups
         return released
-
-    def _usable(self, group: dist.ProcessGroup) -> bool:
-        """Whether ``group`` can run collectives: torch still knows it and no failure cut it (a cut group that can
-        shrink stays registered until a recovery shrinks it)."""
-        return _torch.registered(group) and not (
-            self._agreement is not None and self._agreement.connections.was_cut(group.group_name))
 
     @property
     def closed(self) -> bool:

@@ -80,8 +80,10 @@ def open_store(environ: Mapping[str, str], rank: int | None, world_size: int | N
                          "and MASTER_PORT (torchrun sets them); check how this process was started")
     port = _launcher_value(environ, "MASTER_PORT", None)
     hosts = hosts_store(environ, rank)
-    if not hosts:
-        _resolved(address, rank)
+    if not hosts and (unknown := _unresolved(address)) is not None:
+        raise ValueError(f"on rank {rank}: the launcher's MASTER_ADDR={address!r} names no host here ({unknown}): "
+                         "expected the name or address of the machine of rank 0 (or of torchrun's agent); check how "
+                         "this process was started")
     if not hosts and not _reachable(address, port, timeout.total_seconds()):  # quietly: torch logs each try
         raise GroupTimeoutError(f"on rank {rank}: nothing listens at MASTER_ADDR:MASTER_PORT ({address}:{port}) "
                                 f"within {timeout.total_seconds():g}s: the store's host (rank 0, or torchrun's "
@@ -194,31 +196,18 @@ def post_failure(store: dist.Store, environment: Mapping[str, str], error: BaseE
     store.compare_set(FAILED, "", report.dumps())
 
 
-def _resolved(address: str, rank: int) -> None:
-    """``ValueError`` at once if ``address`` (``MASTER_ADDR``) names no host here: waiting to reach it would last the
-    whole timeout (10 minutes by default) for a name that can never answer.
+def _unresolved(address: str) -> OSError | UnicodeError | None:
+    """Why ``address`` (``MASTER_ADDR``) names no host here, or ``None`` if it does: reaching a name that names no
+    host would be tried for the whole timeout (10 minutes by default), and it can never answer.
 
-    >>> _resolved("127.0.0.1", 1)
-    >>> _resolved("no-such-host.invalid", 1)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: on rank 1: the launcher's MASTER_ADDR='no-such-host.invalid' names no host here (...): expected ...
+    >>> _unresolved("127.0.0.1") is None, type(_unresolved("no-such-host.invalid")).__name__
+    (True, 'gaierror')
     """
     try:
         socket.getaddrinfo(address, None)
     except (OSError, UnicodeError) as error:
-        raise ValueError(f"on rank {rank}: the launcher's MASTER_ADDR={address!r} names no host here ({error}): "
-                         "expected the name or address of the machine of rank 0 (or of torchrun's agent); check how "
-                         "this process was started") from None
-
-
-def _names_a_host(address: str) -> bool:
-    """Whether ``address`` resolves here (:func:`_resolved` without the error)."""
-    try:
-        socket.getaddrinfo(address, None)
-    except (OSError, UnicodeError):
-        return False
-    return True
+        return error
+    return None
 
 
 def _reachable(address: str, port: int, seconds: float) -> bool:
@@ -255,7 +244,7 @@ def report_bad_environment(environ: Mapping[str, str], error: BaseException,
         if hosts:
             store = dist.TCPStore(address, port, None, is_master=True, timeout=timedelta(seconds=seconds),
                                   wait_for_workers=False)
-        elif _names_a_host(address) and _reachable(address, port, seconds):
+        elif _unresolved(address) is None and _reachable(address, port, seconds):
             store = dist.TCPStore(address, port, None, is_master=False, timeout=timedelta(seconds=seconds))
         else:
             return False
