@@ -18,7 +18,8 @@
 
 (d) Gradients and compile: the autograd wrapper's cost per call (fake backend, no communication: the
     Python cost of ``ctx.all_reduce`` on a tensor that requires grad, against one that does not); the
-    opt-in ``check_tensors`` cost per collective (gloo, 2 processes); a small tensor-parallel MLP
+    cost per collective of the members' check of their tensors (``check_tensors``, on by default; gloo, 2
+    processes; parts (a) and (c) run with it off); a small tensor-parallel MLP
     (column- then row-parallel linear over tp) forward + backward, eager against ``torch.compile``
     (aot_eager), fmesh's ``sum_gradients`` / ``sum_partials`` against the same model written with
     torch's functional collectives on the exported DeviceMesh's tp group.
@@ -156,13 +157,14 @@ def _objects_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]
 
 def on_ranks(rank_rows: Callable[..., list[tuple[Any, ...]]], worlds: list[int],
              iterations: dict[str, int]) -> list[tuple[Any, ...]]:
-    """Rank 0's rows of ``rank_rows(ctx, iterations)`` run on gloo processes, for each world size."""
+    """Rank 0's rows of ``rank_rows(ctx, iterations)`` run on gloo processes, for each world size; the members'
+    check of their tensors off (what the Context adds besides it; its own cost is part (d))."""
     import fmesh
 
     rows: list[tuple[Any, ...]] = []
     for world in worlds:
         results = fmesh.launch(functools.partial(rank_rows, iterations=iterations), world, timeout=600,
-                               context_options={"timeout": 120}, start_method="spawn")
+                               context_options={"timeout": 120, "check_tensors": False}, start_method="spawn")
         rows.extend(results[0])  # rank 0's view
     return rows
 
@@ -336,14 +338,16 @@ def _check_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]:
     import fmesh
 
     mesh = fmesh.make_mesh((ctx.world_size,), ("dp",))
-    t = torch.ones(1)
-    got = _medians({"call": lambda: ctx.all_reduce(t, mesh, "dp")}, iterations["small"])
+    sizes = {"1 elem": torch.ones(1), "1 MiB": torch.ones(1 << 18)}
+    got = _medians({label: functools.partial(ctx.all_reduce, t, mesh, "dp") for label, t in sizes.items()},
+                   iterations["small"])
     ctx.barrier()
-    return [got["call"]]
+    return [tuple(got[label] for label in sizes)]
 
 
-def check_cost(world: int, iterations: int) -> tuple[float, float]:
-    """Median µs of a 1-element ``ctx.all_reduce`` on gloo without and with ``check_tensors`` (rank 0)."""
+def check_cost(world: int, iterations: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Median µs of ``ctx.all_reduce`` of 1 element and of 1 MiB on gloo (rank 0), without and with the members'
+    check of their tensors (``check_tensors``)."""
     import fmesh
 
     return tuple(  # type: ignore[return-value]
@@ -396,10 +400,12 @@ def gradients_and_compile(quick: bool) -> None:
     print("| --- | ---: |")
     for label, us in autograd_overhead(20_000 if quick else 200_000):
         print(f"| {label} | {us:.2f} |")
-    print("\n| procs | all_reduce 1 elem, gloo | check_tensors off µs | check_tensors on µs | check cost µs |")
+    print("\n| procs | ctx.all_reduce, gloo | check_tensors=False µs | check_tensors=True (default) µs "
+          "| check cost µs |")
     print("| ---: | --- | ---: | ---: | ---: |")
     off, on = check_cost(2, 100 if quick else 1000)
-    print(f"| 2 | median per call | {_us(off)} | {_us(on)} | {_us(on - off)} |")
+    for label, without, checked in zip(("1 elem", "1 MiB"), off, on, strict=True):
+        print(f"| 2 | {label} | {_us(without)} | {_us(checked)} | {_us(checked - without)} |")
     print("\n| procs | TP MLP forward + backward (batch 8, 64 -> 256 -> 64, tp split) | µs |")
     print("| ---: | --- | ---: |")
     for world, label, us in on_ranks(_mlp_rank, [2], {"mlp": 50 if quick else 500}):
@@ -407,8 +413,8 @@ def gradients_and_compile(quick: bool) -> None:
     print("\nfmesh = `ctx.sum_gradients` on the column-parallel input and `ctx.sum_partials` on the row-parallel "
           "output; funcol = torch's `funcol.all_reduce` on the exported DeviceMesh's `get_group('tp')` (its own "
           "autograd: an all_reduce backward), one all_reduce forward and one backward on both sides; compiled = "
-          "`torch.compile(fullgraph=True, backend='aot_eager')`. The check's cost is a few store round trips "
-          "(TCPStore on loopback) per collective: an option for debugging, not for training.")
+          "`torch.compile(fullgraph=True, backend='aot_eager')`. The check (on by default) is one all_reduce of two "
+          "int64 on the collective's own group before it, and no store operation; check_tensors=False turns it off.")
 
 
 def _us(x: float) -> str:

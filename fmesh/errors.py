@@ -282,14 +282,14 @@ class NoGradientError(RuntimeError):
 class TensorMismatchError(ValueError):
     """The members of a collective's group hold tensors of different shapes or dtypes.
 
-    Raised on every member by the opt-in check (``Context(check_tensors=True)``) before the collective
-    runs, naming the odd rank(s), their tensor and what the other members hold; without the check such
-    a call aborts gloo or hangs NCCL.
+    Raised on every member by the members' check of their tensors (``Context(check_tensors=True)``, the default)
+    before any of the tensor is sent, naming the odd rank(s), their tensor and what the other members hold; the
+    group stays healthy. Without the check such a call aborts gloo, hangs NCCL, or returns another rank's bytes.
 
     >>> import fmesh, torch
     >>> def odd(ctx):  # rank 1's tensor is longer
     ...     return ctx.all_reduce(torch.ones(ctx.rank + 1), fmesh.make_mesh((2,), ("dp",)), "dp")
-    >>> fmesh.launch(odd, world_size=2, context_options={"check_tensors": True})
+    >>> fmesh.launch(odd, world_size=2)
     Traceback (most recent call last):
     ...
     fmesh.TensorMismatchError: on rank ...: all_reduce along the group [0, 1] ...: members hold different tensors: ...

@@ -80,7 +80,7 @@ class Context:
         name: str = "fmesh",
         simulated: bool = False,
         creation_timeout: timedelta | float | None = None,
-        check_tensors: bool = False,
+        check_tensors: bool = True,
     ) -> None:
         # Every argument is checked before any group is touched.
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
@@ -100,7 +100,7 @@ class Context:
     def _own(self, world: World, settings: GroupSettings, tensors: TensorChecks, simulated: bool = False) -> None:
         self._world = world
         self._simulated = simulated
-        self._tensors = tensors  # the opt-in check of every member's tensor (fmesh.context.tensors)
+        self._tensors = tensors  # the members' check of their tensors before each collective (fmesh.context.tensors)
         self._settings = attrs.evolve(settings, backend=world.backend)
         self._agreement: Agreement | None = None
         if not world.fake:  # the fake backend's store cannot be used
@@ -126,7 +126,7 @@ class Context:
         gpus_per_node: int | None = None,
         name: str = "fmesh",
         creation_timeout: timedelta | float | None = None,
-        check_tensors: bool = False,
+        check_tensors: bool = True,
     ) -> Context:
         """Under ``torchrun`` (any ``env://`` launch): init the default group if needed, NCCL with
         CUDA else gloo, and bind ``cuda:LOCAL_RANK``. With none of the launcher's variables (``RANK``,
@@ -340,8 +340,8 @@ class Context:
         if check is not None:
             check(checked, self._groups.target(mesh, axes))
         route = self._groups.resolve(mesh, axes)
-        if agree:
-            self._tensors.check(what, route, checked)
+        if agree:  # the members compare their calls (a permute's peers differ by rank: not compared)
+            self._tensors.check(what, route, checked, () if kind == "permute" else args)
         if not autograd.records(checked):
             return autograd.forward(kind, route, checked, args)
         if op not in (None, "sum", "avg"):

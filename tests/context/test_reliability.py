@@ -162,7 +162,8 @@ def test_abort_ends_a_blocked_collective_and_frees_the_peers_blocked_with_it() -
         kind, took, message = timed(lambda: ctx.broadcast(torch.ones(1), mesh, "dp", src=1))
         return kind, took - 0.7, message
 
-    zero, one = launch(body, 2)
+    # The members' check would tell the two calls apart before either blocks: off, so that rank 0 blocks.
+    zero, one = launch(body, 2, check_tensors=False)
     assert zero[0] == "ContextClosedError" and zero[1] < 5.0, zero  # the abort collects its groups meanwhile
     assert one[0] == "RankLostError" and "rank 0 aborted its context" in one[2] and one[1] < 2.0, one
 
@@ -222,14 +223,25 @@ def test_a_dead_rank_is_the_only_one_named_and_its_group_stays_failed() -> None:
         assert again[0] == "RankLostError" and "failed earlier" in again[2] and again[1] < 0.5, (rank, again)
 
 
-@pytest.mark.slow
-def test_a_bad_tensor_on_one_rank_is_its_own_error_and_names_it_on_the_healthy_peer() -> None:
-    def body(ctx: Context) -> Outcome:
-        ctx.all_reduce(torch.ones(1), mesh2(), "dp")
-        tensor = torch.ones(4, dtype=torch.int16) if ctx.rank == 1 else torch.ones(4)  # gloo cannot sum int16
-        return timed(lambda: ctx.all_reduce(tensor, mesh2(), "dp"))
+def int16_on_rank_1(ctx: Context) -> Outcome:
+    ctx.all_reduce(torch.ones(1), mesh2(), "dp")
+    tensor = torch.ones(4, dtype=torch.int16) if ctx.rank == 1 else torch.ones(4)  # gloo cannot sum int16
+    return timed(lambda: ctx.all_reduce(tensor, mesh2(), "dp"))
 
-    (kind, took, message), odd = launch(body, 2)
+
+@pytest.mark.slow
+def test_a_bad_tensor_on_one_rank_is_named_on_every_rank_before_anything_is_sent() -> None:
+    # The members' check (on by default) compares the calls first: each rank, the odd one too, is told both tensors.
+    for kind, took, message in launch(int16_on_rank_1, 2):
+        assert kind == "TensorMismatchError", (kind, message)
+        assert ("rank 0 holds a tensor of shape (4,) dtype torch.float32 in all_reduce('sum'); rank 1 holds a tensor "
+                "of shape (4,) dtype torch.int16 in all_reduce('sum')") in message, message
+        assert took < 10.0, (took, message)
+
+
+@pytest.mark.slow
+def test_with_the_check_off_a_bad_tensor_on_one_rank_is_its_own_error_and_names_it_on_the_healthy_peer() -> None:
+    (kind, took, message), odd = launch(int16_on_rank_1, 2, check_tensors=False)
     # the odd rank: its own error, unchanged (under NCCL's rules, NCCL's refusal of the dtype)
     assert odd[0] in ("RuntimeError", "TypeError"), odd
     assert "Invalid scalar type" in odd[2] or "Unsupported data type for NCCL" in odd[2], odd

@@ -1,5 +1,6 @@
-"""Tensors checked at the door of every tensor collective, before any group is touched; and the opt-in
-cross-rank check (``Context(check_tensors=True)``) that names the rank whose tensor differs."""
+"""Tensors checked at the door of every tensor collective, before any group is touched; and the members' check of
+their tensors (``Context(check_tensors=True)``, the default) that names the rank whose tensor differs before any of
+it is sent."""
 
 from __future__ import annotations
 
@@ -81,16 +82,74 @@ def odd_tensors(ctx: Context) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_check_tensors_names_the_odd_rank_and_its_tensor() -> None:
-    results = succeeded(launch(odd_tensors, 4, timeout=120, check_tensors=True))
+@pytest.mark.parametrize("options", [{}, {"check_tensors": True}], ids=["default", "asked"])
+def test_check_tensors_names_the_odd_rank_and_its_tensor(options: dict[str, Any]) -> None:
+    results = succeeded(launch(odd_tensors, 4, timeout=120, **options))
     for rank, seen in enumerate(results):
         kind, message = seen["dtype"]
         assert kind == "TensorMismatchError", seen
         assert message.startswith(f"on rank {rank}: all_reduce along the group [2, 3, 0, 1] along axes ('dp',)")
-        assert ("members hold different tensors: rank 3 holds a tensor of shape (3,) dtype torch.float64, while "
-                "ranks [0, 1, 2] hold shape (3,) dtype torch.float32") in message
+        assert ("members hold different tensors: rank 3 holds a tensor of shape (3,) dtype torch.float64 in "
+                "all_reduce('sum'), while ranks [0, 1, 2] hold shape (3,) dtype torch.float32 in all_reduce('sum')"
+                ) in message
         kind, message = seen["shape"]
         assert kind == "TensorMismatchError", seen
-        assert ("rank 3 holds a tensor of shape (5,) dtype torch.float32, while ranks [0, 1, 2] hold shape (3,) "
-                "dtype torch.float32") in message
+        assert ("rank 3 holds a tensor of shape (5,) dtype torch.float32 in all_reduce('sum'), while ranks [0, 1, 2] "
+                "hold shape (3,) dtype torch.float32") in message
         assert seen["after"] == [4.0, 4.0]
+
+
+def unequal_gathers(ctx: Context) -> dict[str, Any]:
+    """Rank 0 gathers 6 elements where rank 1 gathers 4 (gloo returned rank 1's bytes and garbage, unchecked), then a
+    reduce_scatter along another dim, then an all_reduce on one rank against an all_gather on the other."""
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    seen: dict[str, Any] = {}
+    calls: dict[str, Callable[[], Any]] = {
+        "gather": lambda: ctx.all_gather(torch.arange(6.0) if ctx.rank == 0 else torch.arange(4.0) + 100, mesh),
+        "dim": lambda: ctx.reduce_scatter(torch.ones(2, 2), mesh, dim=ctx.rank),
+        "kind": lambda: (ctx.all_reduce if ctx.rank == 0 else ctx.all_gather)(torch.ones(2), mesh),
+    }
+    for label, call in calls.items():
+        try:
+            seen[label] = ("no error", call().tolist())
+        except Exception as error:
+            seen[label] = (type(error).__name__, str(error))
+    seen["after"] = ctx.all_gather(torch.full((1,), float(ctx.rank)), mesh).tolist()  # the group is still in step
+    return seen
+
+
+@pytest.mark.slow
+def test_by_default_unequal_calls_are_refused_on_every_member_before_any_byte_is_sent() -> None:
+    for seen in succeeded(launch(unequal_gathers, 2, timeout=120)):
+        assert seen["gather"][0] == "TensorMismatchError", seen
+        assert ("rank 0 holds a tensor of shape (6,) dtype torch.float32 in all_gather(0); rank 1 holds a tensor of "
+                "shape (4,) dtype torch.float32 in all_gather(0)") in seen["gather"][1], seen
+        assert seen["dim"][0] == "TensorMismatchError" and "in reduce_scatter(0, 'sum'); rank 1" in seen["dim"][1]
+        assert seen["kind"][0] == "TensorMismatchError", seen
+        assert "in all_reduce('sum'); rank 1 holds a tensor of shape (2,) dtype torch.float32 in all_gather(0)" in (
+            seen["kind"][1])
+        assert seen["after"] == [0.0, 1.0], seen
+
+
+def counted_all_reduces(ctx: Context) -> int:
+    """How many all_reduce calls reach torch.distributed for one ``ctx.all_reduce`` on a group of two."""
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    ctx.materialize(mesh)
+    real, count = torch.distributed.all_reduce, [0]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    torch.distributed.all_reduce = counting  # type: ignore[assignment]
+    try:
+        ctx.all_reduce(torch.ones(2), mesh)
+    finally:
+        torch.distributed.all_reduce = real
+    return count[0]
+
+
+@pytest.mark.slow
+def test_the_check_is_one_small_all_reduce_and_off_costs_nothing() -> None:
+    assert succeeded(launch(counted_all_reduces, 2)) == [2, 2]
+    assert succeeded(launch(counted_all_reduces, 2, check_tensors=False)) == [1, 1]
