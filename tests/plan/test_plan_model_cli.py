@@ -53,7 +53,7 @@ def test_given_degrees_text() -> None:
     (["--model", "llama3-405b", "--world-size", "8", "--gpus-per-node", "8", "--search"], "fits on 128 GPUs"),
     (["--model", "llama-70b", "--world-size", "8", "--gpus-per-node", "8", "--search"], "'llama-70b'"),
     (["--model", "llama3-70b", "--world-size", "64", "--gpus-per-node", "8", "--tp", "3"], "not divisible"),
-    (["--model", "llama3-70b", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8"], "does not with any"),
+    (["--model", "llama3-70b", "--world-size", "8", "--gpus-per-node", "8", "--tp", "8"], "does not with any"),
     (["--model", "llama3-8b", "--world-size", "16", "--gpus-per-node", "8", "--hardware", "v100"], "v100"),
     (["--model", "llama3-8b", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8", "--search"], "--search"),
     (["--world-size", "16", "--gpus-per-node", "8", "--search"], "--model"),
