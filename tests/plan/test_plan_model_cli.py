@@ -130,7 +130,7 @@ def test_memory_is_what_the_gpu_lets_a_process_allocate_in_gib() -> None:
     assert 79 * 2**30 < hardware("h100").memory < 81559 * 2**20
     assert 139 * 2**30 < hardware("h200").memory < 143771 * 2**20
     code, out, _ = run("--model", "llama3-8b", "--world-size", "8", "--gpus-per-node", "8", "--tp", "8")
-    assert "memory per GPU (GiB = 2^30 bytes):" in out and "of 79.1 GiB usable" in out
+    assert code == 0 and "memory per GPU (GiB = 2^30 bytes):" in out and "of 79.1 GiB usable" in out
 
 
 def _step(model: Model, options: Options, dims: ParallelDims, per_node: int) -> float:

@@ -15,8 +15,8 @@ from paths import ROOT
 from fmesh.plan.hardware import hardware
 from fmesh.plan.memory import memory, with_communicators
 from fmesh.plan.model import RECOMPUTE_MODES, Options, preset
-from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.model_plan import plan_model
+from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.search import alternatives, candidates, check_degrees, fits, search
 from fmesh.plan.step import step_time
 from fmesh.plan.topology import Topology
