@@ -36,7 +36,7 @@ from fmesh.plan.jobs import DEFAULT_COST_BYTES, build_plan, job
 from fmesh.plan.manifest import Manifest, dump_manifest, load_manifest, plan_manifest
 from fmesh.plan.manifest_diff import compare
 from fmesh.plan.manifest_table import format_manifest
-from fmesh.plan.model import PRESETS, Model, Options, from_config, preset
+from fmesh.plan.model import PRESETS, RECOMPUTE_CHOICES, Model, Options, from_config, preset
 from fmesh.plan.model_plan import plan_model
 from fmesh.plan.model_table import format_model_plan
 from fmesh.plan.parallel import DEGREE_NAMES
@@ -115,7 +115,8 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
     for name in DEGREE_NAMES:
         default = -1 if name == "dp_shard" else 1
         plan.add_argument(
-            f"--{name.replace('_', '-')}", dest=name, type=int, default=default, help=f"degree (default {default})"
+            f"--{name.replace('_', '-')}", dest=name, type=int, default=default,
+            help=_DEGREE_HELP.get(name, f"degree (default {default})")
         )
     plan.add_argument(
         "--rank-order",
@@ -138,6 +139,43 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
                       help="with --model: the GPUs and links (default h100)")
     plan.add_argument("--search", action="store_true",
                       help="with --model: search every layout for --world-size GPUs instead of taking the degrees")
+    model = plan.add_argument_group("training options (with --model; fmesh.plan.model.Options)")
+    model.add_argument("--recompute", choices=RECOMPUTE_CHOICES,
+                       help="activation recomputation: auto (default) takes the least that fits; a mode is kept, "
+                            "and a layout that does not fit with it does not fit")
+    model.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction,
+                       help="with tp > 1, split the activations outside the tensor-parallel regions along the "
+                            "sequence (all_gather/reduce_scatter instead of all_reduce; default on)")
+    model.add_argument("--efficiency", type=float,
+                       help="the fraction of the GPU's peak FLOP/s the matrix multiplies reach (default 0.5, a "
+                            "stated guess; 0.63 reproduces Korthikanti et al. 2022 on A100s)")
+    model.add_argument("--flash-attention", action=argparse.BooleanOptionalAction,
+                       help="the s x s attention scores are never stored (default on)")
+    model.add_argument("--dropout", action=argparse.BooleanOptionalAction,
+                       help="dropout masks are stored (default off, as in Llama)")
+    for name, default, what in _BYTES_HELP:
+        model.add_argument(f"--{name.replace('_', '-')}", type=int, metavar="N",
+                           help=f"{what} (default {default})")
+
+
+_DEGREE_HELP = {
+    "dp_shard": "degree of FSDP sharding (default -1: what the other degrees leave)",
+    "dp_replicate": "degree of replication over FSDP groups (default 1); with --dp-replicate R > 1 the job is "
+                    "HSDP (R replicas of dp_shard-way FSDP), with 1 it is FSDP",
+}
+_BYTES_HELP = (
+    ("param_bytes", 2, "bytes per weight in compute and in the FSDP all_gather"),
+    ("grad_bytes", 4, "bytes per gradient (the FSDP reduce_scatter's dtype)"),
+    ("master_bytes", 4, "bytes per parameter of the optimizer's master copy (0: none)"),
+    ("moment_bytes", 8, "bytes per parameter of the optimizer's moments (Adam: two fp32)"),
+)
+_OPTION_NAMES = ("recompute", "sequence_parallel", "efficiency", "flash_attention", "dropout",
+                 *(name for name, _, _ in _BYTES_HELP))
+
+
+def _options(args: argparse.Namespace) -> Options:
+    """The :class:`~fmesh.plan.model.Options` the flags set (the others keep their defaults)."""
+    return Options(**{name: getattr(args, name) for name in _OPTION_NAMES if getattr(args, name) is not None})
 
 
 def _parser() -> _Parser:
@@ -184,6 +222,9 @@ def _side(text: str, label: str) -> Manifest:
             raise CommandLineError(f"{label} ({text!r}): {error}") from None
         if args.manifest or args.json:
             raise CommandLineError(f"{label} ({text!r}): --manifest and --json belong to plan, not to a diff side")
+        if args.model is not None or args.search or any(getattr(args, n) is not None for n in _OPTION_NAMES):
+            raise CommandLineError(f"{label} ({text!r}): --model, --search and the training options belong to plan, "
+                                   "not to a diff side (a diff compares communicators)")
         try:
             return _manifest_of(args)
         except (ValueError, TypeError) as error:
@@ -216,6 +257,9 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             return _model(args, out)
         if args.search:
             raise CommandLineError("--search looks for the best layout of a model, so it goes with --model NAME")
+        options = [f"--{name.replace('_', '-')}" for name in _OPTION_NAMES if getattr(args, name) is not None]
+        if options:
+            raise CommandLineError(f"{', '.join(options)} set how a model is trained, so they go with --model NAME")
         if args.lose is not None:
             return _lose(args, out)
         plan = build_plan(args.world_size, args.gpus_per_node, rank_order=args.rank_order,
@@ -266,7 +310,8 @@ def _model(args: argparse.Namespace, out: TextIO) -> int:
     if args.world_size < 1 or args.gpus_per_node < 1 or args.world_size % args.gpus_per_node:
         raise CommandLineError(f"expected --world-size a positive multiple of --gpus-per-node {args.gpus_per_node}, "
                                f"but got {args.world_size}")
-    plan = plan_model(_model_of(args.model), Options(), hardware(args.hardware), args.world_size, args.gpus_per_node,
+    plan = plan_model(_model_of(args.model), _options(args), hardware(args.hardware), args.world_size,
+                      args.gpus_per_node,
                       degrees=None if args.search else _degrees(args), rank_order=args.rank_order, lose=args.lose,
                       absorb=args.absorb or ELASTIC_AXES)
     print(json.dumps(plan.to_json(), indent=2) if args.json else format_model_plan(plan), file=out)

@@ -169,7 +169,9 @@ plan70 = plan_model(preset("llama3-70b"), Options(), hardware("h100"), 4096, 8, 
 print(format_model_plan(plan70))"""),
     ("md", """The bytes each axis moves per step, drawn on the job's mesh (one picture per axis, its groups coloured;
 thick lines are host boundaries). Losing two GPUs drops the `dp_replicate` slice that held them: 510 healthy GPUs
-idle and the step slows by the share printed above."""),
+idle, and the 896 data-parallel ranks left cannot share the 1,024 sequences evenly, so each keeps its micro-batch
+and the job trains on 896 per step: the same step time, 12.5% fewer sequences per second (the last lines above
+say what the smaller job assumes, and that its memory fits)."""),
     ("code", """from IPython.display import HTML
 
 from fmesh.rendering import traffic_html

@@ -15,6 +15,19 @@ way); what a job reaches is a fraction of it, which :class:`~fmesh.plan.model.Op
   8 TB/s (DGX B200: 1,440 GB for 8), NVLink 5 at 1.8 TB/s both ways (900 GB/s each way), eight 400 Gb/s ConnectX-7
   NICs per node (DGX B200 user guide).
 
+**Memory** is what one process can allocate, in GiB (2^30 bytes), not the datasheet's "80 GB": the total
+``torch.cuda.get_device_properties(i).total_memory`` reports (torch's out-of-memory message prints it as "GPU 0
+has a total capacity of 79.11 GiB"), which is ``nvidia-smi``'s ``memory.total`` less what the driver reserves.
+The figures, as torch prints them on each GPU (they move by about 0.1 GiB with the driver and ECC setting):
+
+* A100 SXM4 80GB: 79.15 GiB (``nvidia-smi``: 81,920 MiB = 80 GiB);
+* H100 SXM 80GB HBM3: 79.11 GiB (``nvidia-smi``: 81,559 MiB = 79.6 GiB; the datasheet's "80GB");
+* H200 SXM: 139.80 GiB (``nvidia-smi``: 143,771 MiB = 140.4 GiB; the datasheet's "141GB");
+* B200: 178.35 GiB (``nvidia-smi``: 183,359 MiB = 179.1 GiB; the datasheet's "180GB").
+
+The CUDA context (a few hundred MiB) and the allocator's fragmentation come out of it too; the planner does
+not model them, so a plan within a GiB of the figure is tight.
+
 >>> hardware("h100").flops, hardware("a100").links.intra_bandwidth
 (989000000000000.0, 300000000000.0)
 """
@@ -33,10 +46,10 @@ __all__ = ["HARDWARE", "Hardware", "hardware"]
 
 @attrs.frozen
 class Hardware:
-    """One kind of GPU node: peak dense bf16 FLOP/s per GPU, memory per GPU (bytes) and its bandwidth (bytes
-    per second), GPUs per node, links.
+    """One kind of GPU node: peak dense bf16 FLOP/s per GPU, memory per GPU (bytes a process can allocate: the
+    module docstring) and its bandwidth (bytes per second), GPUs per node, links.
 
-    >>> Hardware("x", flops=1e15, memory=80 * 10**9).gpus_per_node
+    >>> Hardware("x", flops=1e15, memory=80 * 2**30).gpus_per_node
     8
     """
 
@@ -49,18 +62,25 @@ class Hardware:
 
 
 _NVLINK4_NDR = H100_IB
+
+
+def _gib(figure: float) -> int:
+    """Bytes of ``figure`` GiB (as torch prints a device's total memory, to two decimals)."""
+    return round(figure * 2**30)
+
+
 HARDWARE: Mapping[str, Hardware] = MappingProxyType({
-    "a100": Hardware("A100 SXM 80GB (DGX A100: NVLink 3, 8 x 200 Gb/s HDR IB)", flops=312e12, memory=80 * 10**9,
+    "a100": Hardware("A100 SXM 80GB (DGX A100: NVLink 3, 8 x 200 Gb/s HDR IB)", flops=312e12, memory=_gib(79.15),
                      memory_bandwidth=2.039e12,
                      links=attrs.evolve(H100_IB, intra_bandwidth=300e9, inter_bandwidth=25e9,
                                         name="A100 SXM: NVLink 3 (300 GB/s each way) + one 200 Gb/s IB HDR NIC "
                                              "per GPU")),
-    "h100": Hardware("H100 SXM 80GB (DGX H100: NVLink 4, 8 x 400 Gb/s NDR IB)", flops=989e12, memory=80 * 10**9,
+    "h100": Hardware("H100 SXM 80GB (DGX H100: NVLink 4, 8 x 400 Gb/s NDR IB)", flops=989e12, memory=_gib(79.11),
                      links=_NVLINK4_NDR),
-    "h200": Hardware("H200 SXM 141GB (HGX H200: NVLink 4, 8 x 400 Gb/s NDR IB)", flops=989e12, memory=141 * 10**9,
+    "h200": Hardware("H200 SXM 141GB (HGX H200: NVLink 4, 8 x 400 Gb/s NDR IB)", flops=989e12, memory=_gib(139.80),
                      memory_bandwidth=4.8e12,
                      links=_NVLINK4_NDR),
-    "b200": Hardware("B200 180GB (DGX B200: NVLink 5, 8 x 400 Gb/s NDR IB)", flops=2250e12, memory=180 * 10**9,
+    "b200": Hardware("B200 180GB (DGX B200: NVLink 5, 8 x 400 Gb/s NDR IB)", flops=2250e12, memory=_gib(178.35),
                      memory_bandwidth=8e12,
                      links=attrs.evolve(H100_IB, intra_bandwidth=900e9,
                                         name="B200: NVLink 5 (900 GB/s each way) + one 400 Gb/s IB NDR NIC per GPU")),
@@ -71,8 +91,8 @@ HARDWARE: Mapping[str, Hardware] = MappingProxyType({
 def hardware(name: str) -> Hardware:
     """The node kind ``name`` (one of :data:`HARDWARE`).
 
-    >>> hardware("b200").memory
-    180000000000
+    >>> hardware("b200").memory, round(hardware("h100").memory / 2**30, 2)
+    (191501854310, 79.11)
     >>> hardware("v100")
     Traceback (most recent call last):
     ...

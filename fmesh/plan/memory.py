@@ -26,7 +26,8 @@ Its memory is split into
 
 >>> from fmesh.plan.model import Options, preset
 >>> from fmesh.plan.parallel import ParallelDims
->>> m = memory(preset("megatron-22b"), Options(flash_attention=False, dropout=True), ParallelDims(8, tp=8))
+>>> m = memory(preset("megatron-22b"), Options(recompute="selective", flash_attention=False, dropout=True),
+...            ParallelDims(8, tp=8))
 >>> round(m.weights / 2**30, 2), round(m.activations / 2**30, 2)
 (5.14, 2.44)
 """
@@ -131,7 +132,7 @@ def layer_activation_bytes(model: Model, options: Options, tp: int = 1, cp: int 
     width = model.dtype_bytes
     sbh = s * b * h
     sp = options.sequence_parallel and tp > 1
-    if options.recompute == "full":
+    if options.mode == "full":
         return width * sbh // (tp if sp else 1)
     masks = 2 * sbh if options.dropout else 0
     outside = 4 * width * sbh + masks  # the norm inputs and the attention's and the MLP's inputs
@@ -140,7 +141,7 @@ def layer_activation_bytes(model: Model, options: Options, tp: int = 1, cp: int 
     inside = width * s * b * (2 * h + 2 * kv) + mlp  # q, k, v and the attention output; the MLP
     # FlashAttention keeps only an fp32 log-sum-exp per row; otherwise the scores (and their dropout)
     scores = 4 * a * s * b if options.flash_attention else (5 if options.dropout else 2) * a * s * s * b
-    if options.recompute == "selective":
+    if options.mode == "selective":
         scores = 0
     outside = outside // tp if sp else outside
     return outside + (inside + scores) // tp
@@ -154,7 +155,8 @@ def memory(model: Model, options: Options, dims: ParallelDims) -> Memory:
     """Bytes per GPU on the first pipeline stage (see the module docstring for what each part counts).
 
     >>> from fmesh.plan.model import preset
-    >>> m = memory(preset("llama3-70b"), Options(), ParallelDims(4096, dp_replicate=16, dp_shard=32, tp=8))
+    >>> m = memory(preset("llama3-70b"), Options(recompute="selective"),
+    ...            ParallelDims(4096, dp_replicate=16, dp_shard=32, tp=8))
     >>> m.total < 80 * 2**30, round(m.optimizer / 2**30, 2)
     (True, 3.08)
     """
@@ -162,7 +164,7 @@ def memory(model: Model, options: Options, dims: ParallelDims) -> Memory:
     layers = -(-model.layers // dims.pp)
     in_flight = min(dims.pp, micro_batches(model, dims)) if dims.pp > 1 else 1
     activations = layers * in_flight * layer_activation_bytes(model, options, dims.tp, dims.cp)
-    if options.recompute == "full":  # the layer being recomputed holds its whole activations once
+    if options.mode == "full":  # the layer being recomputed holds its whole activations once
         activations += layer_activation_bytes(model, attrs.evolve(options, recompute="none"), dims.tp, dims.cp)
     if dims.pp == 1:
         activations += _logits(model, dims)

@@ -28,10 +28,12 @@ from fmesh.layout.int_tuple import is_int
 
 __all__ = [
     "PRESETS",
+    "RECOMPUTE_CHOICES",
     "RECOMPUTE_MODES",
     "Model",
     "Options",
     "Recompute",
+    "RecomputeChoice",
     "Weight",
     "active_parameter_count",
     "first_stage_weights",
@@ -46,6 +48,10 @@ Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
 """Activation recomputation: keep every activation, recompute the attention core only (Korthikanti et al.
 2022's *selective*), or keep only each layer's input and recompute the layer (*full*)."""
+RecomputeChoice = Literal["auto", "none", "selective", "full"]
+RECOMPUTE_CHOICES: tuple[RecomputeChoice, ...] = ("auto", *RECOMPUTE_MODES)
+"""What :class:`Options` takes: one of :data:`RECOMPUTE_MODES`, forced, or ``"auto"``: the least recomputation
+with which the layout fits (:func:`fmesh.plan.search.fits` chooses)."""
 
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -140,7 +146,10 @@ class Model:
 class Options:
     """How the model is trained: what changes memory and bytes, not the model.
 
-    * ``recompute``: one of :data:`RECOMPUTE_MODES`;
+    * ``recompute``: ``"auto"`` (the default: the planner picks the least recomputation that fits), or one of
+      :data:`RECOMPUTE_MODES`, which the planner keeps (a layout that does not fit with it does not fit);
+      :func:`~fmesh.plan.memory.memory`, :func:`~fmesh.plan.traffic.traffic` and
+      :func:`~fmesh.plan.step.step_time` need a mode (:meth:`mode`);
     * ``sequence_parallel``: with ``tp > 1``, activations outside the tensor-parallel regions are split along
       the sequence (all_gather / reduce_scatter instead of all_reduce, Korthikanti et al. 2022);
     * ``param_bytes``: the weights' element size in compute (2: bf16) and in the FSDP all_gather;
@@ -154,14 +163,14 @@ class Options:
     * ``efficiency``: the fraction of the GPU's peak FLOP/s the matrix multiplies reach (:mod:`fmesh.plan.step`).
 
     >>> Options().recompute, Options(recompute="full").recompute
-    ('selective', 'full')
+    ('auto', 'full')
     >>> Options(recompute="some")
     Traceback (most recent call last):
     ...
-    ValueError: expected recompute among ('none', 'selective', 'full'), but got 'some'
+    ValueError: expected recompute among ('auto', 'none', 'selective', 'full'), but got 'some'
     """
 
-    recompute: Recompute = attrs.field(default="selective")
+    recompute: RecomputeChoice = attrs.field(default="auto")
     sequence_parallel: bool = attrs.field(default=True)
     param_bytes: int = attrs.field(default=2, validator=_positive)
     grad_bytes: int = attrs.field(default=4, validator=_positive)
@@ -173,10 +182,28 @@ class Options:
     efficiency: float = attrs.field(default=0.5)
 
     def __attrs_post_init__(self) -> None:
-        if self.recompute not in RECOMPUTE_MODES:
-            raise ValueError(f"expected recompute among {RECOMPUTE_MODES}, but got {self.recompute!r}")
+        if self.recompute not in RECOMPUTE_CHOICES:
+            raise ValueError(f"expected recompute among {RECOMPUTE_CHOICES}, but got {self.recompute!r}")
         if not isinstance(self.efficiency, (int, float)) or not 0 < self.efficiency <= 1:
             raise ValueError(f"expected efficiency in (0, 1], but got {self.efficiency!r}")
+
+    @property
+    def mode(self) -> Recompute:
+        """The recomputation mode the memory, byte and time models use: ``recompute``, which must be chosen
+        (not ``"auto"``; :func:`fmesh.plan.search.fits` chooses it).
+
+        >>> Options(recompute="full").mode
+        'full'
+        >>> Options().mode
+        Traceback (most recent call last):
+        ...
+        ValueError: expected a recompute mode among ('none', 'selective', 'full') for the memory, byte and time \
+models, but got 'auto' (fmesh.plan.search.fits chooses one: the least that fits)
+        """
+        if self.recompute == "auto":
+            raise ValueError(f"expected a recompute mode among {RECOMPUTE_MODES} for the memory, byte and time "
+                             "models, but got 'auto' (fmesh.plan.search.fits chooses one: the least that fits)")
+        return self.recompute
 
 
 @attrs.frozen

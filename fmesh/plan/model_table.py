@@ -19,13 +19,18 @@ def format_model_plan(plan: ModelPlan) -> str:
     ...                                     degrees={"tp": 8}))
     >>> text.splitlines()[0]
     'llama3-8b on 16 GPUs (2 nodes of 8, H100 SXM 80GB (DGX H100: NVLink 4, 8 x 400 Gb/s NDR IB))'
+    >>> format_model_plan(plan_model(preset("llama3-8b"), Options(), hardware("h100"), 8, 8,
+    ...                              degrees={"tp": 8})).splitlines()[0].split("(")[1]
+    '1 node of 8, H100 SXM 80GB '
     """
     dims, m, t = plan.dims, plan.memory, plan.time
     degrees = " ".join(f"{n}={getattr(dims, n)}" for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep"))
-    lines = [f"{plan.model.name} on {dims.world_size} GPUs ({dims.world_size // plan.gpus_per_node} nodes of "
+    nodes = dims.world_size // plan.gpus_per_node
+    lines = [f"{plan.model.name} on {dims.world_size} GPUs ({nodes} node{'' if nodes == 1 else 's'} of "
              f"{plan.gpus_per_node}, {plan.hardware.name})",
              f"layout: {degrees}, rank order {plan.rank_order}, recompute {plan.recompute}",
-             f"memory per GPU: {format_bytes(m.total)} of {format_bytes(plan.hardware.memory)} (weights "
+             f"memory per GPU (GiB = 2^30 bytes): {format_bytes(m.total)} of {format_bytes(plan.hardware.memory)} "
+             f"usable (weights "
              f"{format_bytes(m.weights)}, gradients {format_bytes(m.gradients)}, optimizer "
              f"{format_bytes(m.optimizer)}, activations {format_bytes(m.activations)}, buffers "
              f"{format_bytes(m.buffers)}, communicators {format_bytes(m.communicators)})",
@@ -47,8 +52,12 @@ def format_model_plan(plan: ModelPlan) -> str:
         lines += ["", "changes worth trying:", *(f"  {text}: {delta:+.1%} step time" for text, delta in plan.changes)]
     if plan.loss is not None:
         loss = plan.loss
-        lines += ["", f"losing ranks {list(loss.lost)}: the job goes on with {loss.dims.world_size} GPUs "
-                      f"({dict((n, getattr(loss.dims, n)) for n in ('dp_replicate', 'dp_shard'))}); "
-                      f"{loss.idle} healthy GPUs idle; step time {format_seconds(loss.step_seconds)} "
-                      f"({loss.step_seconds / t.total - 1:+.1%})"]
+        small = " ".join(f"{n}={getattr(loss.dims, n)}" for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+                         if getattr(loss.dims, n) > 1)
+        lines += ["", f"losing ranks {list(loss.lost)}: the job goes on with {loss.dims.world_size} GPUs ({small}); "
+                      f"{loss.idle} healthy GPUs idle; global batch {loss.global_batch} sequences; memory per GPU "
+                      f"{format_bytes(loss.memory.total)} ({'fits' if loss.fits else 'does not fit'}); step time "
+                      f"{format_seconds(loss.step_seconds)} ({loss.step_seconds / t.total - 1:+.1%}), sequences per "
+                      f"second {loss.global_batch * t.total / (plan.model.global_batch * loss.step_seconds) - 1:+.1%}",
+                  *(f"  assumed: {a}" for a in loss.assumed)]
     return "\n".join(lines)

@@ -32,7 +32,8 @@ from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.step import StepTime, step_time
 from fmesh.plan.topology import ORDERS, RankOrder, Topology
 
-__all__ = ["RANK_ORDERS", "Candidate", "alternatives", "candidates", "fits", "reason", "search"]
+__all__ = ["DEGREE_AXES", "RANK_ORDERS", "Candidate", "alternatives", "candidates", "check_degrees", "degree_fits",
+           "fits", "reason", "search"]
 
 RANK_ORDERS = ORDERS  # every rank order the search tries
 
@@ -65,43 +66,112 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+DEGREE_AXES: tuple[str, ...] = ("tp", "cp", "pp", "dp", "ep")
+"""The degrees :func:`degree_fits` judges against a model (``dp``: ``dp_replicate * dp_shard``)."""
+
+
+def degree_fits(model: Model, axis: str, degree: int) -> bool:
+    """Whether ``degree`` along ``axis`` (one of :data:`DEGREE_AXES`) suits ``model``: ``tp`` divides the heads,
+    the KV heads and the FFN size (each expert's too); ``cp`` divides the sequence; ``pp`` is at most the
+    layers; ``dp`` divides the global batch into micro-batches; ``ep`` divides the experts (1 for a dense
+    model). The rules :func:`candidates` generates with and :func:`check_degrees` checks given degrees with.
+
+    >>> from fmesh.plan.model import preset
+    >>> degree_fits(preset("llama3-70b"), "tp", 8), degree_fits(preset("llama3-70b"), "tp", 16)
+    (True, False)
+    """
+    if axis == "tp":
+        return not (model.heads % degree or model.kv_heads % degree or model.ffn % degree
+                    or (model.experts and model.moe_ffn % degree))
+    if axis == "cp":
+        return model.seq_len % degree == 0
+    if axis == "pp":
+        return degree <= model.layers
+    if axis == "dp":
+        return model.global_batch % (degree * model.micro_batch) == 0
+    if axis == "ep":
+        return model.experts % degree == 0 if model.experts else degree == 1
+    raise ValueError(f"expected an axis among {DEGREE_AXES}, but got {axis!r}")
+
+
+def _rule(model: Model, axis: str) -> str:
+    """What :func:`degree_fits` asks of ``axis``, in words."""
+    if axis == "tp":
+        moe = f" and each expert's {model.moe_ffn}" if model.experts and model.moe_ffn != model.ffn else ""
+        return (f"tp dividing the {model.heads} heads, the {model.kv_heads} KV heads and the FFN size "
+                f"{model.ffn}{moe}")
+    if axis == "cp":
+        return f"cp dividing the {model.seq_len}-token sequence"
+    if axis == "pp":
+        return f"pp at most the {model.layers} layers"
+    if axis == "dp":
+        return (f"dp = dp_replicate x dp_shard dividing the global batch of {model.global_batch} sequences into "
+                f"micro-batches of {model.micro_batch}")
+    return (f"ep dividing the {model.experts} experts" if model.experts
+            else "ep 1 (it has no experts)")
+
+
+def check_degrees(model: Model, dims: ParallelDims) -> None:
+    """Raise ``ValueError`` naming the first degree of ``dims`` that does not suit ``model``
+    (:func:`degree_fits`), and the degrees that would on these GPUs.
+
+    >>> from fmesh.plan.model import preset
+    >>> check_degrees(preset("llama3-70b"), ParallelDims(64, tp=16))
+    Traceback (most recent call last):
+    ...
+    ValueError: expected tp dividing the 64 heads, the 8 KV heads and the FFN size 28672 of llama3-70b \
+(tp in 1, 2, 4, 8), but got tp=16
+    """
+    for axis in DEGREE_AXES:
+        degree = dims.dp_replicate * dims.dp_shard if axis == "dp" else getattr(dims, axis)
+        if not degree_fits(model, axis, degree):
+            fitting = ", ".join(str(d) for d in _divisors(dims.world_size) if degree_fits(model, axis, d))
+            got = (f"dp={degree} (dp_replicate={dims.dp_replicate} x dp_shard={dims.dp_shard})" if axis == "dp"
+                   else f"{axis}={degree}")
+            raise ValueError(f"expected {_rule(model, axis)} of {model.name} ({axis} in {fitting}), but got {got}")
+
+
 def candidates(model: Model, gpus: int) -> Iterator[ParallelDims]:
-    """Every valid degree set for ``gpus`` GPUs (module docstring).
+    """Every valid degree set for ``gpus`` GPUs: :func:`degree_fits` for each degree, and ``ep`` dividing
+    ``dp_shard * cp * tp`` (module docstring).
 
     >>> from fmesh.plan.model import preset
     >>> len(list(candidates(preset("llama3-8b"), 16)))
     69
     """
-    batches = model.global_batch // model.micro_batch
     for tp in _divisors(gpus):
-        if model.heads % tp or model.kv_heads % tp:
+        if not degree_fits(model, "tp", tp):
             continue
         for cp in _divisors(gpus // tp):
-            if model.seq_len % cp:
+            if not degree_fits(model, "cp", cp):
                 continue
             for pp in _divisors(gpus // (tp * cp)):
-                if pp > model.layers:
+                if not degree_fits(model, "pp", pp):
                     continue
                 dp = gpus // (tp * cp * pp)
-                if batches % dp:
+                if not degree_fits(model, "dp", dp):
                     continue
                 for replicate in _divisors(dp):
                     region = dp // replicate * cp * tp  # where ep is carved from (etp = 1)
-                    for ep in _divisors(model.experts) if model.experts else [1]:
-                        if region % ep == 0:
+                    for ep in _divisors(max(1, model.experts)):
+                        if region % ep == 0 and degree_fits(model, "ep", ep):
                             yield ParallelDims(gpus, pp=pp, dp_replicate=replicate, dp_shard=dp // replicate, cp=cp,
                                                tp=tp, ep=ep)
 
 
 def fits(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> tuple[Recompute, Memory] | None:
-    """The least recomputation with which ``dims`` fits in the GPU's memory, and that memory; ``None`` if none.
+    """The recomputation with which ``dims`` fits in the GPU's memory, and that memory; ``None`` if it does not.
+    With ``options.recompute == "auto"``, the least recomputation that fits (none, then selective, then full);
+    with a mode, that mode or ``None``.
 
     >>> from fmesh.plan.hardware import hardware
     >>> from fmesh.plan.model import preset
     >>> fits(preset("llama3-70b"), Options(), ParallelDims(8, tp=8, dp_shard=1), hardware("h100")) is None
     True
+    >>> fits(preset("llama3-8b"), Options(recompute="full"), ParallelDims(8, tp=8), hardware("h100"))[0]
+    'full'
     """
-    for mode in RECOMPUTE_MODES:
+    for mode in RECOMPUTE_MODES if options.recompute == "auto" else (options.mode,):
         used = memory(model, attrs.evolve(options, recompute=mode), dims)
         if used.total <= hardware.memory:
             return mode, used
@@ -156,8 +226,10 @@ def reason(best: Candidate, other: Candidate) -> str:
 
 def alternatives(model: Model, options: Options, dims: ParallelDims, gpus_per_node: int, hardware: Hardware,
                  rank_order: RankOrder = "block") -> tuple[tuple[str, float], ...]:
-    """Changes worth trying for a given layout: a factor of 2 moved between two axes, or the other rank order,
-    each with its change in step time (negative: faster), best first; only changes that fit and help.
+    """Changes worth trying for a given layout: a factor of 2 moved between two axes (``ep`` kept), ``ep``
+    doubled or halved (a mixture of experts), or the other rank order, each with its change in step time
+    (negative: faster), best first; only changes that fit and help. A change names every degree it changes
+    (``ep`` and ``etp`` included).
 
     >>> from fmesh.plan.hardware import hardware
     >>> from fmesh.plan.model import preset
@@ -167,28 +239,33 @@ def alternatives(model: Model, options: Options, dims: ParallelDims, gpus_per_no
     'tp 8 instead of 16, pp 2 instead of 1'
     """
     hosts = max(1, dims.world_size // gpus_per_node)
+    topology = Topology(hosts, gpus_per_node, rank_order=rank_order)
     fit = fits(model, options, dims, hardware)
-    mode: Recompute = fit[0] if fit else options.recompute
-    base = step_time(model, attrs.evolve(options, recompute=mode), dims, hardware,
-                     Topology(hosts, gpus_per_node, rank_order=rank_order)).total
-    axes = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+    mode: Recompute = fit[0] if fit else ("full" if options.recompute == "auto" else options.mode)
+    base = step_time(model, attrs.evolve(options, recompute=mode), dims, hardware, topology).total
+    axes = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
     valid = {tuple(getattr(d, n) for n in axes): d for d in candidates(model, dims.world_size)}
-    found: list[tuple[str, float]] = []
     degrees = [getattr(dims, n) for n in axes]
-    for i, src in enumerate(axes):
-        for j, dst in enumerate(axes):
-            if i == j or degrees[i] % 2:
+    moves: list[tuple[int, int]] = [(i, j) for i in range(5) for j in range(5) if i != j]
+    if model.experts:
+        moves += [(5, -1), (-1, 5)]  # ep halved, ep doubled
+    found: list[tuple[str, float]] = []
+    for i, j in moves:
+        changed = list(degrees)
+        if i >= 0:
+            if changed[i] % 2:
                 continue
-            changed = list(degrees)
             changed[i] //= 2
+        if j >= 0:
             changed[j] *= 2
-            other = valid.get(tuple(changed))
-            if other is None or (other_fit := fits(model, options, other, hardware)) is None:
-                continue
-            seconds = step_time(model, attrs.evolve(options, recompute=other_fit[0]), other, hardware,
-                                Topology(hosts, gpus_per_node, rank_order=rank_order)).total
-            text = f"{src} {changed[i]} instead of {degrees[i]}, {dst} {changed[j]} instead of {degrees[j]}"
-            found.append((text, seconds / base - 1))
+        other = valid.get(tuple(changed))
+        if other is None or (other_fit := fits(model, options, other, hardware)) is None:
+            continue
+        seconds = step_time(model, attrs.evolve(options, recompute=other_fit[0]), other, hardware, topology).total
+        text = ", ".join(f"{axes[k]} {changed[k]} instead of {degrees[k]}" for k in (i, j) if k >= 0)
+        if model.experts and 5 not in (i, j):
+            text += f" (ep {dims.ep} kept)"
+        found.append((text, seconds / base - 1))
     flipped = "cyclic" if rank_order == "block" else "block"
     seconds = step_time(model, attrs.evolve(options, recompute=mode), dims, hardware,
                         Topology(hosts, gpus_per_node, rank_order=flipped)).total

@@ -21,8 +21,8 @@ prefetches), so only what exceeds the compute counts.
 >>> from fmesh.plan.model import Options, preset
 >>> from fmesh.plan.parallel import ParallelDims
 >>> from fmesh.plan.topology import Topology
->>> t = step_time(preset("llama3-8b"), Options(), ParallelDims(64, dp_shard=8, tp=8), hardware("h100"),
-...               Topology(8, 8))
+>>> t = step_time(preset("llama3-8b"), Options(recompute="selective"), ParallelDims(64, dp_shard=8, tp=8),
+...               hardware("h100"), Topology(8, 8))
 >>> round(t.total, 2), round(t.compute, 2)
 (23.68, 16.49)
 """
@@ -96,9 +96,9 @@ def step_flops(model: Model, options: Options) -> float:
     scores = 4 * model.seq_len * model.hidden
     forward = tokens * (model.layers * (2 * layer_matmuls + scores) + 2 * model.vocab * model.hidden)
     total = 3.0 * forward
-    if options.recompute == "full":
+    if options.mode == "full":
         total += forward - tokens * 2 * model.vocab * model.hidden  # the layers again, not the output layer
-    elif options.recompute == "selective":
+    elif options.mode == "selective":
         total += tokens * model.layers * scores
     return total
 
@@ -124,7 +124,11 @@ def _assumptions(options: Options, hardware: Hardware) -> tuple[str, ...]:
         "tp/cp/ep/pp collectives on the critical path, not overlapped; FSDP/HSDP/loss collectives overlap the "
         "compute (only their excess counts)",
         "collectives at NCCL's ring/tree model on peak link bandwidth (fmesh.plan.costs)",
-        f"1F1B pipeline; activation recomputation: {options.recompute}",
+        f"1F1B pipeline; activation recomputation: {options.mode}",
+        f"sequence parallelism {'on' if options.sequence_parallel else 'off'} (with tp > 1); FlashAttention "
+        f"{'on' if options.flash_attention else 'off'}; dropout {'on' if options.dropout else 'off'}; per parameter "
+        f"{options.param_bytes} B weights, {options.grad_bytes} B gradients, {options.master_bytes} + "
+        f"{options.moment_bytes} B optimizer state (master copy + moments)",
     )
 
 

@@ -32,7 +32,7 @@ seq_len / cp`` tokens and activation width ``w`` bytes:
 
 >>> from fmesh.plan.model import Options, preset
 >>> from fmesh.plan.parallel import ParallelDims
->>> moved = traffic(preset("llama3-8b"), Options(), ParallelDims(64, dp_shard=8, tp=8))
+>>> moved = traffic(preset("llama3-8b"), Options(recompute="none"), ParallelDims(64, dp_shard=8, tp=8))
 >>> sorted({(t.axis, t.collective) for t in moved})[:3]
 [('dp', 'all_reduce'), ('dp_shard_cp', 'all_gather'), ('dp_shard_cp', 'reduce_scatter')]
 """
@@ -143,7 +143,7 @@ def traffic(model: Model, options: Options, dims: ParallelDims) -> tuple[Transfe
     tokens = model.micro_batch * model.seq_len // dims.cp
     activation = tokens * model.hidden * model.dtype_bytes
     _fsdp(found, model, options, dims, m, layers)
-    forward_passes = 2 if options.recompute == "full" else 1
+    forward_passes = 2 if options.mode == "full" else 1
     if dims.tp > 1:
         if options.sequence_parallel:
             for collective in ("all_gather", "reduce_scatter"):

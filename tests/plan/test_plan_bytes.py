@@ -77,13 +77,14 @@ class Recorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def train_model(args: argparse.Namespace, dims: ParallelDims) -> Model:
+def train_model(args: argparse.Namespace, dims: ParallelDims, micro_batches: int = 1) -> Model:
     """``examples/train.py``'s ``LanguageModel`` as a planner :class:`Model`, its real sizes: a byte vocabulary,
     learned positions, LayerNorm, q/k/v/o without biases, a 4x GELU MLP with biases, an untied head, nothing
-    split over tp outside the layers, fp32; one micro-batch of the whole local batch."""
+    split over tp outside the layers, fp32; the local batch in ``micro_batches`` micro-batches."""
     dp = dims.dp_replicate * dims.dp_shard
     return Model("train.py", layers=args.layers, hidden=args.dim, heads=args.heads, vocab=256, seq_len=args.seq_len,
-                 global_batch=args.batch_size, micro_batch=args.batch_size // dp, attention_biases=False,
+                 global_batch=args.batch_size, micro_batch=args.batch_size // (dp * micro_batches),
+                 attention_biases=False,
                  mlp_biases=True, learned_positions=True, fused_qkv=False, vocab_parallel=False, dtype_bytes=4)
 
 
@@ -100,9 +101,11 @@ def group_names(ctx: fmesh.Context, dims: ParallelDims) -> dict[str, tuple[int, 
     return names
 
 
-def recorded_step(world: int, rank: int, argv: list[str]) -> tuple[dict[Key, list[int]], argparse.Namespace,
-                                                                   ParallelDims]:
-    """One step of ``examples/train.py``'s loop, as rank ``rank`` of a fake world of ``world``."""
+def recorded_step(world: int, rank: int, argv: list[str], micro_batches: int = 1
+                  ) -> tuple[dict[Key, list[int]], argparse.Namespace, ParallelDims]:
+    """One step of ``examples/train.py``'s loop, as rank ``rank`` of a fake world of ``world``; with
+    ``micro_batches > 1`` the local batch is split and each part's gradients accumulate (forward and backward
+    per part, FSDP2's defaults: reshard after forward, reduce every backward), then one optimizer step."""
     args = train.parse(argv)
     with fmesh.Context.fake(world, rank=rank) as ctx:
         dims = train.check_degrees(args, world)
@@ -116,18 +119,19 @@ def recorded_step(world: int, rank: int, argv: list[str]) -> tuple[dict[Key, lis
         with recorder:
             batch = train.batches(args.seed, args.batch_size, args.seq_len)
             local = batch.chunk(dp_mesh.size)[dp_index]
-            logits = model(local[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), local[:, 1:].reshape(-1))
-            loss.backward()
+            for part in local.chunk(micro_batches):
+                logits = model(part[:, :-1])
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), part[:, 1:].reshape(-1))
+                (loss / micro_batches).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             ctx.all_reduce(loss.detach(), dp_mesh, op="avg")
     return recorder.seen, args, dims
 
 
-def planned(args: argparse.Namespace, dims: ParallelDims, rank: int) -> dict[Key, list[int]]:
+def planned(args: argparse.Namespace, dims: ParallelDims, rank: int, micro_batches: int = 1) -> dict[Key, list[int]]:
     found: dict[Key, list[int]] = {}
-    for transfer in traffic(train_model(args, dims), TRAIN_OPTIONS, dims):
+    for transfer in traffic(train_model(args, dims, micro_batches), TRAIN_OPTIONS, dims):
         entry = found.setdefault((dims.mesh(transfer.axis).group(rank), transfer.collective), [0, 0])
         entry[0] += transfer.calls
         entry[1] += transfer.nbytes
@@ -186,6 +190,24 @@ def test_planned_bytes_equal_recorded_bytes(elsewhere: concurrent.futures.Execut
     seen, args, dims = elsewhere.submit(recorded_step, world, 0, argv).result(timeout=300)
     assert seen, "the step ran no collective: nothing was compared"
     assert planned(args, dims, 0) == seen
+
+
+# (world, flags, micro-batches per step): gradient accumulation over FSDP, HSDP and TP
+MICRO_CONFIGS: list[tuple[int, list[str], int]] = [
+    (4, flags(dp_shard=4), 2),
+    (8, [*flags(dp_replicate=2, dp_shard=2, tp=2), "--batch-size=16"], 4),
+    (4, [*flags(tp=4), "--batch-size=6"], 3),
+    (6, [*flags(dp_shard=3, tp=2), "--batch-size=12", "--dim=96", "--heads=6"], 2),
+]
+
+
+@pytest.mark.parametrize(("world", "argv", "micro_batches"), [
+    pytest.param(world, argv, m, id=f"{world}:{' '.join(argv)} x{m}") for world, argv, m in MICRO_CONFIGS])
+def test_planned_bytes_equal_recorded_bytes_with_micro_batches(elsewhere: concurrent.futures.Executor, world: int,
+                                                               argv: list[str], micro_batches: int) -> None:
+    seen, args, dims = elsewhere.submit(recorded_step, world, 0, argv, micro_batches).result(timeout=300)
+    assert planned(args, dims, 0, micro_batches) == seen
+    assert planned(args, dims, 0) != seen  # one micro-batch would be wrong: the count matters
 
 
 def test_the_comparison_sees_a_missing_collective(elsewhere: concurrent.futures.Executor) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from paths import ROOT
 
 from fmesh.plan.hardware import hardware
 from fmesh.plan.memory import layer_activation_bytes, memory
@@ -87,3 +88,32 @@ def test_table_5_step_times_within_15_percent(name: str) -> None:
     assert full.total == pytest.approx(FULL_RECOMPUTE[name], rel=0.15)
     assert present.total == pytest.approx(SP_SELECTIVE[name], rel=0.15)
     assert present.total < full.total
+
+
+def docs_rows() -> dict[str, list[str]]:
+    """The table of docs/guides/planning.md, by model: its cells after the first."""
+    text = (ROOT / "docs" / "guides" / "planning.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0] in ("22B", "175B", "530B", "1T"):
+            rows[f"megatron-{cells[0].lower()}"] = cells[1:]
+    return rows
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_the_docs_table_is_what_the_code_computes(name: str) -> None:
+    gpus, _ = RUNS[name]
+    topology, a100, dims = Topology(gpus // 8, 8), hardware("a100"), dims_of(name)
+    tp_only, present = memory(preset(name), TP_ONLY, dims), memory(preset(name), PRESENT, dims)
+    full = step_time(preset(name), attrs.evolve(GPT, recompute="full", sequence_parallel=False), dims, a100,
+                     topology).total
+    fast = step_time(preset(name), PRESENT, dims, a100, topology).total
+    expected = [
+        f"{(tp_only.weights + tp_only.gradients + tp_only.optimizer) / 1e9:.1f} GB",
+        f"{tp_only.activations / 1e9:.1f} GB",
+        f"{present.activations / 1e9:.1f} GB",
+        f"{full:.2f} s ({FULL_RECOMPUTE[name]:.2f} s, {full / FULL_RECOMPUTE[name] - 1:+.1%})",
+        f"{fast:.2f} s ({SP_SELECTIVE[name]:.2f} s, {fast / SP_SELECTIVE[name] - 1:+.1%})",
+    ]
+    assert docs_rows()[name] == expected
