@@ -213,10 +213,10 @@ class Axes:
             return self.ctx.all_gather(x.unsqueeze(dim), self.mesh, names, dim)
         return self._run("all_gather", x, names, _GATHER_FORBIDS, gather, lambda t: AxisType(VARYING))
 
-    def all_gather_invariant(self, x: torch.Tensor, axis: str, dim: int = 0, tiled: bool = True) -> torch.Tensor:
+    def all_gather_invariant(self, x: torch.Tensor, axis: AxesArg, dim: int = 0, tiled: bool = True) -> torch.Tensor:
         """Every member's ``x`` along ``dim``, invariant: its backward keeps this member's slice, no collective."""
         names = self._axes(axis)
-        size, index = self.axis_size(names), self.axis_index(names[0])
+        size, index = self.axis_size(names), self.ctx.index(self.mesh, names)  # the slot in the gather's order
 
         def gather() -> torch.Tensor:
             block = x if tiled else x.unsqueeze(dim)

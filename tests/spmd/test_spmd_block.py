@@ -207,12 +207,12 @@ def backward_nodes(grad_fn: Any) -> set[str]:
 def gathers(ctx: fmesh.Context, mesh: fmesh.Mesh) -> dict[str, Any]:
     """An invariant all_gather's backward (a local slice, no collective) against the varying one's."""
     found: dict[str, Any] = {}
-    for how in ("all_gather_invariant", "all_gather"):
+    for how, axes in (("all_gather_invariant", "tp"), ("all_gather", "tp"), ("invariant over both", ("dp", "tp"))):
         x = (torch.arange(4.0) + 10 * ctx.rank).requires_grad_()
-        weight = torch.arange(8.0)
+        weight = torch.arange(4.0 * Axes(ctx, mesh).axis_size(axes))
 
         ax = Axes(ctx, mesh)
-        g = getattr(ax, how)(x, "tp", dim=0)
+        g = getattr(ax, "all_gather" if how == "all_gather" else "all_gather_invariant")(x, axes, dim=0)
         loss = (g * weight).sum()
         found[how] = {"nodes": sorted(backward_nodes(loss.grad_fn))}
         loss.backward()
@@ -301,6 +301,10 @@ def test_an_invariant_all_gather_differentiates_with_no_collective(results: list
         assert any("Collective" in n for n in varying["nodes"]), varying
         index = rank % 2
         assert invariant["grad"] == [float(i) for i in range(4 * index, 4 * index + 4)]
+        # over (dp, tp) on the row-major 2 x 2 mesh, rank r is the r-th member: its slice of arange(16)
+        both = result["gathers"]["invariant over both"]
+        assert both["grad"] == [float(i) for i in range(4 * rank, 4 * rank + 4)], (rank, both)
+        assert [n for n in both["nodes"] if "Collective" in n] == [], both
 
 
 @pytest.mark.slow
