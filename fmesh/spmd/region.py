@@ -29,6 +29,7 @@ from fmesh.mesh import Mesh
 from fmesh.spmd.placements import to_placements
 from fmesh.spmd.spec import PartitionSpec, Sharding, check_spec, dim_axes
 from fmesh.spmd.types import (
+    ADDITIVE,
     INVARIANT,
     MOVES,
     PARTIAL,
@@ -57,6 +58,20 @@ def _tensors(values: Any) -> list[torch.Tensor]:
     return found
 
 
+def called(op: str, names: Sequence[str]) -> str:
+    """How a value is named in messages: the call that made it, from its inputs' names, nested calls elided.
+
+    >>> called("linear", ["gelu(linear(h, w1, b1))", "w2"]), called("add", ["x", "the number 1.0"])
+    ('linear(gelu(…), w2)', 'add(x, 1.0)')
+    """
+    short = [n.removeprefix("the number ") for n in names[:3]] + (["…"] if len(names) > 3 else [])
+    return f"{op}({', '.join(n if len(n) <= 16 else n[:n.find('(') + 1] + '…)' if '(' in n else '…' for n in short)})"
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float, complex)) and not isinstance(value, bool)
+
+
 class Types(TorchFunctionMode):  # type: ignore[misc]
     """The per-axis types of the region's local values, and the rule check of every torch call on them."""
 
@@ -75,7 +90,7 @@ class Types(TorchFunctionMode):  # type: ignore[misc]
         if known is not None and known[0]() is tensor:
             _, types, name = known
         else:
-            types, name = (AxisType(INVARIANT),) * self.mesh.ndim, f"a tensor of shape {tuple(tensor.shape)}"
+            types, name = (AxisType(INVARIANT),) * self.mesh.ndim, f"a constant of shape {tuple(tensor.shape)}"
         return Operand(name, types, tensor.requires_grad and torch.is_grad_enabled(), tensor.dim())
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
@@ -84,6 +99,9 @@ class Types(TorchFunctionMode):  # type: ignore[misc]
             return func(*args, **kwargs)
         inputs = [self.operand(t) for t in _tensors(list(args) + list(kwargs.values()))]
         op = op_name(func)
+        if op in ADDITIVE and inputs:  # a number added is the same on every member: invariant (0 adds nothing)
+            inputs += [Operand(f"the number {v!r}", (AxisType(INVARIANT),) * self.mesh.ndim, False, 0)
+                       for v in (*args, kwargs.get("other")) if _number(v) and v != 0]
         broken: SpmdTypeError | None = None
         try:
             found = [combine(op, axis, index, inputs) for index, axis in enumerate(self.mesh.axis_names)]
@@ -105,7 +123,7 @@ class Types(TorchFunctionMode):  # type: ignore[misc]
             before, after = tuple(args[0].shape), tuple(outputs[0].shape)
             found = [AxisType(VARYING, moved_dim(op, args[1:], before, after, d)) if t.kind == VARYING and d is not None
                      else t for t, d in zip(found, (o.dim for o in inputs[0].types), strict=True)]
-        name = f"the result of {op} (shape {tuple(outputs[0].shape)})"
+        name = called(op, [o.name for o in inputs])
         for out in outputs:
             self.set(out, tuple(found), name)
         return result
@@ -156,7 +174,8 @@ class Axes:
             types.quiet -= 1
         new = tuple(becomes(t) if axis in axes else t
                     for axis, t in zip(self.mesh.axis_names, operand.types, strict=True))
-        types.set(out, new, f"the result of {what} (shape {tuple(out.shape)})")
+        axes_said = repr(axes[0]) if len(axes) == 1 else repr(axes)
+        types.set(out, new, operand.name if what == "pvary" else called(what, [operand.name, axes_said]))
         return out
 
     def axis_index(self, axis: str) -> int:

@@ -137,6 +137,12 @@ def combine(op: str, axis: str, index: int, operands: list[Operand]) -> AxisType
                 raise SpmdTypeError(
                     f"linear with a bias on {said(partial[0])}: the bias would be added once per member; fix: "
                     f"add the bias after ax.psum(..., {axis!r})")
+            wanting = next((o for o, k in zip(operands, kinds, strict=True) if k != PARTIAL and o.grad), None)
+            if wanting is not None:  # its gradient is (each member's part of the sum) x (the incoming gradient)
+                raise SpmdTypeError(
+                    f"{op} of {said(partial[0])}, and {said(wanting)}: {wanting.name} wants a gradient, and each "
+                    f"member's is taken against its own part of the pending sum only, which nothing sums; fix: "
+                    f"ax.psum({partial[0].name}, {axis!r}) first (or psum_scatter)")
             return AxisType(PARTIAL)
         if op in SHAPE_ONLY:
             return AxisType(PARTIAL)

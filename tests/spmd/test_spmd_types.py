@@ -14,11 +14,11 @@ import fmesh
 from fmesh.spmd import P, shard_map
 
 
-def run(body: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def run(body: Callable[..., torch.Tensor], *inputs: torch.Tensor, specs: tuple[P, ...] = (P("dp"),)) -> torch.Tensor:
     with fmesh.Context.fake(2) as ctx:
         mesh = fmesh.make_mesh((2,), ("dp",))
-        region = shard_map(body, mesh=mesh, in_specs=P("dp"), out_specs=P(), ctx=ctx, names=["x"])
-        return region(x).to_local()
+        region = shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(), ctx=ctx, names=["x", "w"])
+        return region(*inputs).to_local()
 
 
 @pytest.mark.parametrize("mean", [
@@ -42,3 +42,44 @@ def test_a_psum_of_block_means_is_refused_and_a_pmean_is_not(mean: Callable[[tor
 ], ids=["sum over the count", "reduction sum", "mean of one dimension kept"])
 def test_sums_are_not_refused(body: Callable[..., torch.Tensor]) -> None:
     assert run(body, torch.arange(4.0)).numel() == 1
+
+
+WEIGHT = torch.ones(4, requires_grad=True)
+PARTIAL_AND_WEIGHT = (P(partial="dp"), P())
+
+
+@pytest.mark.parametrize("body", [
+    lambda ax, b, w: ax.psum(b * w, "dp"),  # w's gradient would be each member's part of it: sum_i b_i x g
+    lambda ax, b, w: ax.psum(w * b, "dp"),
+    lambda ax, b, w: ax.psum(F.linear(b.view(1, 4), w.view(1, 4)), "dp"),
+    lambda ax, b, w: ax.psum(b / w, "dp"),
+], ids=["partial * w", "w * partial", "linear(partial, w)", "partial / w"])
+def test_a_partial_times_a_weight_that_wants_a_gradient_is_refused(body: Callable[..., torch.Tensor]) -> None:
+    with pytest.raises(fmesh.SpmdTypeError, match=r"of (view\()?x\)? .*partial along 'dp'.*and (view\()?w\)? .*"
+                                                  r"wants a gradient.*fix: ax.psum\((view\()?x\)?, 'dp'\) first"):
+        run(body, torch.arange(4.0), WEIGHT, specs=PARTIAL_AND_WEIGHT)
+
+
+@pytest.mark.parametrize("body", [
+    lambda ax, b, w: ax.psum(b * w.detach(), "dp"),  # a constant weight: linear in the pending sum
+    lambda ax, b, w: ax.psum(b * 0.5, "dp") * w,  # summed first: w's gradient is whole on every member
+    lambda ax, b, w: ax.psum(b + 0.0, "dp") + w,  # adding 0 adds nothing, however often
+    lambda ax, b, w: ax.psum(b + b, "dp") + w,
+], ids=["constant weight", "psum first", "plus zero", "partial + partial"])
+def test_linear_uses_of_a_partial_value_pass(body: Callable[..., torch.Tensor]) -> None:
+    assert run(body, torch.arange(4.0), WEIGHT, specs=PARTIAL_AND_WEIGHT).shape == (4,)
+
+
+@pytest.mark.parametrize("body", [
+    lambda ax, b: ax.psum(b + 1.0, "dp"),
+    lambda ax, b: ax.psum(1.0 - b, "dp"),
+    lambda ax, b: ax.psum(b - 2, "dp"),
+    lambda ax, b: ax.psum(b.clone().add_(1.0), "dp"),
+    lambda ax, b: ax.psum(torch.add(b, 3.0), "dp"),
+    lambda ax, b: ax.psum(b + torch.tensor(1.0), "dp"),  # a constant made in the region: invariant
+], ids=["plus number", "number minus", "minus int", "in-place add", "torch.add", "plus 0-dim constant"])
+def test_a_number_added_to_a_partial_value_is_refused(body: Callable[..., torch.Tensor]) -> None:
+    with pytest.raises(fmesh.SpmdTypeError, match=r"of (clone\()?x\)? .*partial along 'dp', and .* invariant along "
+                                                  r"'dp': adding a value to a pending sum adds it once per member; "
+                                                  r"fix: ax.psum\((clone\()?x\)?, 'dp'\)"):
+        run(body, torch.arange(4.0), specs=(P(partial="dp"),))
