@@ -40,6 +40,7 @@ from fmesh.spmd.types import (
     averaged,
     check_output,
     combine,
+    gathered,
     moved_dim,
     op_name,
 )
@@ -178,6 +179,19 @@ class Axes:
         types.set(out, new, operand.name if what == "pvary" else called(what, [operand.name, axes_said]))
         return out
 
+    def _gathering(self, x: torch.Tensor, names: tuple[str, ...], dim: int) -> None:
+        """Refuse a tiled gather at a dimension other than the one its axis splits (checks on, eager)."""
+        if self.types is None or compiling():
+            return
+        operand = self.types.operand(x)
+        d = dim - x.dim() if dim >= 0 else dim
+        split: dict[int, list[str]] = {}
+        for axis, found in zip(self.mesh.axis_names, operand.types, strict=True):
+            if found.kind == VARYING and found.dim is not None:
+                split.setdefault(found.dim, []).append(axis)
+        for axis in names:
+            gathered(axis, self.mesh.axis_index(axis), operand, d, split)
+
     def axis_index(self, axis: str) -> int:
         """This rank's coordinate along ``axis`` (JAX's ``lax.axis_index``)."""
         return self.ctx.index(self.mesh, self._axes(axis)[0])
@@ -225,6 +239,8 @@ class Axes:
         if self.types is None and tiled:
             return self.ctx.all_gather(x, self.mesh, axis, dim)
         names = self._axes(axis)
+        if tiled:
+            self._gathering(x, names, dim)
 
         def gather() -> torch.Tensor:
             if tiled:
@@ -236,6 +252,8 @@ class Axes:
         """Every member's ``x`` along ``dim``, invariant: its backward keeps this member's slice, no collective."""
         names = self._axes(axis)
         size, index = self.axis_size(names), self.ctx.index(self.mesh, names)  # the slot in the gather's order
+        if tiled:
+            self._gathering(x, names, dim)
 
         def gather() -> torch.Tensor:
             block = x if tiled else x.unsqueeze(dim)

@@ -18,7 +18,7 @@ The rules are pure (no torch import): :mod:`fmesh.spmd.region` applies them to e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import attrs
@@ -149,6 +149,7 @@ def combine(op: str, axis: str, index: int, operands: list[Operand]) -> AxisType
         raise SpmdTypeError(
             f"{op} on {said(partial[0])}: a non-linear operation on a pending sum is wrong; fix: "
             f"ax.psum({partial[0].name}, {axis!r}) (or psum_scatter) before it")
+    _one_dim(op, axis, index, operands, varying, said)
     if varying and invariant_grad:
         o = invariant_grad[0]
         raise SpmdTypeError(
@@ -159,6 +160,55 @@ def combine(op: str, axis: str, index: int, operands: list[Operand]) -> AxisType
         return AxisType(INVARIANT)
     mean = op in ELEMENTWISE_SAME_DIMS and any(o.types[index].mean for o in varying)  # a mean scaled is one still
     return AxisType(VARYING, _dim(op, operands, varying, index), mean)
+
+
+def _one_dim(op: str, axis: str, index: int, operands: list[Operand], varying: list[Operand],
+             said: Callable[[Operand], str]) -> None:
+    """Refuse a result that ``axis`` would split at two tensor dimensions (each member holding only the diagonal
+    blocks of a tensor no spec describes): a product of a value split along ``axis`` at a kept dimension with a
+    weight split along it at the output's dimension; or an elementwise op on values split at different ones."""
+    if op in CONTRACTIONS and len(operands) >= 2:
+        x, w = operands[0], operands[1]
+        xd = x.types[index].dim if x.types[index].kind == VARYING else None
+        wd = w.types[index].dim if w.types[index].kind == VARYING else None
+        out = -2 if op == "linear" else -1  # the weight's dimension that becomes the result's last
+        if xd is not None and xd != -1 and wd == out:
+            raise SpmdTypeError(
+                f"{op} of {said(x)}, and {said(w)}: the result would be split along {axis!r} at two dimensions "
+                f"({xd} from {x.name}, -1 from {w.name}), each member computing only its own diagonal block; fix: "
+                f"ax.all_gather({x.name}, {axis!r}, dim={xd}) first (so that only {w.name} splits along {axis!r}), "
+                f"or name the axis that was meant")
+        return
+    if op in ELEMENTWISE_SAME_DIMS:
+        split = [o for o in varying if o.types[index].dim is not None]
+        other = next((o for o in split if o.types[index].dim != split[0].types[index].dim), None)
+        if other is not None:
+            raise SpmdTypeError(
+                f"{op} of {said(split[0])}, and {said(other)}: they are split along {axis!r} at different "
+                f"dimensions, so each member combines unrelated blocks; fix: gather one of them along {axis!r} "
+                f"(ax.all_gather) or split both at the same dimension")
+
+
+def gathered(axis: str, index: int, operand: Operand, dim: int, split: dict[int, list[str]]) -> None:
+    """Refuse a tiled all_gather along ``axis`` at dimension ``dim`` (negative) of ``operand`` where ``axis``
+    splits another of its dimensions: the blocks would land at the wrong place (``split``: the axes that split each
+    dimension of it, which name the axis that was meant).
+
+    >>> x = Operand("h", (AxisType("varying", -3), AxisType("varying", -2)), False, 3)
+    >>> gathered("dp", 0, x, -2, {-3: ["dp"], -2: ["tp"]})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fmesh.SpmdTypeError: all_gather of h along 'dp' at dimension -2, but 'dp' splits h at dimension -3: ...
+    """
+    found = operand.types[index]
+    if found.kind != VARYING or found.dim is None or found.dim == dim:
+        return
+    meant = [a for a in split.get(dim, []) if a != axis]
+    raise SpmdTypeError(
+        f"all_gather of {operand.name} along {axis!r} at dimension {dim}, but {axis!r} splits {operand.name} at "
+        f"dimension {found.dim}: its blocks would be laid along the wrong dimension; fix: "
+        + (f"gather along {meant[0]!r} (it splits dimension {dim}): ax.all_gather({operand.name}, {meant[0]!r}, "
+           f"dim={dim})" if meant else f"ax.all_gather({operand.name}, {axis!r}, dim={found.dim})"))
 
 
 def averaged(op: str, reduction: object, out_ndim: int, found: AxisType) -> AxisType:

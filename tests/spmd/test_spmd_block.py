@@ -48,6 +48,8 @@ BUGS = {
     "sum vs mean over dp": "each member's mean loss summed over dp (and tp): dp x tp times the mean",
     "out spec claims replicated": "the block output is sequence-sharded but its out spec says replicated over tp",
     "out spec wrong dimension": "the block output is split at the sequence dim but its spec names the hidden dim",
+    "gather over the wrong axis": "the sequence gathered over dp (which splits the batch) instead of tp",
+    "no sequence gather": "the sequence-parallel gather before the column-parallel projections forgotten",
 }
 
 
@@ -115,7 +117,10 @@ def program(ax: Axes, bug: str, x: torch.Tensor, *weights: torch.Tensor) -> tupl
         p["wk"] = ax.pvary(p["wk"], "dp")
 
     h = F.layer_norm(x, (H,), p["ln1w"], p["ln1b"])
-    h = ax.all_gather(h, "tp", dim=1)  # the whole sequence, for the column-parallel projections
+    if bug == "gather over the wrong axis":
+        h = ax.all_gather(h, "dp", dim=1)
+    elif bug != "no sequence gather":
+        h = ax.all_gather(h, "tp", dim=1)  # the whole sequence, for the column-parallel projections
     a = F.linear(attention(h, p["wq"], p["wk"], p["wv"], HEADS // ax.axis_size("tp")), p["wo"])  # partial over tp
     if bug == "all_gather where psum_scatter belongs":
         a = ax.all_gather(a, "tp", dim=1)
