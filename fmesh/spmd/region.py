@@ -41,6 +41,7 @@ from fmesh.spmd.types import (
     check_output,
     combine,
     gathered,
+    means_summed,
     moved_dim,
     op_name,
 )
@@ -79,6 +80,7 @@ class Types(TorchFunctionMode):  # type: ignore[misc]
     def __init__(self, mesh: Mesh) -> None:
         super().__init__()
         self.mesh = mesh
+        self.sizes = tuple(mesh.shape[axis] for axis in mesh.axis_names)
         self.quiet = 0  # inside one of the region's own collectives: their torch calls are not the program's
         self._types: dict[int, tuple[weakref.ref[torch.Tensor], tuple[AxisType, ...], str]] = {}
 
@@ -108,6 +110,9 @@ class Types(TorchFunctionMode):  # type: ignore[misc]
             found = [combine(op, axis, index, inputs) for index, axis in enumerate(self.mesh.axis_names)]
         except SpmdTypeError as error:
             broken = error
+        numbers = [v for v in (*args[1:], kwargs.get("other")) if _number(v)]
+        if op == "backward" and any(t.mean and t.kind == INVARIANT for o in inputs for t in o.types):
+            means_summed(op, inputs, numbers, self.mesh.axis_names, self.sizes)  # raises: the gradient is n x
         try:
             result = func(*args, **kwargs)
         except Exception:
@@ -119,6 +124,9 @@ class Types(TorchFunctionMode):  # type: ignore[misc]
             return result
         if broken is not None:
             raise broken
+        summed = means_summed(op, inputs, numbers, self.mesh.axis_names, self.sizes)
+        if summed is not None:
+            found = list(summed)
         found = [averaged(op, kwargs.get("reduction"), outputs[0].dim(), t) for t in found]
         if op in MOVES and isinstance(args[0], torch.Tensor):
             before, after = tuple(args[0].shape), tuple(outputs[0].shape)
@@ -150,10 +158,9 @@ class Axes:
         return names
 
     def _run(self, what: str, x: torch.Tensor, axes: tuple[str, ...], allowed: Mapping[Kind, str],
-             result: Callable[[], torch.Tensor], becomes: Callable[[AxisType], AxisType],
-             summing: bool = False) -> torch.Tensor:
-        """``result()`` after checking ``x``'s type along ``axes`` (``allowed``: a forbidden kind → the fix;
-        ``summing``: a sum, which refuses the members' means of their own blocks)."""
+             result: Callable[[], torch.Tensor], becomes: Callable[[AxisType], AxisType]) -> torch.Tensor:
+        """``result()`` after checking ``x``'s type along ``axes`` (``allowed``: a forbidden kind → the fix), typed
+        ``becomes(its type)`` along them."""
         types = self.types
         if types is None or compiling():
             return result()
@@ -163,11 +170,6 @@ class Axes:
             if found.kind in allowed:
                 raise SpmdTypeError(f"{what} of {operand.name}, which is {found!r} along {axis!r}: "
                                     f"{allowed[found.kind]}")
-            if summing and found.mean:
-                raise SpmdTypeError(
-                    f"{what} of {operand.name}, which is {found!r} along {axis!r}: the sum of the members' means is "
-                    f"{self.mesh.shape[axis]} times the mean of the whole; fix: ax.pmean(..., {axis!r}) (or sum "
-                    f"each block, divide by the whole's count, then psum)")
         types.quiet += 1
         try:
             out = result()
@@ -217,9 +219,12 @@ class Axes:
         return self._sum("pmean", x, self._axes(axes), summing=False) / self.axis_size(axes)
 
     def _sum(self, what: str, x: torch.Tensor, names: tuple[str, ...], summing: bool) -> torch.Tensor:
+        # a psum of the members' means of their own blocks is their sum: divided by the member count it is the mean
+        # of the whole (Megatron's loss averaging); anything else done with it first is refused (means_summed)
         return self._run(what, x, names, {INVARIANT: "it is already the same on every member (reduced); a second "
                                           f"sum multiplies it by the axis size; fix: drop this {what}"},
-                         lambda: self.ctx.sum_partials(x, self.mesh, names), lambda t: AxisType(INVARIANT), summing)
+                         lambda: self.ctx.sum_partials(x, self.mesh, names),
+                         lambda t: AxisType(INVARIANT, None, summing and t.mean))
 
     def pvary(self, x: torch.Tensor, axes: AxesArg) -> torch.Tensor:
         """``x`` itself, from now on varying along ``axes``; its gradient is summed over them (``sum_gradients``)."""
@@ -399,8 +404,9 @@ def _assemble(device_mesh: Any, mesh: Mesh, out_specs: tuple[PartitionSpec, ...]
             dims = {axis: d - value.dim() for d, entry in enumerate(spec.entries) for axis in dim_axes(entry)}
             for axis, found in zip(mesh.axis_names, operand.types, strict=True):
                 try:
-                    check_output(dims, spec.partial, axis, f"output {i} ({operand.name})", found)
+                    check_output(dims, spec.partial, axis, operand.name, found, value.dim(),
+                                 mesh.shape[axis])
                 except SpmdTypeError as error:
-                    raise SpmdTypeError(f"out_specs[{i}] = {spec!r}: {error}") from None
+                    raise SpmdTypeError(f"out_specs[{i}] = {spec!r}, output {i}: {error}") from None
         results.append(DTensor.from_local(value, device_mesh, placements, run_check=False))
     return results[0] if single else tuple(results)

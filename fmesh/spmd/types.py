@@ -61,9 +61,13 @@ class AxisType:
 
     kind: Kind
     dim: int | None = None  # varying only: the tensor dimension (negative, from the end) the axis splits
-    mean: bool = False  # varying only: the mean of each member's own block (a psum of it is size x the mean)
+    # varying: the mean of each member's own block (a psum of it is size x the mean); invariant: such a psum, which
+    # only a division by the size makes the mean of the whole
+    mean: bool = False
 
     def __repr__(self) -> str:
+        if self.mean and self.kind == INVARIANT:
+            return "invariant(the sum of the members' means of their own blocks)"
         if self.mean:
             return f"{self.kind}(the mean of each member's own block)"
         return f"{self.kind}(dim {self.dim})" if self.dim is not None else self.kind
@@ -211,6 +215,39 @@ def gathered(axis: str, index: int, operand: Operand, dim: int, split: dict[int,
            f"dim={dim})" if meant else f"ax.all_gather({operand.name}, {axis!r}, dim={found.dim})"))
 
 
+def means_summed(op: str, operands: list[Operand], numbers: Sequence[complex], axes: Sequence[str],
+                 sizes: Sequence[int]) -> tuple[AxisType, ...] | None:
+    """The result's types when an operand is a ``psum`` of the members' means (``None`` when none is): divided by
+    the number of members it was summed over (or times its inverse), the mean of the whole; viewed or cast, still
+    the sum; anything else is refused (it would use a value ``size`` times too large).
+
+    >>> summed = Operand("psum(mean(…), 'dp')", (AxisType("invariant", None, True),), True, 0)
+    >>> means_summed("div", [summed], [2], ("dp",), (2,))
+    (invariant,)
+    >>> means_summed("div", [summed], [4], ("dp",), (2,))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fmesh.SpmdTypeError: div of psum(mean(…), 'dp'), the sum over 'dp' of the members' means ... fix: divide it by 2...
+    """
+    summed = next((o for o in operands if any(t.kind == INVARIANT and t.mean for t in o.types)), None)
+    if summed is None:
+        return None
+    flagged = [i for i, t in enumerate(summed.types) if t.kind == INVARIANT and t.mean]
+    factor = _product([sizes[i] for i in flagged])
+    over = ", ".join(repr(axes[i]) for i in flagged)
+    cleared = tuple(AxisType(INVARIANT) if i in flagged else t for i, t in enumerate(summed.types))
+    if len(operands) == 1 and operands[0] is summed and len(numbers) == 1:
+        n = numbers[0]
+        if op in QUOTIENTS and n == factor or op in ("mul", "rmul", "imul") and abs(n * factor - 1) < 1e-9:
+            return cleared
+    if len(operands) == 1 and op in SHAPE_ONLY:  # a view or cast of it (its numbers are sizes, dims)
+        return summed.types
+    raise SpmdTypeError(
+        f"{op} of {summed.name}, the sum over {over} of the members' means of their own blocks: it is {factor} "
+        f"times the mean of the whole; fix: divide it by {factor} right after the psum (or use ax.pmean(..., "
+        f"{over}) instead of ax.psum)")
+
+
 def averaged(op: str, reduction: object, out_ndim: int, found: AxisType) -> AxisType:
     """``found``, marked as the mean of each member's own block when ``op`` averages every element of a value that
     varies along the axis (``MEANS``, with the default ``reduction`` or ``"mean"``, to a 0-dim result).
@@ -260,8 +297,18 @@ def contraction_partial(op: str, operands: list[Operand], index: int) -> bool:
 
 
 def check_output(spec_dims: dict[str, int | None], partial: tuple[str, ...], axis: str, name: str,
-                 found: AxisType) -> None:
-    """Whether a region output of type ``found`` along ``axis`` may leave it under its out spec."""
+                 found: AxisType, ndim: int = 1, size: int = 2) -> None:
+    """Whether a region output of type ``found`` (``ndim`` dimensions) along ``axis`` (``size`` members) may leave
+    it under its out spec.
+
+    >>> check_output({}, (), "dp", "loss", AxisType("varying"), ndim=0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fmesh.SpmdTypeError: loss is varying along 'dp', but ... fix: ax.psum(loss, 'dp') for a sum, ax.pmean(loss, 'dp')...
+    """
+    if found.kind == INVARIANT and found.mean:
+        raise SpmdTypeError(f"{name} is the sum over {axis!r} of the members' means of their own blocks: {size} "
+                            f"times the mean of the whole; fix: divide it by {size} (or ax.pmean instead of ax.psum)")
     if axis in partial:
         if found.kind != PARTIAL:
             raise SpmdTypeError(f"{name} is {found!r} along {axis!r}, but its out spec claims partial; fix: drop "
@@ -280,8 +327,14 @@ def check_output(spec_dims: dict[str, int | None], partial: tuple[str, ...], axi
                                 f"says dimension {want}; fix: name {axis!r} at that dimension of the spec")
         return
     if found.kind == VARYING:
-        raise SpmdTypeError(f"{name} is varying along {axis!r}, but its out spec claims it replicated; fix: "
-                            f"ax.all_gather_invariant(..., {axis!r}, dim=...) (or name {axis!r} in the spec)")
+        said = f"{name} is {found!r} along {axis!r}, but its out spec claims it replicated; fix: "
+        if found.mean:
+            raise SpmdTypeError(said + f"ax.pmean({name}, {axis!r}) (the mean of the members' means)")
+        if ndim == 0 or found.dim is None:  # a scalar (a loss) or a value whose split is unknown: reduce it
+            raise SpmdTypeError(said + f"ax.psum({name}, {axis!r}) for a sum, ax.pmean({name}, {axis!r}) for a "
+                                f"mean" + ("" if ndim == 0 else f" (ax.all_gather_invariant to keep each member's)"))
+        raise SpmdTypeError(said + f"ax.all_gather_invariant({name}, {axis!r}, dim={found.dim}) (or name {axis!r} "
+                            f"at dimension {found.dim} of the spec)")
     if found.kind == PARTIAL:
         raise SpmdTypeError(f"{name} is partial along {axis!r}, but its out spec claims it replicated; fix: "
                             f"ax.psum({name}, {axis!r}) (or partial=({axis!r},) in the spec)")

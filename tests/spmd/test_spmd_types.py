@@ -1,6 +1,6 @@
 """The per-axis types' rule for means (fmesh.spmd.types.averaged), in one process on the fake backend: a psum of
-the members' means of their own blocks is refused in the forward pass, a pmean of them is the mean of the whole,
-and a sum divided by the whole's count passes."""
+the members' means of their own blocks must be divided by the member count before any other use (Megatron's loss
+averaging), a pmean of them is the mean of the whole, and a sum divided by the whole's count passes."""
 
 from __future__ import annotations
 
@@ -27,12 +27,31 @@ def run(body: Callable[..., torch.Tensor], *inputs: torch.Tensor, specs: tuple[P
     lambda x: F.mse_loss(x, torch.zeros_like(x)),
     lambda x: F.cross_entropy(x.view(2, 2), torch.tensor([0, 1])),
 ], ids=["mean", "scaled mean", "mse_loss", "cross_entropy"])
-def test_a_psum_of_block_means_is_refused_and_a_pmean_is_not(mean: Callable[[torch.Tensor], torch.Tensor]) -> None:
+def test_a_psum_of_block_means_must_be_divided_and_a_pmean_need_not(
+        mean: Callable[[torch.Tensor], torch.Tensor]) -> None:
     x = torch.arange(4.0)
-    with pytest.raises(fmesh.SpmdTypeError, match=r"psum of .* along 'dp': the sum of the members' means is 2 times "
-                                                  r"the mean of the whole; fix: ax.pmean"):
-        run(lambda ax, b: ax.psum(mean(b), "dp"), x)
-    assert run(lambda ax, b: ax.pmean(mean(b), "dp"), x).shape == ()
+    summed = r"the sum over 'dp' of the members' means of their own blocks: .*2 times the mean of the whole; fix: "
+    with pytest.raises(fmesh.SpmdTypeError, match=summed + r"divide it by 2 \(or ax.pmean"):
+        run(lambda ax, b: ax.psum(mean(b), "dp"), x)  # left as the sum
+    for wrong in (lambda s: s / 4, lambda s: s * 3, lambda s: s + 1.0, lambda s: s.exp()):
+        with pytest.raises(fmesh.SpmdTypeError, match=summed + r"divide it by 2 right after the psum"):
+            run(lambda ax, b: wrong(ax.psum(mean(b), "dp")), x)  # noqa: B023
+    pmean = run(lambda ax, b: ax.pmean(mean(b), "dp"), x)
+    # Megatron's average_losses: psum, then divide by the number of members (or times its inverse)
+    for divided in (lambda s: s / 2, lambda s: s.view(1) / 2.0, lambda s: s * 0.5):
+        assert torch.equal(run(lambda ax, b: divided(ax.psum(mean(b), "dp")).sum() + 0, x), pmean)  # noqa: B023
+
+
+def test_an_output_left_varying_gets_the_reduction_that_fits_it() -> None:
+    x = torch.arange(4.0)
+    with pytest.raises(fmesh.SpmdTypeError, match=r"output 0: sum\(x\) is varying along 'dp', but its out spec "
+                                                  r"claims it replicated; fix: ax.psum\(sum\(x\), 'dp'\) for a sum, "
+                                                  r"ax.pmean\(sum\(x\), 'dp'\) for a mean$"):
+        run(lambda ax, b: b.sum(), x)
+    with pytest.raises(fmesh.SpmdTypeError, match=r"mean\(x\).*fix: ax.pmean\(mean\(x\), 'dp'\)"):
+        run(lambda ax, b: b.mean(), x)
+    with pytest.raises(fmesh.SpmdTypeError, match=r"fix: ax.all_gather_invariant\(mul\(x\), 'dp', dim=-1\)"):
+        run(lambda ax, b: b * 2.0, x)
 
 
 @pytest.mark.parametrize("body", [
