@@ -402,6 +402,10 @@ def _assemble(device_mesh: Any, mesh: Mesh, out_specs: tuple[PartitionSpec, ...]
         if types is not None:
             operand = types.operand(value)
             dims = {axis: d - value.dim() for d, entry in enumerate(spec.entries) for axis in dim_axes(entry)}
+            try:  # a psum of the members' means left undivided: named with the count over all its axes
+                means_summed("return", [operand], [], mesh.axis_names, types.sizes)
+            except SpmdTypeError as error:
+                raise SpmdTypeError(f"out_specs[{i}] = {spec!r}, output {i}: {error}") from None
             for axis, found in zip(mesh.axis_names, operand.types, strict=True):
                 try:
                     check_output(dims, spec.partial, axis, operand.name, found, value.dim(),

@@ -235,6 +235,7 @@ def means_summed(op: str, operands: list[Operand], numbers: Sequence[complex], a
     flagged = [i for i, t in enumerate(summed.types) if t.kind == INVARIANT and t.mean]
     factor = _product([sizes[i] for i in flagged])
     over = ", ".join(repr(axes[i]) for i in flagged)
+    pmean_axes = repr(axes[flagged[0]]) if len(flagged) == 1 else repr(tuple(axes[i] for i in flagged))
     cleared = tuple(AxisType(INVARIANT) if i in flagged else t for i, t in enumerate(summed.types))
     if len(operands) == 1 and operands[0] is summed and len(numbers) == 1:
         n = numbers[0]
@@ -245,7 +246,7 @@ def means_summed(op: str, operands: list[Operand], numbers: Sequence[complex], a
     raise SpmdTypeError(
         f"{op} of {summed.name}, the sum over {over} of the members' means of their own blocks: it is {factor} "
         f"times the mean of the whole; fix: divide it by {factor} right after the psum (or use ax.pmean(..., "
-        f"{over}) instead of ax.psum)")
+        f"{pmean_axes}) instead of ax.psum)")
 
 
 def averaged(op: str, reduction: object, out_ndim: int, found: AxisType) -> AxisType:

@@ -31,25 +31,34 @@ SPECS = {  # column-parallel weights split their outputs over tp, row-parallel o
 X_SPEC = P("dp", "tp", None)  # batch over dp, sequence over tp (sequence parallel)
 STEPS, LR = 3, 0.1
 
-# Each seeded mistake: (name, what is wrong). Each must raise SpmdTypeError in the forward pass.
+# Each seeded mistake: name -> (what is wrong, how its message names the offending value). Each must raise
+# SpmdTypeError in the forward pass, naming that value, an axis and the fix.
 BUGS = {
-    "ln weight not pvaried over tp": "LN weights meet sequence-sharded activations; their gradient is never summed",
-    "bias bo not pvaried over tp": "a replicated bias added to sequence-sharded activations",
-    "column weight not pvaried over dp": "the data-parallel gradient sum forgotten (DDP's all_reduce)",
-    "pvary twice": "a doubled gradient reduction over dp",
-    "all_gather where psum_scatter belongs": "row-parallel partial output gathered instead of reduce-scattered",
-    "psum then psum_scatter": "a doubled reduction of the attention output",
-    "loss psum twice": "a doubled reduction of the loss",
-    "gelu on partial": "a non-linear op on the row-parallel partial output",
-    "bias before reduce": "the row-parallel bias added to a partial sum (added once per member)",
-    "residual without reduce": "the row-parallel output added to the residual unreduced",
-    "wrong axis": "the attention output reduce-scattered over dp instead of tp",
-    "loss not reduced over dp": "out spec claims the loss replicated but it varies over dp",
-    "sum vs mean over dp": "each member's mean loss summed over dp (and tp): dp x tp times the mean",
-    "out spec claims replicated": "the block output is sequence-sharded but its out spec says replicated over tp",
-    "out spec wrong dimension": "the block output is split at the sequence dim but its spec names the hidden dim",
-    "gather over the wrong axis": "the sequence gathered over dp (which splits the batch) instead of tp",
-    "no sequence gather": "the sequence-parallel gather before the column-parallel projections forgotten",
+    "ln weight not pvaried over tp": (
+        "LN weights meet sequence-sharded activations; their gradient is never summed", "ln1w"),
+    "bias bo not pvaried over tp": ("a replicated bias added to sequence-sharded activations", "bo"),
+    "column weight not pvaried over dp": ("the data-parallel gradient sum forgotten (DDP's all_reduce)", "wq"),
+    "pvary twice": ("a doubled gradient reduction over dp", "wk"),
+    "all_gather where psum_scatter belongs": (
+        "row-parallel partial output gathered instead of reduce-scattered", "linear(reshape(…), wo)"),
+    "psum then psum_scatter": ("a doubled reduction of the attention output", "psum(linear(…), 'tp')"),
+    "loss psum twice": ("a doubled reduction of the loss", "psum(div(…), ('dp', 'tp'))"),
+    "gelu on partial": ("a non-linear op on the row-parallel partial output", "linear(gelu(linear(…)), w2)"),
+    "bias before reduce": ("the row-parallel bias added to a partial sum (added once per member)", "(b2)"),
+    "residual without reduce": ("the row-parallel output added to the residual unreduced", "linear(reshape(…), wo)"),
+    "wrong axis": ("the attention output reduce-scattered over dp instead of tp", "psum_scatter(linear(…), 'dp')"),
+    "loss not reduced over dp": (
+        "out spec claims the loss replicated but it varies over dp", "output 0: psum(div(…), 'tp')"),
+    "sum vs mean over dp": (
+        "each member's mean loss summed over dp and tp: dp x tp times the mean", "psum(mean(…), ('dp', 'tp'))"),
+    "out spec claims replicated": (
+        "the block output is sequence-sharded but its out spec says replicated over tp", "output 1: add(add("),
+    "out spec wrong dimension": (
+        "the block output is split at the sequence dim but its spec names the hidden dim", "output 1: add(add("),
+    "gather over the wrong axis": (
+        "the sequence gathered over dp (which splits the batch) instead of tp", "layernorm(x, ln1w, ln1b)"),
+    "no sequence gather": (
+        "the sequence-parallel gather before the column-parallel projections forgotten", "layernorm(x, ln1w, ln1b)"),
 }
 
 
@@ -295,6 +304,9 @@ def test_each_seeded_mistake_raises_in_the_forward_naming_value_axis_and_fix(
         message = result["bugs"][bug]
         assert message != "no error", bug
         assert "fix:" in message and ("'tp'" in message or "'dp'" in message), message
+        assert BUGS[bug][1] in message, (BUGS[bug][1], message)  # the offending value, by name
+    if bug == "sum vs mean over dp":  # summed over dp and tp: 4 times the mean, not 2
+        assert "divide it by 4" in message and "ax.pmean(..., ('dp', 'tp'))" in message, message
 
 
 @pytest.mark.slow

@@ -29,11 +29,12 @@ def run(body: Callable[..., torch.Tensor], *inputs: torch.Tensor, specs: tuple[P
 ], ids=["mean", "scaled mean", "mse_loss", "cross_entropy"])
 def test_a_psum_of_block_means_must_be_divided_and_a_pmean_need_not(
         mean: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    x = torch.arange(4.0)
+    x = torch.arange(4.0, requires_grad=True)
     summed = r"the sum over 'dp' of the members' means of their own blocks: .*2 times the mean of the whole; fix: "
-    with pytest.raises(fmesh.SpmdTypeError, match=summed + r"divide it by 2 \(or ax.pmean"):
+    with pytest.raises(fmesh.SpmdTypeError, match=summed + r"divide it by 2 right after the psum \(or use "
+                                                     r"ax.pmean\(..., 'dp'\)"):
         run(lambda ax, b: ax.psum(mean(b), "dp"), x)  # left as the sum
-    for wrong in (lambda s: s / 4, lambda s: s * 3, lambda s: s + 1.0, lambda s: s.exp()):
+    for wrong in (lambda s: s / 4, lambda s: s * 3, lambda s: s + 1.0, lambda s: s.exp(), lambda s: s.backward()):
         with pytest.raises(fmesh.SpmdTypeError, match=summed + r"divide it by 2 right after the psum"):
             run(lambda ax, b: wrong(ax.psum(mean(b), "dp")), x)  # noqa: B023
     pmean = run(lambda ax, b: ax.pmean(mean(b), "dp"), x)
