@@ -239,7 +239,7 @@ def means_summed(op: str, operands: list[Operand], numbers: Sequence[complex], a
     cleared = tuple(AxisType(INVARIANT) if i in flagged else t for i, t in enumerate(summed.types))
     if len(operands) == 1 and operands[0] is summed and len(numbers) == 1:
         n = numbers[0]
-        if op in QUOTIENTS and n == factor or op in ("mul", "rmul", "imul") and abs(n * factor - 1) < 1e-9:
+        if (op in QUOTIENTS and n == factor) or (op in ("mul", "rmul", "imul") and abs(n * factor - 1) < 1e-9):
             return cleared
     if len(operands) == 1 and op in SHAPE_ONLY:  # a view or cast of it (its numbers are sizes, dims)
         return summed.types
@@ -333,7 +333,7 @@ def check_output(spec_dims: dict[str, int | None], partial: tuple[str, ...], axi
             raise SpmdTypeError(said + f"ax.pmean({name}, {axis!r}) (the mean of the members' means)")
         if ndim == 0 or found.dim is None:  # a scalar (a loss) or a value whose split is unknown: reduce it
             raise SpmdTypeError(said + f"ax.psum({name}, {axis!r}) for a sum, ax.pmean({name}, {axis!r}) for a "
-                                f"mean" + ("" if ndim == 0 else f" (ax.all_gather_invariant to keep each member's)"))
+                                f"mean" + ("" if ndim == 0 else " (ax.all_gather_invariant to keep each member's)"))
         raise SpmdTypeError(said + f"ax.all_gather_invariant({name}, {axis!r}, dim={found.dim}) (or name {axis!r} "
                             f"at dimension {found.dim} of the spec)")
     if found.kind == PARTIAL:
