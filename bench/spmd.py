@@ -1,12 +1,13 @@
 """Benchmark: the manual region's cost (fmesh.spmd.shard_map) on top of the Context's collectives, and a
 tensor-parallel MLP in the region (eager, compiled) against the same MLP written on DTensor.
 
-(a) Per collective, 2 gloo processes on loopback, one float32 element, medians of individually timed calls:
+(a) Per collective, 2 gloo processes on loopback, a float32 tensor of 2 elements (``torch.ones(2)``), medians of
+    individually timed calls:
     today's Context call (``ctx.sum_partials``, ``ctx.all_gather``, ``ctx.reduce_scatter``), the region's
     (``ax.psum``, ``ax.all_gather``, ``ax.psum_scatter``) with checks off, and with checks on (inside the region's
     type-tracking mode).
-(a0) The same calls on the fake backend (one process, no communication): the Python cost alone, where a
-    microsecond shows (gloo's own noise on loopback is tens of microseconds).
+(a0) The same calls on the fake backend (one process, no communication), checks off and on: the Python cost
+    alone, where a microsecond shows (gloo's own noise on loopback is tens of microseconds).
 (b) A tensor-parallel MLP (column- then row-parallel, tp=2), forward + backward: the region eager (checked and
     unchecked), the region compiled (aot_eager, fullgraph), and DTensor (``distribute_tensor`` weights,
     ``F.linear`` on DTensors) on the same exported DeviceMesh.
@@ -112,26 +113,36 @@ def _rank(ctx: Any, n: int) -> dict[str, Any]:
     return {"collectives": rows, "mlp": mlp}
 
 
-def _python_cost(n: int) -> dict[str, tuple[float, float]]:
-    """The Python cost alone: the same calls on the fake backend (one process, no communication)."""
+def _python_cost(n: int) -> dict[str, tuple[float, float, float]]:
+    """The Python cost alone: the same calls on the fake backend (one process, no communication), the region's
+    with checks off (an ``Axes`` with no types) and on (inside a checked region, on its typed input)."""
     import torch
 
     import fmesh
-    from fmesh.spmd.region import Axes
+    from fmesh.spmd import P
+    from fmesh.spmd.region import Axes, shard_map
 
     with fmesh.Context.fake(2) as ctx:
         mesh = fmesh.make_mesh((2,), ("tp",))
         ctx.materialize(mesh)
         x, ax = torch.ones(2), Axes(ctx, mesh)
         calls = {
-            "psum": (lambda: ctx.sum_partials(x, mesh, "tp"), lambda: ax.psum(x, "tp")),
-            "all_gather": (lambda: ctx.all_gather(x, mesh, "tp", 0), lambda: ax.all_gather(x, "tp", 0)),
-            "psum_scatter": (lambda: ctx.reduce_scatter(x, mesh, "tp", 0), lambda: ax.psum_scatter(x, "tp", 0)),
+            "psum": (lambda: ctx.sum_partials(x, mesh, "tp"), lambda a, b: a.psum(b, "tp"), P(partial="tp")),
+            "all_gather": (lambda: ctx.all_gather(x, mesh, "tp", 0), lambda a, b: a.all_gather(b, "tp", 0), P("tp")),
+            "psum_scatter": (lambda: ctx.reduce_scatter(x, mesh, "tp", 0), lambda a, b: a.psum_scatter(b, "tp", 0),
+                             P(partial="tp")),
         }
         out = {}
-        for name, (today, region) in calls.items():
-            rounds = [(_median_us(today, n), _median_us(region, n)) for _ in range(3)]
-            out[name] = min(r[0] for r in rounds), min(r[1] for r in rounds)
+        for name, (today, call, spec) in calls.items():
+            found: list[float] = []
+
+            def checked(a: Any, block: Any, call: Any = call, found: list[float] = found) -> Any:
+                found.append(min(_median_us(lambda: call(a, block), n) for _ in range(3)))
+                return a.psum(block, "tp") if spec.partial else a.all_gather_invariant(block, "tp", 0)  # noqa: B023
+
+            shard_map(checked, mesh=mesh, in_specs=spec, out_specs=P(), ctx=ctx)(torch.ones(2))
+            rounds = [(_median_us(today, n), _median_us(lambda call=call: call(ax, x), n)) for _ in range(3)]
+            out[name] = min(r[0] for r in rounds), min(r[1] for r in rounds), found[0]
         return out
 
 
@@ -143,14 +154,14 @@ def main() -> None:
 
     n = 50 if args.quick else 1000
     print("(a0) the Python cost of one collective, fake backend (no communication), best of 3 medians, µs\n")
-    print("| collective | Context µs | region, checks off µs | overhead µs |")
-    print("| --- | --- | --- | --- |")
-    for name, (bare, off) in _python_cost(n * 5).items():
-        print(f"| {name} | {bare:.2f} | {off:.2f} | {off - bare:+.2f} |")
+    print("| collective | Context µs | region, checks off µs | overhead µs | region, checks on µs | overhead µs |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, (bare, off, on) in _python_cost(n * 5).items():
+        print(f"| {name} | {bare:.2f} | {off:.2f} | {off - bare:+.2f} | {on:.2f} | {on - bare:+.2f} |")
     print()
     results = fmesh.launch(lambda ctx: _rank(ctx, n), 2, timeout=600, context_options={"timeout": 300})
     rows = results[0]["collectives"]
-    print("(a) one collective, 2 gloo processes, 1 float32 element, median µs (rank 0)\n")
+    print("(a) one collective, 2 gloo processes, torch.ones(2) (float32), median µs (rank 0)\n")
     print("| collective | Context µs | region, checks off µs | overhead µs | region, checks on µs |")
     print("| --- | --- | --- | --- | --- |")
     for name, (bare, off, on) in rows.items():

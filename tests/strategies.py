@@ -1,6 +1,6 @@
 """The hypothesis strategies the tests share, in one module (no test file imports another): meshes after random
 operations with their brute-force references (:func:`steps`, :func:`runs`), meshes and jobs to lose ranks from
-(:func:`meshes`, :func:`jobs`, :func:`lost_ranks`)."""
+(:func:`meshes`, :func:`jobs`, :func:`lost_ranks`), meshes to shard tensors over (:func:`sharding_meshes`)."""
 
 from __future__ import annotations
 
@@ -147,3 +147,32 @@ def jobs(draw: st.DrawFn) -> fmesh.ParallelDims:
 
 def lost_ranks(world: int) -> st.SearchStrategy[list[int]]:
     return st.lists(st.integers(0, world - 1), min_size=1, max_size=3)
+
+
+# ----------------------------------------------------------------- meshes to shard tensors over
+
+
+@st.composite
+def sharding_meshes(draw: st.DrawFn) -> fmesh.Mesh:
+    """A mesh over at most 12 ranks, its rank map permuted, then up to 3 of: any two axes flattened (adjacent or
+    not), an axis unflattened, the axes transposed, a sub-mesh sliced out (fewer axes: not every rank in it)."""
+    sizes = draw(st.sampled_from([(2, 3), (2, 2, 2), (3, 2, 2), (4,), (2, 6), (2, 2, 3), (12,)]))
+    names = tuple("abc"[: len(sizes)])
+    world = math.prod(sizes)
+    mesh = fmesh.make_mesh(sizes, names, rank_map=draw(st.permutations(range(world))))
+    for step in range(draw(st.integers(0, 3))):
+        now = mesh.axis_names
+        what = draw(st.sampled_from(("flatten", "unflatten", "transpose", "sub-mesh")))
+        if what == "flatten" and len(now) >= 2:
+            mesh = mesh.flatten(tuple(draw(st.permutations(now))[:2]), f"f{step}")
+        elif what == "unflatten":
+            axis = draw(st.sampled_from(now))
+            size = mesh.shape[axis]
+            split = next((k for k in (2, 3) if size % k == 0 and size > k), None)
+            if split is not None:
+                mesh = mesh.unflatten(axis, {f"u{step}": split, f"v{step}": size // split})
+        elif what == "transpose" and len(now) >= 2:
+            mesh = mesh.slice(*draw(st.permutations(now)))
+        elif what == "sub-mesh" and len(now) >= 2:
+            mesh = mesh.slice(*draw(st.permutations(now))[:-1])
+    return mesh

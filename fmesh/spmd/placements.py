@@ -61,8 +61,11 @@ def from_placements(mesh: Mesh, placements: Sequence[Any]) -> Sharding:
         if type(placement) is Shard:
             dims.setdefault(placement.dim, []).append(axis)
         elif isinstance(placement, Partial):
-            if placement.reduce_op not in ("sum", "avg"):
-                raise ValueError(f"axis {axis!r}: expected a Partial sum, but got {placement!r}")
+            if placement.reduce_op != "sum":  # a spec's partial= is a pending sum; a pending mean, max... is not
+                raise ValueError(
+                    f"axis {axis!r}: expected a Partial sum (a spec's partial=), but got {placement!r}: a pending "
+                    f"{placement.reduce_op} has no spec; fix: redistribute it to Replicate() (or, for a pending "
+                    "mean, divide each member's value by the axis size and use Partial())")
             partial.append(axis)
         elif not isinstance(placement, Replicate):
             raise ValueError(f"axis {axis!r}: expected Shard, Replicate or Partial, but got {placement!r} "

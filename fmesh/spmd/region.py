@@ -29,6 +29,7 @@ from fmesh.mesh import Mesh
 from fmesh.spmd.placements import to_placements
 from fmesh.spmd.spec import PartitionSpec, Sharding, check_spec, dim_axes
 from fmesh.spmd.types import (
+    ADDITIVE,
     INVARIANT,
     MOVES,
     PARTIAL,
@@ -39,6 +40,8 @@ from fmesh.spmd.types import (
     averaged,
     check_output,
     combine,
+    gathered,
+    means_summed,
     moved_dim,
     op_name,
 )
@@ -57,12 +60,27 @@ def _tensors(values: Any) -> list[torch.Tensor]:
     return found
 
 
+def called(op: str, names: Sequence[str]) -> str:
+    """How a value is named in messages: the call that made it, from its inputs' names, nested calls elided.
+
+    >>> called("linear", ["gelu(linear(h, w1, b1))", "w2"]), called("add", ["x", "the number 1.0"])
+    ('linear(gelu(…), w2)', 'add(x, 1.0)')
+    """
+    short = [n.removeprefix("the number ") for n in names[:3]] + (["…"] if len(names) > 3 else [])
+    return f"{op}({', '.join(n if len(n) <= 16 else n[:n.find('(') + 1] + '…)' if '(' in n else '…' for n in short)})"
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float, complex)) and not isinstance(value, bool)
+
+
 class Types(TorchFunctionMode):  # type: ignore[misc]
     """The per-axis types of the region's local values, and the rule check of every torch call on them."""
 
     def __init__(self, mesh: Mesh) -> None:
         super().__init__()
         self.mesh = mesh
+        self.sizes = tuple(mesh.shape[axis] for axis in mesh.axis_names)
         self.quiet = 0  # inside one of the region's own collectives: their torch calls are not the program's
         self._types: dict[int, tuple[weakref.ref[torch.Tensor], tuple[AxisType, ...], str]] = {}
 
@@ -75,7 +93,7 @@ class Types(TorchFunctionMode):  # type: ignore[misc]
         if known is not None and known[0]() is tensor:
             _, types, name = known
         else:
-            types, name = (AxisType(INVARIANT),) * self.mesh.ndim, f"a tensor of shape {tuple(tensor.shape)}"
+            types, name = (AxisType(INVARIANT),) * self.mesh.ndim, f"a constant of shape {tuple(tensor.shape)}"
         return Operand(name, types, tensor.requires_grad and torch.is_grad_enabled(), tensor.dim())
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
@@ -84,11 +102,17 @@ class Types(TorchFunctionMode):  # type: ignore[misc]
             return func(*args, **kwargs)
         inputs = [self.operand(t) for t in _tensors(list(args) + list(kwargs.values()))]
         op = op_name(func)
+        if op in ADDITIVE and inputs:  # a number added is the same on every member: invariant (0 adds nothing)
+            inputs += [Operand(f"the number {v!r}", (AxisType(INVARIANT),) * self.mesh.ndim, False, 0)
+                       for v in (*args, kwargs.get("other")) if _number(v) and v != 0]
         broken: SpmdTypeError | None = None
         try:
             found = [combine(op, axis, index, inputs) for index, axis in enumerate(self.mesh.axis_names)]
         except SpmdTypeError as error:
             broken = error
+        numbers = [v for v in (*args[1:], kwargs.get("other")) if _number(v)]
+        if op == "backward" and any(t.mean and t.kind == INVARIANT for o in inputs for t in o.types):
+            means_summed(op, inputs, numbers, self.mesh.axis_names, self.sizes)  # raises: the gradient is n x
         try:
             result = func(*args, **kwargs)
         except Exception:
@@ -100,12 +124,15 @@ class Types(TorchFunctionMode):  # type: ignore[misc]
             return result
         if broken is not None:
             raise broken
+        summed = means_summed(op, inputs, numbers, self.mesh.axis_names, self.sizes)
+        if summed is not None:
+            found = list(summed)
         found = [averaged(op, kwargs.get("reduction"), outputs[0].dim(), t) for t in found]
         if op in MOVES and isinstance(args[0], torch.Tensor):
             before, after = tuple(args[0].shape), tuple(outputs[0].shape)
             found = [AxisType(VARYING, moved_dim(op, args[1:], before, after, d)) if t.kind == VARYING and d is not None
                      else t for t, d in zip(found, (o.dim for o in inputs[0].types), strict=True)]
-        name = f"the result of {op} (shape {tuple(outputs[0].shape)})"
+        name = called(op, [o.name for o in inputs])
         for out in outputs:
             self.set(out, tuple(found), name)
         return result
@@ -131,10 +158,9 @@ class Axes:
         return names
 
     def _run(self, what: str, x: torch.Tensor, axes: tuple[str, ...], allowed: Mapping[Kind, str],
-             result: Callable[[], torch.Tensor], becomes: Callable[[AxisType], AxisType],
-             summing: bool = False) -> torch.Tensor:
-        """``result()`` after checking ``x``'s type along ``axes`` (``allowed``: a forbidden kind → the fix;
-        ``summing``: a sum, which refuses the members' means of their own blocks)."""
+             result: Callable[[], torch.Tensor], becomes: Callable[[AxisType], AxisType]) -> torch.Tensor:
+        """``result()`` after checking ``x``'s type along ``axes`` (``allowed``: a forbidden kind → the fix), typed
+        ``becomes(its type)`` along them."""
         types = self.types
         if types is None or compiling():
             return result()
@@ -144,11 +170,6 @@ class Axes:
             if found.kind in allowed:
                 raise SpmdTypeError(f"{what} of {operand.name}, which is {found!r} along {axis!r}: "
                                     f"{allowed[found.kind]}")
-            if summing and found.mean:
-                raise SpmdTypeError(
-                    f"{what} of {operand.name}, which is {found!r} along {axis!r}: the sum of the members' means is "
-                    f"{self.mesh.shape[axis]} times the mean of the whole; fix: ax.pmean(..., {axis!r}) (or sum "
-                    f"each block, divide by the whole's count, then psum)")
         types.quiet += 1
         try:
             out = result()
@@ -156,8 +177,22 @@ class Axes:
             types.quiet -= 1
         new = tuple(becomes(t) if axis in axes else t
                     for axis, t in zip(self.mesh.axis_names, operand.types, strict=True))
-        types.set(out, new, f"the result of {what} (shape {tuple(out.shape)})")
+        axes_said = repr(axes[0]) if len(axes) == 1 else repr(axes)
+        types.set(out, new, operand.name if what == "pvary" else called(what, [operand.name, axes_said]))
         return out
+
+    def _gathering(self, x: torch.Tensor, names: tuple[str, ...], dim: int) -> None:
+        """Refuse a tiled gather at a dimension other than the one its axis splits (checks on, eager)."""
+        if self.types is None or compiling():
+            return
+        operand = self.types.operand(x)
+        d = dim - x.dim() if dim >= 0 else dim
+        split: dict[int, list[str]] = {}
+        for axis, found in zip(self.mesh.axis_names, operand.types, strict=True):
+            if found.kind == VARYING and found.dim is not None:
+                split.setdefault(found.dim, []).append(axis)
+        for axis in names:
+            gathered(axis, self.mesh.axis_index(axis), operand, d, split)
 
     def axis_index(self, axis: str) -> int:
         """This rank's coordinate along ``axis`` (JAX's ``lax.axis_index``)."""
@@ -184,9 +219,12 @@ class Axes:
         return self._sum("pmean", x, self._axes(axes), summing=False) / self.axis_size(axes)
 
     def _sum(self, what: str, x: torch.Tensor, names: tuple[str, ...], summing: bool) -> torch.Tensor:
+        # a psum of the members' means of their own blocks is their sum: divided by the member count it is the mean
+        # of the whole (Megatron's loss averaging); anything else done with it first is refused (means_summed)
         return self._run(what, x, names, {INVARIANT: "it is already the same on every member (reduced); a second "
                                           f"sum multiplies it by the axis size; fix: drop this {what}"},
-                         lambda: self.ctx.sum_partials(x, self.mesh, names), lambda t: AxisType(INVARIANT), summing)
+                         lambda: self.ctx.sum_partials(x, self.mesh, names),
+                         lambda t: AxisType(INVARIANT, None, summing and t.mean))
 
     def pvary(self, x: torch.Tensor, axes: AxesArg) -> torch.Tensor:
         """``x`` itself, from now on varying along ``axes``; its gradient is summed over them (``sum_gradients``)."""
@@ -206,6 +244,8 @@ class Axes:
         if self.types is None and tiled:
             return self.ctx.all_gather(x, self.mesh, axis, dim)
         names = self._axes(axis)
+        if tiled:
+            self._gathering(x, names, dim)
 
         def gather() -> torch.Tensor:
             if tiled:
@@ -213,10 +253,12 @@ class Axes:
             return self.ctx.all_gather(x.unsqueeze(dim), self.mesh, names, dim)
         return self._run("all_gather", x, names, _GATHER_FORBIDS, gather, lambda t: AxisType(VARYING))
 
-    def all_gather_invariant(self, x: torch.Tensor, axis: str, dim: int = 0, tiled: bool = True) -> torch.Tensor:
+    def all_gather_invariant(self, x: torch.Tensor, axis: AxesArg, dim: int = 0, tiled: bool = True) -> torch.Tensor:
         """Every member's ``x`` along ``dim``, invariant: its backward keeps this member's slice, no collective."""
         names = self._axes(axis)
-        size, index = self.axis_size(names), self.axis_index(names[0])
+        size, index = self.axis_size(names), self.ctx.index(self.mesh, names)  # the slot in the gather's order
+        if tiled:
+            self._gathering(x, names, dim)
 
         def gather() -> torch.Tensor:
             block = x if tiled else x.unsqueeze(dim)
@@ -360,10 +402,15 @@ def _assemble(device_mesh: Any, mesh: Mesh, out_specs: tuple[PartitionSpec, ...]
         if types is not None:
             operand = types.operand(value)
             dims = {axis: d - value.dim() for d, entry in enumerate(spec.entries) for axis in dim_axes(entry)}
+            try:  # a psum of the members' means left undivided: named with the count over all its axes
+                means_summed("return", [operand], [], mesh.axis_names, types.sizes)
+            except SpmdTypeError as error:
+                raise SpmdTypeError(f"out_specs[{i}] = {spec!r}, output {i}: {error}") from None
             for axis, found in zip(mesh.axis_names, operand.types, strict=True):
                 try:
-                    check_output(dims, spec.partial, axis, f"output {i} ({operand.name})", found)
+                    check_output(dims, spec.partial, axis, operand.name, found, value.dim(),
+                                 mesh.shape[axis])
                 except SpmdTypeError as error:
-                    raise SpmdTypeError(f"out_specs[{i}] = {spec!r}: {error}") from None
+                    raise SpmdTypeError(f"out_specs[{i}] = {spec!r}, output {i}: {error}") from None
         results.append(DTensor.from_local(value, device_mesh, placements, run_check=False))
     return results[0] if single else tuple(results)

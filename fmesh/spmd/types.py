@@ -18,7 +18,7 @@ The rules are pure (no torch import): :mod:`fmesh.spmd.region` applies them to e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import attrs
@@ -61,9 +61,13 @@ class AxisType:
 
     kind: Kind
     dim: int | None = None  # varying only: the tensor dimension (negative, from the end) the axis splits
-    mean: bool = False  # varying only: the mean of each member's own block (a psum of it is size x the mean)
+    # varying: the mean of each member's own block (a psum of it is size x the mean); invariant: such a psum, which
+    # only a division by the size makes the mean of the whole
+    mean: bool = False
 
     def __repr__(self) -> str:
+        if self.mean and self.kind == INVARIANT:
+            return "invariant(the sum of the members' means of their own blocks)"
         if self.mean:
             return f"{self.kind}(the mean of each member's own block)"
         return f"{self.kind}(dim {self.dim})" if self.dim is not None else self.kind
@@ -137,12 +141,19 @@ def combine(op: str, axis: str, index: int, operands: list[Operand]) -> AxisType
                 raise SpmdTypeError(
                     f"linear with a bias on {said(partial[0])}: the bias would be added once per member; fix: "
                     f"add the bias after ax.psum(..., {axis!r})")
+            wanting = next((o for o, k in zip(operands, kinds, strict=True) if k != PARTIAL and o.grad), None)
+            if wanting is not None:  # its gradient is (each member's part of the sum) x (the incoming gradient)
+                raise SpmdTypeError(
+                    f"{op} of {said(partial[0])}, and {said(wanting)}: {wanting.name} wants a gradient, and each "
+                    f"member's is taken against its own part of the pending sum only, which nothing sums; fix: "
+                    f"ax.psum({partial[0].name}, {axis!r}) first (or psum_scatter)")
             return AxisType(PARTIAL)
         if op in SHAPE_ONLY:
             return AxisType(PARTIAL)
         raise SpmdTypeError(
             f"{op} on {said(partial[0])}: a non-linear operation on a pending sum is wrong; fix: "
             f"ax.psum({partial[0].name}, {axis!r}) (or psum_scatter) before it")
+    _one_dim(op, axis, index, operands, varying, said)
     if varying and invariant_grad:
         o = invariant_grad[0]
         raise SpmdTypeError(
@@ -153,6 +164,89 @@ def combine(op: str, axis: str, index: int, operands: list[Operand]) -> AxisType
         return AxisType(INVARIANT)
     mean = op in ELEMENTWISE_SAME_DIMS and any(o.types[index].mean for o in varying)  # a mean scaled is one still
     return AxisType(VARYING, _dim(op, operands, varying, index), mean)
+
+
+def _one_dim(op: str, axis: str, index: int, operands: list[Operand], varying: list[Operand],
+             said: Callable[[Operand], str]) -> None:
+    """Refuse a result that ``axis`` would split at two tensor dimensions (each member holding only the diagonal
+    blocks of a tensor no spec describes): a product of a value split along ``axis`` at a kept dimension with a
+    weight split along it at the output's dimension; or an elementwise op on values split at different ones."""
+    if op in CONTRACTIONS and len(operands) >= 2:
+        x, w = operands[0], operands[1]
+        xd = x.types[index].dim if x.types[index].kind == VARYING else None
+        wd = w.types[index].dim if w.types[index].kind == VARYING else None
+        out = -2 if op == "linear" else -1  # the weight's dimension that becomes the result's last
+        if xd is not None and xd != -1 and wd == out:
+            raise SpmdTypeError(
+                f"{op} of {said(x)}, and {said(w)}: the result would be split along {axis!r} at two dimensions "
+                f"({xd} from {x.name}, -1 from {w.name}), each member computing only its own diagonal block; fix: "
+                f"ax.all_gather({x.name}, {axis!r}, dim={xd}) first (so that only {w.name} splits along {axis!r}), "
+                f"or name the axis that was meant")
+        return
+    if op in ELEMENTWISE_SAME_DIMS:
+        split = [o for o in varying if o.types[index].dim is not None]
+        other = next((o for o in split if o.types[index].dim != split[0].types[index].dim), None)
+        if other is not None:
+            raise SpmdTypeError(
+                f"{op} of {said(split[0])}, and {said(other)}: they are split along {axis!r} at different "
+                f"dimensions, so each member combines unrelated blocks; fix: gather one of them along {axis!r} "
+                f"(ax.all_gather) or split both at the same dimension")
+
+
+def gathered(axis: str, index: int, operand: Operand, dim: int, split: dict[int, list[str]]) -> None:
+    """Refuse a tiled all_gather along ``axis`` at dimension ``dim`` (negative) of ``operand`` where ``axis``
+    splits another of its dimensions: the blocks would land at the wrong place (``split``: the axes that split each
+    dimension of it, which name the axis that was meant).
+
+    >>> x = Operand("h", (AxisType("varying", -3), AxisType("varying", -2)), False, 3)
+    >>> gathered("dp", 0, x, -2, {-3: ["dp"], -2: ["tp"]})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fmesh.SpmdTypeError: all_gather of h along 'dp' at dimension -2, but 'dp' splits h at dimension -3: ...
+    """
+    found = operand.types[index]
+    if found.kind != VARYING or found.dim is None or found.dim == dim:
+        return
+    meant = [a for a in split.get(dim, []) if a != axis]
+    raise SpmdTypeError(
+        f"all_gather of {operand.name} along {axis!r} at dimension {dim}, but {axis!r} splits {operand.name} at "
+        f"dimension {found.dim}: its blocks would be laid along the wrong dimension; fix: "
+        + (f"gather along {meant[0]!r} (it splits dimension {dim}): ax.all_gather({operand.name}, {meant[0]!r}, "
+           f"dim={dim})" if meant else f"ax.all_gather({operand.name}, {axis!r}, dim={found.dim})"))
+
+
+def means_summed(op: str, operands: list[Operand], numbers: Sequence[complex], axes: Sequence[str],
+                 sizes: Sequence[int]) -> tuple[AxisType, ...] | None:
+    """The result's types when an operand is a ``psum`` of the members' means (``None`` when none is): divided by
+    the number of members it was summed over (or times its inverse), the mean of the whole; viewed or cast, still
+    the sum; anything else is refused (it would use a value ``size`` times too large).
+
+    >>> summed = Operand("psum(mean(…), 'dp')", (AxisType("invariant", None, True),), True, 0)
+    >>> means_summed("div", [summed], [2], ("dp",), (2,))
+    (invariant,)
+    >>> means_summed("div", [summed], [4], ("dp",), (2,))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fmesh.SpmdTypeError: div of psum(mean(…), 'dp'), the sum over 'dp' of the members' means ... fix: divide it by 2...
+    """
+    summed = next((o for o in operands if any(t.kind == INVARIANT and t.mean for t in o.types)), None)
+    if summed is None:
+        return None
+    flagged = [i for i, t in enumerate(summed.types) if t.kind == INVARIANT and t.mean]
+    factor = _product([sizes[i] for i in flagged])
+    over = ", ".join(repr(axes[i]) for i in flagged)
+    pmean_axes = repr(axes[flagged[0]]) if len(flagged) == 1 else repr(tuple(axes[i] for i in flagged))
+    cleared = tuple(AxisType(INVARIANT) if i in flagged else t for i, t in enumerate(summed.types))
+    if len(operands) == 1 and operands[0] is summed and len(numbers) == 1:
+        n = numbers[0]
+        if (op in QUOTIENTS and n == factor) or (op in ("mul", "rmul", "imul") and abs(n * factor - 1) < 1e-9):
+            return cleared
+    if len(operands) == 1 and op in SHAPE_ONLY:  # a view or cast of it (its numbers are sizes, dims)
+        return summed.types
+    raise SpmdTypeError(
+        f"{op} of {summed.name}, the sum over {over} of the members' means of their own blocks: it is {factor} "
+        f"times the mean of the whole; fix: divide it by {factor} right after the psum (or use ax.pmean(..., "
+        f"{pmean_axes}) instead of ax.psum)")
 
 
 def averaged(op: str, reduction: object, out_ndim: int, found: AxisType) -> AxisType:
@@ -204,8 +298,18 @@ def contraction_partial(op: str, operands: list[Operand], index: int) -> bool:
 
 
 def check_output(spec_dims: dict[str, int | None], partial: tuple[str, ...], axis: str, name: str,
-                 found: AxisType) -> None:
-    """Whether a region output of type ``found`` along ``axis`` may leave it under its out spec."""
+                 found: AxisType, ndim: int = 1, size: int = 2) -> None:
+    """Whether a region output of type ``found`` (``ndim`` dimensions) along ``axis`` (``size`` members) may leave
+    it under its out spec.
+
+    >>> check_output({}, (), "dp", "loss", AxisType("varying"), ndim=0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fmesh.SpmdTypeError: loss is varying along 'dp', but ... fix: ax.psum(loss, 'dp') for a sum, ax.pmean(loss, 'dp')...
+    """
+    if found.kind == INVARIANT and found.mean:
+        raise SpmdTypeError(f"{name} is the sum over {axis!r} of the members' means of their own blocks: {size} "
+                            f"times the mean of the whole; fix: divide it by {size} (or ax.pmean instead of ax.psum)")
     if axis in partial:
         if found.kind != PARTIAL:
             raise SpmdTypeError(f"{name} is {found!r} along {axis!r}, but its out spec claims partial; fix: drop "
@@ -224,8 +328,14 @@ def check_output(spec_dims: dict[str, int | None], partial: tuple[str, ...], axi
                                 f"says dimension {want}; fix: name {axis!r} at that dimension of the spec")
         return
     if found.kind == VARYING:
-        raise SpmdTypeError(f"{name} is varying along {axis!r}, but its out spec claims it replicated; fix: "
-                            f"ax.all_gather_invariant(..., {axis!r}, dim=...) (or name {axis!r} in the spec)")
+        said = f"{name} is {found!r} along {axis!r}, but its out spec claims it replicated; fix: "
+        if found.mean:
+            raise SpmdTypeError(said + f"ax.pmean({name}, {axis!r}) (the mean of the members' means)")
+        if ndim == 0 or found.dim is None:  # a scalar (a loss) or a value whose split is unknown: reduce it
+            raise SpmdTypeError(said + f"ax.psum({name}, {axis!r}) for a sum, ax.pmean({name}, {axis!r}) for a "
+                                f"mean" + ("" if ndim == 0 else " (ax.all_gather_invariant to keep each member's)"))
+        raise SpmdTypeError(said + f"ax.all_gather_invariant({name}, {axis!r}, dim={found.dim}) (or name {axis!r} "
+                            f"at dimension {found.dim} of the spec)")
     if found.kind == PARTIAL:
         raise SpmdTypeError(f"{name} is partial along {axis!r}, but its out spec claims it replicated; fix: "
                             f"ax.psum({name}, {axis!r}) (or partial=({axis!r},) in the spec)")

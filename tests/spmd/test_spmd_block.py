@@ -31,23 +31,34 @@ SPECS = {  # column-parallel weights split their outputs over tp, row-parallel o
 X_SPEC = P("dp", "tp", None)  # batch over dp, sequence over tp (sequence parallel)
 STEPS, LR = 3, 0.1
 
-# Each seeded mistake: (name, what is wrong). Each must raise SpmdTypeError in the forward pass.
+# Each seeded mistake: name -> (what is wrong, how its message names the offending value). Each must raise
+# SpmdTypeError in the forward pass, naming that value, an axis and the fix.
 BUGS = {
-    "ln weight not pvaried over tp": "LN weights meet sequence-sharded activations; their gradient is never summed",
-    "bias bo not pvaried over tp": "a replicated bias added to sequence-sharded activations",
-    "column weight not pvaried over dp": "the data-parallel gradient sum forgotten (DDP's all_reduce)",
-    "pvary twice": "a doubled gradient reduction over dp",
-    "all_gather where psum_scatter belongs": "row-parallel partial output gathered instead of reduce-scattered",
-    "psum then psum_scatter": "a doubled reduction of the attention output",
-    "loss psum twice": "a doubled reduction of the loss",
-    "gelu on partial": "a non-linear op on the row-parallel partial output",
-    "bias before reduce": "the row-parallel bias added to a partial sum (added once per member)",
-    "residual without reduce": "the row-parallel output added to the residual unreduced",
-    "wrong axis": "the attention output reduce-scattered over dp instead of tp",
-    "loss not reduced over dp": "out spec claims the loss replicated but it varies over dp",
-    "sum vs mean over dp": "each member's mean loss summed over dp (and tp): dp x tp times the mean",
-    "out spec claims replicated": "the block output is sequence-sharded but its out spec says replicated over tp",
-    "out spec wrong dimension": "the block output is split at the sequence dim but its spec names the hidden dim",
+    "ln weight not pvaried over tp": (
+        "LN weights meet sequence-sharded activations; their gradient is never summed", "ln1w"),
+    "bias bo not pvaried over tp": ("a replicated bias added to sequence-sharded activations", "bo"),
+    "column weight not pvaried over dp": ("the data-parallel gradient sum forgotten (DDP's all_reduce)", "wq"),
+    "pvary twice": ("a doubled gradient reduction over dp", "wk"),
+    "all_gather where psum_scatter belongs": (
+        "row-parallel partial output gathered instead of reduce-scattered", "linear(reshape(…), wo)"),
+    "psum then psum_scatter": ("a doubled reduction of the attention output", "psum(linear(…), 'tp')"),
+    "loss psum twice": ("a doubled reduction of the loss", "psum(div(…), ('dp', 'tp'))"),
+    "gelu on partial": ("a non-linear op on the row-parallel partial output", "linear(gelu(linear(…)), w2)"),
+    "bias before reduce": ("the row-parallel bias added to a partial sum (added once per member)", "(b2)"),
+    "residual without reduce": ("the row-parallel output added to the residual unreduced", "linear(reshape(…), wo)"),
+    "wrong axis": ("the attention output reduce-scattered over dp instead of tp", "psum_scatter(linear(…), 'dp')"),
+    "loss not reduced over dp": (
+        "out spec claims the loss replicated but it varies over dp", "output 0: psum(div(…), 'tp')"),
+    "sum vs mean over dp": (
+        "each member's mean loss summed over dp and tp: dp x tp times the mean", "psum(mean(…), ('dp', 'tp'))"),
+    "out spec claims replicated": (
+        "the block output is sequence-sharded but its out spec says replicated over tp", "output 1: add(add("),
+    "out spec wrong dimension": (
+        "the block output is split at the sequence dim but its spec names the hidden dim", "output 1: add(add("),
+    "gather over the wrong axis": (
+        "the sequence gathered over dp (which splits the batch) instead of tp", "layernorm(x, ln1w, ln1b)"),
+    "no sequence gather": (
+        "the sequence-parallel gather before the column-parallel projections forgotten", "layernorm(x, ln1w, ln1b)"),
 }
 
 
@@ -115,7 +126,10 @@ def program(ax: Axes, bug: str, x: torch.Tensor, *weights: torch.Tensor) -> tupl
         p["wk"] = ax.pvary(p["wk"], "dp")
 
     h = F.layer_norm(x, (H,), p["ln1w"], p["ln1b"])
-    h = ax.all_gather(h, "tp", dim=1)  # the whole sequence, for the column-parallel projections
+    if bug == "gather over the wrong axis":
+        h = ax.all_gather(h, "dp", dim=1)
+    elif bug != "no sequence gather":
+        h = ax.all_gather(h, "tp", dim=1)  # the whole sequence, for the column-parallel projections
     a = F.linear(attention(h, p["wq"], p["wk"], p["wv"], HEADS // ax.axis_size("tp")), p["wo"])  # partial over tp
     if bug == "all_gather where psum_scatter belongs":
         a = ax.all_gather(a, "tp", dim=1)
@@ -207,12 +221,12 @@ def backward_nodes(grad_fn: Any) -> set[str]:
 def gathers(ctx: fmesh.Context, mesh: fmesh.Mesh) -> dict[str, Any]:
     """An invariant all_gather's backward (a local slice, no collective) against the varying one's."""
     found: dict[str, Any] = {}
-    for how in ("all_gather_invariant", "all_gather"):
+    for how, axes in (("all_gather_invariant", "tp"), ("all_gather", "tp"), ("invariant over both", ("dp", "tp"))):
         x = (torch.arange(4.0) + 10 * ctx.rank).requires_grad_()
-        weight = torch.arange(8.0)
+        weight = torch.arange(4.0 * Axes(ctx, mesh).axis_size(axes))
 
         ax = Axes(ctx, mesh)
-        g = getattr(ax, how)(x, "tp", dim=0)
+        g = getattr(ax, "all_gather" if how == "all_gather" else "all_gather_invariant")(x, axes, dim=0)
         loss = (g * weight).sum()
         found[how] = {"nodes": sorted(backward_nodes(loss.grad_fn))}
         loss.backward()
@@ -290,6 +304,9 @@ def test_each_seeded_mistake_raises_in_the_forward_naming_value_axis_and_fix(
         message = result["bugs"][bug]
         assert message != "no error", bug
         assert "fix:" in message and ("'tp'" in message or "'dp'" in message), message
+        assert BUGS[bug][1] in message, (BUGS[bug][1], message)  # the offending value, by name
+    if bug == "sum vs mean over dp":  # summed over dp and tp: 4 times the mean, not 2
+        assert "divide it by 4" in message and "ax.pmean(..., ('dp', 'tp'))" in message, message
 
 
 @pytest.mark.slow
@@ -301,6 +318,10 @@ def test_an_invariant_all_gather_differentiates_with_no_collective(results: list
         assert any("Collective" in n for n in varying["nodes"]), varying
         index = rank % 2
         assert invariant["grad"] == [float(i) for i in range(4 * index, 4 * index + 4)]
+        # over (dp, tp) on the row-major 2 x 2 mesh, rank r is the r-th member: its slice of arange(16)
+        both = result["gathers"]["invariant over both"]
+        assert both["grad"] == [float(i) for i in range(4 * rank, 4 * rank + 4)], (rank, both)
+        assert [n for n in both["nodes"] if "Collective" in n] == [], both
 
 
 @pytest.mark.slow

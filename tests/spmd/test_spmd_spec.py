@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from strategies import sharding_meshes
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import fmesh
 from fmesh.spmd import P, PartitionSpec, Sharding, check_spec
@@ -59,26 +61,9 @@ def test_placements_both_ways() -> None:
         to_placements(Sharding(MESH, P(("tp", "dp"))))
     with pytest.raises(ValueError, match="expected 2 placements"):
         from_placements(MESH, (Shard(0),))
-    with pytest.raises(ValueError, match="expected a Partial sum"):
-        from_placements(MESH, (Partial("max"), Replicate()))
-
-
-def random_mesh(rng: random.Random) -> fmesh.Mesh:
-    """A mesh over a world of at most 12, its rank map permuted, then maybe flattened or sliced."""
-    sizes = rng.choice([(2, 3), (2, 2, 2), (3, 2, 2), (4,), (2, 6)])
-    names = ("a", "b", "c")[:len(sizes)]
-    world = 1
-    for size in sizes:
-        world *= size
-    ranks = list(range(world))
-    rng.shuffle(ranks)
-    mesh = fmesh.make_mesh(sizes, names, rank_map=ranks)
-    what = rng.choice(["as is", "flatten", "slice"])
-    if what == "flatten" and len(names) >= 2:
-        mesh = mesh.flatten(names[:2], "ab")
-    elif what == "slice" and len(names) >= 2:
-        mesh = mesh.slice(*reversed(names))
-    return mesh
+    for op in ("max", "avg", "min"):  # a pending mean read back as a pending sum would be size x too large
+        with pytest.raises(ValueError, match=f"axis 'dp': expected a Partial sum .*, but got Partial.{op}.*fix: "):
+            from_placements(MESH, (Partial(op), Replicate()))
 
 
 def random_spec(mesh: fmesh.Mesh, rng: random.Random, ndim: int) -> P:
@@ -94,23 +79,38 @@ def random_spec(mesh: fmesh.Mesh, rng: random.Random, ndim: int) -> P:
     return P(*(tuple(dims.get(d, ())) for d in range(last + 1)), partial=partial)
 
 
-@settings(max_examples=25, deadline=None)
-@given(st.integers(0, 2**32 - 1))
-def test_spec_to_placements_to_spec_round_trips_on_the_exported_device_mesh(seed: int) -> None:
+@settings(max_examples=30, deadline=None)
+@given(sharding_meshes(), st.integers(0, 2**32 - 1), st.sampled_from(("sum", "avg", "max")))
+def test_spec_to_placements_to_spec_round_trips_and_dtensor_places_every_block_where_fmesh_does(
+        mesh: fmesh.Mesh, seed: int, reduce_op: str) -> None:
     rng = random.Random(seed)
-    mesh = random_mesh(rng)
     spec = random_spec(mesh, rng, 3)
     sharding = Sharding(mesh, spec)
     placements = to_placements(sharding)
     assert from_placements(mesh, placements) == sharding
+    if spec.partial and reduce_op != "sum":  # a pending mean or max is not a spec's partial: refused, not misread
+        other = tuple(Partial(reduce_op) if isinstance(p, Partial) else p for p in placements)
+        with pytest.raises(ValueError, match=f"expected a Partial sum .*, but got Partial.{reduce_op}"):
+            from_placements(mesh, other)
     shape = tuple(sharding.split(e) * 2 for e in spec.entries) + (1,) * (3 - len(spec))
-    rank = rng.choice(mesh.group(mesh.rank_at(0), mesh.axis_names))
-    with fmesh.Context.fake(mesh.world_size, rank=rank) as ctx:
-        device_mesh = ctx.device_mesh(mesh)
-        local = torch.zeros(sharding.local_shape(shape))
-        tensor = DTensor.from_local(local, device_mesh, placements, run_check=False)
-        assert tuple(tensor.shape) == shape  # DTensor reads the same global shape back
-        assert from_placements(mesh, tuple(tensor.placements)) == sharding
+    whole = torch.arange(float(math.prod(shape))).reshape(shape)
+    holders = sharding.holders(shape)
+    # the values of a pending sum are DTensor's to split, not to place: its blocks are those of the replicated value
+    placed = [Replicate() if isinstance(p, Partial) else p for p in placements]
+    members = sorted(mesh.group(mesh.rank_at(0), mesh.axis_names))  # a sub-mesh: one of several copies
+    assert sorted(r for ranks in holders.values() for r in ranks) == members  # every member holds one block
+    for rank in (r for r in range(mesh.world_size) if mesh.coordinate(r) is not None):  # in any copy
+        with fmesh.Context.fake(mesh.world_size, rank=rank) as ctx:
+            device_mesh = ctx.device_mesh(mesh)
+            block = sharding.block(rank, shape)
+            mine = whole[tuple(slice(a, b) for a, b in block)]
+            # DTensor cuts this rank's block itself (src_data_rank=None: no collective, each rank its own chunk)
+            cut = distribute_tensor(whole, device_mesh, placed, src_data_rank=None).to_local()
+            assert torch.equal(cut, mine), (mesh, spec, rank, block)
+            assert rank not in members or rank in holders[block]
+            tensor = DTensor.from_local(mine.clone(), device_mesh, placements, run_check=False)
+            assert tuple(tensor.shape) == shape  # DTensor reads the same global shape back
+            assert from_placements(mesh, tuple(tensor.placements)) == sharding
 
 
 def test_the_picture_marks_blocks_holders_and_host_changes() -> None:
