@@ -27,8 +27,8 @@ NCCL_DTYPES = frozenset({torch.int8, torch.uint8, torch.int32, torch.int64, torc
 # (for SUM, AVG and PREMUL_SUM; it raises ValueError itself for the other ops), all_gather_into_tensor,
 # all_to_all_single, isend/irecv: ``torch.view_as_real``), so real NCCL sees float32/float64 and accepts them. The
 # rest (reduce_scatter_tensor) pass the complex tensor on, and getNcclDataType refuses it.
-AS_REAL_PAIRS = frozenset({"all_reduce", "broadcast", "all_gather_into_tensor", "all_gather_single", "all_to_all_single",
-                           "P2POp"})
+AS_REAL_PAIRS = frozenset({"all_reduce", "broadcast", "all_gather_into_tensor", "all_gather_single",
+                           "all_to_all_single", "P2POp"})
 PATCHED = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
            "all_gather_single", "reduce_scatter_single")  # point-to-point: through P2POp (patches)
 
