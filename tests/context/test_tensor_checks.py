@@ -43,6 +43,7 @@ def test_a_sparse_tensor_is_refused_at_the_door_naming_it_and_what_to_do(what: s
         assert ctx.stats()["groups_created"] == 0
 
 
+@pytest.mark.parametrize("what", sorted(calls(None)))
 def test_not_a_tensor_is_a_type_error_naming_its_type_and_touches_no_group(what: str) -> None:
     with Context.fake(4) as ctx:
         with pytest.raises(TypeError, match=rf"^{what}: expected a torch.Tensor, but got list: \[1.0, 2.0\]; "
