@@ -193,6 +193,15 @@ class Host:
         self.process.wait(timeout=60)
 
 
+def _rss() -> int:
+    """This process's resident memory, in bytes (Linux: /proc/self/statm; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def simulate(size: int) -> dict[str, Any]:
     """Run the four phases (and torch's barrier) with ``size`` simulated ranks; per-phase times, counts, outcomes."""
     sizes = mesh_sizes(size)
@@ -273,6 +282,8 @@ def simulate(size: int) -> dict[str, Any]:
 
     threads = [threading.Thread(target=rank_main, args=(rank,), name=f"rank-{rank}", daemon=True)
                for rank in range(size)]
+    gc.collect()
+    resident = peak = _rss()  # before the ranks: what each adds is its thread, its connections and fmesh's state
     started = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -286,6 +297,7 @@ def simulate(size: int) -> dict[str, Any]:
             connect = began - started
         gate.wait()
         seconds[phase] = time.perf_counter() - began
+        peak = max(peak, _rss())
         host_cpu[phase] = host.cpu() - cpu
         print(f"  {size:,} ranks: {phase} {seconds[phase]:.1f}s", file=sys.stderr, flush=True)
     for thread in threads:
@@ -304,7 +316,7 @@ def simulate(size: int) -> dict[str, Any]:
     host.close()
     return {
         "ranks": size, "mesh": dict(zip(NAMES, sizes, strict=True)), "connect_s": connect, "seconds": seconds,
-        "host_cpu_s": host_cpu,
+        "host_cpu_s": host_cpu, "memory_per_rank": (peak - resident) / size,
         "ops": tally.ops, "bytes": tally.bytes, "as_expected": as_expected, "lost_rank_fenced": fenced == FENCED,
         "mismatched_group": list(odd_group), "groups_per_rank": sum(1 for s in sizes if s > 1),
         "outcomes": {phase: sorted(set(outcome[phase])) for phase in PHASES},
@@ -408,6 +420,10 @@ def report(rows: list[dict[str, Any]], cap: dict[str, float], fits: dict[str, An
                   f"{math.ceil(max(ops) / agreements)} | {statistics.mean(nbytes):,.0f} | {rate:,.0f} | "
                   f"{100 * rate / cap['ops_per_s']:.1f} | {100 * row['host_cpu_s'][phase] / seconds:.0f} | "
                   f"{1e6 * row['host_cpu_s'][phase] / max(sum(ops), 1):.0f} | {ended} |")
+    memory = ", ".join(f"{row['ranks']:,} ranks {row['memory_per_rank'] / 1024:,.0f} KiB" for row in rows)
+    print(f"\nmemory per rank (this process's peak resident memory over the phases, less what it held before the "
+          f"ranks started, divided by the ranks: a rank's thread, its three store connections and fmesh's state): "
+          f"{memory}")
     opened = ", ".join(f"{row['ranks']:,} ranks in {row['connect_s']:.1f}s" for row in rows)
     print(f"\nconnect: {opened} (three connections per rank, {CONNECTING} ranks at a time, before the first phase)")
     print(f"\n### The store's capacity here\n\n{cap['threads']} client threads of this process, each set + get + add "

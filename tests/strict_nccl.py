@@ -23,6 +23,12 @@ ENV = "FMESH_STRICT_NCCL"
 NCCL_DTYPES = frozenset({torch.int8, torch.uint8, torch.int32, torch.int64, torch.uint32, torch.uint64, torch.float16,
                          torch.float32, torch.float64, torch.bfloat16, torch.bool, torch.float8_e5m2,
                          torch.float8_e4m3fn})
+# The c10d calls that hand a complex tensor to the backend as its real pairs (distributed_c10d.py: broadcast, all_reduce
+# (for SUM, AVG and PREMUL_SUM; it raises ValueError itself for the other ops), all_gather_into_tensor,
+# all_to_all_single, isend/irecv: ``torch.view_as_real``), so real NCCL sees float32/float64 and accepts them. The
+# rest (reduce_scatter_tensor) pass the complex tensor on, and getNcclDataType refuses it.
+AS_REAL_PAIRS = frozenset({"all_reduce", "broadcast", "all_gather_into_tensor", "all_gather_single",
+                           "all_to_all_single", "P2POp"})
 PATCHED = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
            "all_gather_single", "reduce_scatter_single")  # point-to-point: through P2POp (patches)
 
@@ -33,19 +39,26 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1") != "0"
 
 
-def check(tensor: torch.Tensor, group: Any = None) -> None:
-    """Refuse ``tensor`` as ProcessGroupNCCL would, with its messages.
+def check(tensor: torch.Tensor, group: Any = None, call: str = "") -> None:
+    """Refuse ``tensor`` as ProcessGroupNCCL would, with its messages, when ``call`` (a c10d function's name) hands it
+    to the backend (a complex tensor travels as real pairs where ``call`` is one of :data:`AS_REAL_PAIRS`).
 
     >>> check(torch.ones(2, 3).t())
     Traceback (most recent call last):
     ...
     ValueError: Tensors must be contiguous
+    >>> check(torch.ones(2, dtype=torch.complex64), call="all_reduce")  # NCCL sees float32 pairs
+    >>> check(torch.ones(2, dtype=torch.complex64), call="reduce_scatter_tensor")
+    Traceback (most recent call last):
+    ...
+    TypeError: Unsupported data type for NCCL process group: torch.complex64
     """
     if tensor.layout != torch.strided:
         raise ValueError("Tensors must be CUDA and dense")
     if not tensor.is_contiguous():
         raise ValueError("Tensors must be contiguous")
-    if tensor.dtype not in NCCL_DTYPES:
+    dtype = torch.view_as_real(tensor).dtype if tensor.is_complex() and call in AS_REAL_PAIRS else tensor.dtype
+    if dtype not in NCCL_DTYPES:
         raise TypeError(f"Unsupported data type for NCCL process group: {tensor.dtype}")
     devices = _group_devices(group)
     if devices and tensor.device.type not in devices:
@@ -77,11 +90,13 @@ def strict(call: Callable[..., Any]) -> Callable[..., Any]:
     if getattr(call, "fmesh_strict", False):
         return call
 
+    name = getattr(call, "__name__", "")
+
     @functools.wraps(call)
     def checked(*args: Any, **kwargs: Any) -> Any:
         group = kwargs.get("group")
         for tensor in _tensors(args, kwargs):
-            check(tensor, group)
+            check(tensor, group, name)
         return call(*args, **kwargs)
 
     checked.fmesh_strict = True  # type: ignore[attr-defined]
@@ -98,7 +113,7 @@ def patches() -> list[tuple[Any, str, Any]]:
     op_init = dist.P2POp.__init__
     if not getattr(op_init, "fmesh_strict", False):
         def init(self: Any, op: Any, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-            check(tensor, kwargs.get("group", args[1] if len(args) > 1 else None))
+            check(tensor, kwargs.get("group", args[1] if len(args) > 1 else None), "P2POp")
             op_init(self, op, tensor, *args, **kwargs)
 
         init.fmesh_strict = True  # type: ignore[attr-defined]

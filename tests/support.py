@@ -124,6 +124,10 @@ class CountingStore(dist.Store):
         self._touch([key], len(expected) + len(desired) + len(value))
         return bytes(value)
 
+    def append(self, key: str, value: str | bytes) -> None:
+        self._touch([key], len(value))
+        self.inner.append(key, value)
+
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         self._touch(keys)
         if timeout is None:

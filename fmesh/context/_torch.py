@@ -128,6 +128,16 @@ def _parameters(fn: object) -> set[str]:
         return set()
 
 
+def _mesh_attributes(*names: str) -> bool:
+    """Whether ``DeviceMesh``'s own code still sets or reads each of ``names`` (attributes of an instance, which
+    only a built mesh has: the names its functions use stand for them)."""
+    used: set[str] = set()
+    for value in vars(DeviceMesh).values():
+        function = value.fget if isinstance(value, property) else value
+        used.update(getattr(getattr(function, "__code__", None), "co_names", ()))
+    return set(names) <= used
+
+
 def _registries(*fields: str) -> bool:
     return all(isinstance(getattr(getattr(c10d, "_world", None), field, None), dict) for field in fields)
 
@@ -139,8 +149,9 @@ COMPILED = "collectives under torch.compile"
 SIMULATE = "simulated ranks (fmesh.simulate)"
 PROBES: dict[str, Callable[[], bool]] = {
     # feature: whether this torch has the private parts it needs, as tests/context/test_torch_private.py pins them
-    GROUPS: lambda: all(hasattr(c10d, name) for name in (
-        "_new_process_group_helper", "_get_default_store", "_get_default_group")) and {
+    GROUPS: lambda: all(hasattr(c10d, name) for name in (  # _set_pg_timeout: each gloo group's collective timeout
+        "_new_process_group_helper", "_get_default_store", "_get_default_group", "_set_pg_timeout")) and (
+        TORCH >= (2, 14) or hasattr(c10d, "_new_group_with_tag")) and {  # where a split sorts its ranks
         "backend_options", "timeout", "group_desc"} <= _parameters(getattr(c10d, "_new_process_group_helper", None))
         and _registries("pg_map", "pg_names", "pg_group_ranks"),
     RECOVERY: lambda: all(hasattr(c10d, name) for name in (
@@ -148,7 +159,7 @@ PROBES: dict[str, Callable[[], bool]] = {
         "pg_backend_config", "pg_to_tag", "tags_to_pg"),
     EXPORT: lambda: mesh_layout is not None and hasattr(
         mesh_layout, "_MeshLayout") and {"_layout", "_rank_map", "_root_mesh", "_init_backend"} <= _parameters(
-        DeviceMesh.__init__),
+        DeviceMesh.__init__) and _mesh_attributes("_flatten_mapping", "_dim_group_names"),
     COMPILED: lambda: funcol is not None and all(hasattr(funcol, name) for name in (
         "all_reduce", "all_to_all_single", "broadcast")),
     SIMULATE: lambda: importlib.util.find_spec("torch.distributed._local_tensor")
@@ -309,6 +320,7 @@ def split_groups(
         group = dist.split_group(parent_pg=parent, split_ranks=[list(ranks) for ranks in partition], timeout=timeout,
                                  pg_options=options, group_desc=description)
     else:
+        require(GROUPS)
         group = None
         for ranks in partition:  # torch <= 2.13 sorts each split: make every group in its own order
             made = c10d._new_group_with_tag(list(ranks), timeout=timeout, backend_options=options,
@@ -404,6 +416,7 @@ def shrink_group(group: dist.ProcessGroup, exclude: Sequence[int]) -> dist.Proce
 
 def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
     """Give ``group``'s collectives ``timeout`` (it was connected under a shorter one)."""
+    require(GROUPS)
     c10d._set_pg_timeout(timeout, group)
 
 

@@ -8,17 +8,18 @@ fixed-size digest of what each means by it (the mesh, the axes and the options).
 a constant number of store operations and bytes, whatever the group size:
 
 1. post ``status/<rank>``: waiting at this key, with a description (a few hundred bytes);
-2. ``compare_set(<key>/digest, "", mine)``: the first member's digest stays, and the store hands it
-   back; a member whose digest differs writes a mismatch verdict to ``<key>/done``;
+2. ``compare_set(<key>/digest, "", mine)``: the first member's digest (and description) stays, and the store
+   hands it back; a member whose digest differs writes a mismatch verdict to ``<key>/done``;
 3. ``add(<key>/arrived, 1)``: the member that brings the count to the group size writes ``ok``;
 4. wait for ``<key>/done``, which every outcome writes (the last arrival ``ok``, a mismatch, a failure, an
    abort, a timeout), with ONE blocking store wait as long as the creation timeout (:meth:`Agreement.wait_for`:
    on a connection of its own and a thread of its own, so ``ctx.abort()`` and signal handlers still end it at
    once; torch logs nothing when the key comes); read it; post ``status/<rank>``: running.
 
-Full descriptions are read only to write an error. Past a grace period, one waiter (the first to arrive, known
-from its ``add``) now and then reads the statuses of the members (one ``multi_get``) and follows the
-members that have not arrived to what each is waiting for. A member whose status is final (it failed,
+Full descriptions are read only to write an error (the first member's comes back with the digest). Past a grace
+period, two waiters (the first two to arrive, known from their ``add``: two, so that the watch survives the death
+of one, whose final status the other sees) now and then read the statuses of the members (one ``multi_get``) and
+follow the members that have not arrived to what each is waiting for. A member whose status is final (it failed,
 closed or aborted its context, or its process exited without closing it) will never come: the wait ends with
 its error. A cycle
 (rank 0 waits here for rank 1, which waits elsewhere for rank 0) can never complete: it is a
@@ -72,6 +73,43 @@ FENCED = "fenced"  # a rank's fate in a recovery: the survivors recover without 
 # it is alive by coming to recover too (two halves of a world calling each other lost come within milliseconds
 # of each other) before fencing it out of the new world.
 ALIVE_GRACE_SECONDS = 2.0
+# How many of the first members to arrive watch a slow wait for members that will never come. Two, so that the watch
+# survives the death of one watcher: each watcher is a member, so the other sees its final status (or the launcher's
+# mark) and ends the wait with its error; the other members block once, at a constant cost.
+WATCHERS = 2
+ENDED_LIST = "fmesh/ended/all"  # every rank the launcher saw end, "3,7,": one read tells a watcher about them all
+
+
+def _ranks(raw: bytes) -> set[int]:
+    """The ranks of a list the store appends to (``"3,7,"``).
+
+    >>> sorted(_ranks(b"3,7,3,"))
+    [3, 7]
+    """
+    return {int(r) for r in raw.decode().split(",") if r}
+
+
+def read_list(store: dist.Store, key: str) -> set[int]:
+    """The ranks of the list at ``key`` (empty where nobody appended yet), in ONE store operation: a
+    ``compare_set`` from nothing to nothing hands back what is there, and creates the empty list otherwise.
+
+    >>> store = dist.HashStore()
+    >>> read_list(store, "l"), store.append("l", "4,"), read_list(store, "l")
+    (set(), None, {4})
+    """
+    return _ranks(store.compare_set(key, "", ""))
+
+
+def mark_ended(store: dist.Store, rank: int, exitcode: object) -> None:
+    """Say, in the launcher's ``store``, that ``rank``'s process ended (:func:`ended_key`, and the list of them all
+    that a watcher reads in one operation).
+
+    >>> store = dist.HashStore(); mark_ended(store, 3, -9)
+    >>> store.get(ended_key(3)), read_list(store, ENDED_LIST)
+    (b'-9', {3})
+    """
+    store.set(ended_key(rank), str(exitcode))
+    store.append(ENDED_LIST, f"{rank},")
 
 
 def ended_key(rank: int) -> str:
@@ -150,16 +188,31 @@ class Agreement:
         return f"{self.prefix}/status/{rank}"
 
     def post(self, state: str, **fields: Any) -> None:
-        """Post this rank's status (``running``, ``waiting``, ``failed``, ``closed``, ``exited``)."""
+        """Post this rank's status (``running``, ``waiting``, ``failed``, ``closed``, ``exited``); a final one
+        also joins the list of ranks whose status is final (:meth:`finals`)."""
         self.store.set(self._status_key(self.rank), json.dumps({"state": state, **fields}))
+        if state in FINAL_STATES:
+            self.store.append(f"{self.prefix}/finals", f"{self.rank},")
+
+    def finals(self) -> set[int]:
+        """The ranks whose status is final (failed, closed, exited): one store operation, so that a watcher's look
+        costs the same whatever the number of members it waits for."""
+        return read_list(self.store, f"{self.prefix}/finals")
 
     def statuses(self, ranks: Sequence[int]) -> dict[int, dict[str, Any]]:
-        """The statuses of ``ranks`` (one round trip; ranks that never posted one are ``missing``)."""
-        keys = [self._status_key(rank) for rank in ranks]
-        if self.store.check(keys):
-            return {rank: _loads(raw) for rank, raw in zip(ranks, self.store.multi_get(keys), strict=True)}
-        return {rank: _loads(self.store.get(key)) if self.store.check([key]) else {"state": "missing"}
-                for rank, key in zip(ranks, keys, strict=True)}
+        """The statuses of ``ranks`` (two round trips when all posted one; ranks that never did are ``missing``,
+        found by halving the ranks checked: a few checks per missing rank, then one ``multi_get``)."""
+        keys = {rank: self._status_key(rank) for rank in ranks}
+        posted: list[int] = []
+        pending = [list(ranks)] if ranks else []
+        while pending:
+            part = pending.pop()
+            if self.store.check([keys[rank] for rank in part]):
+                posted += part
+            elif len(part) > 1:
+                pending += [part[:len(part) // 2], part[len(part) // 2:]]
+        read = dict(zip(posted, self.store.multi_get([keys[rank] for rank in posted]), strict=True)) if posted else {}
+        return {rank: _loads(read[rank]) if rank in read else {"state": "missing"} for rank in ranks}
 
     def failed(self, error: BaseException, refused: bool = False) -> None:
         """Post that this rank failed with ``error`` (others waiting for it report it); ``refused``: it refused a
@@ -232,19 +285,18 @@ class Agreement:
         base = f"{self.prefix}/agree/{key}"
         mine = digest(description)
         self.post("waiting", at=key, what=what, description=description)
-        first = self.store.compare_set(f"{base}/digest", "", mine).decode()
+        # The first member's digest and description stay, and come back to each member with its own compare_set.
+        first, _, theirs = self.store.compare_set(f"{base}/digest", "", f"{mine}\n{description}").decode().partition(
+            "\n")
         if first != mine:
-            theirs = self.store.get(f"{base}/description").decode()
             verdict = (f"ranks disagree about {what}. Rank {self.rank} means: {description}; the first member "
                        f"to arrive means: {theirs}")
             self.store.compare_set(f"{base}/done", "", f"{MISMATCH}\n{verdict}")
             return False
-        if not self.store.check([f"{base}/description"]):
-            self.store.set(f"{base}/description", description)
         arrived = int(self.store.add(f"{base}/arrived", 1))
         if arrived == len(members):
             self.store.compare_set(f"{base}/done", "", OK)
-        return arrived == 1
+        return arrived <= WATCHERS
 
     def settle(self, key: str, members: Sequence[int], description: str, what: str, watcher: bool = False) -> None:
         """Step 4: wait for the verdict (the ``watcher`` looks into a slow wait), raise it unless it is ``ok``."""
@@ -305,9 +357,9 @@ class Agreement:
 
     def _wait(self, base: str, key: str, members: Sequence[int], what: str, watcher: bool) -> None:
         # Every member blocks on the verdict key (wait_for): success, a mismatch, a failure a member posts,
-        # an abort, a timeout all write it. Only the first member to arrive (the watcher) looks, past the
-        # grace period, at the missing members: a member that failed, closed or exited, or a cycle, is a
-        # verdict it writes. Any member past the creation timeout writes the timeout.
+        # an abort, a timeout all write it. Only the first WATCHERS members to arrive look, past the grace period,
+        # at the missing members: a member that failed, closed or exited (a watcher too: the other one sees it), or
+        # a cycle, is a verdict they write. Any member past the creation timeout writes the timeout.
         started = time.monotonic()
         done = f"{base}/done"
 
@@ -405,6 +457,11 @@ class Agreement:
                 self.store.compare_set(f"{base}/done", "", f"{kind}\n{describe_status(member, status)}, instead of "
                                        "creating this group (a member of it)")
                 return seen
+        ended = [m for m in self.ended(members) if m != self.rank]  # killed: the launcher saw its process end
+        if ended:
+            self.store.compare_set(f"{base}/done", "", f"{LOST}\nthe launcher saw the process of rank {ended[0]} end "
+                                   "(it was killed, or crashed) instead of creating this group (a member of it)")
+            return seen
         if search is not None and not search(seen):
             return seen
         cycle = self._cycle(key, members, statuses)
@@ -469,9 +526,12 @@ class Agreement:
                                                                           strict=True)}
 
     def ended(self, ranks: Sequence[int]) -> list[int]:
-        """Those of ``ranks`` whose process the launcher saw end (:func:`ended_key`); O(len(ranks)) checks."""
-        store = self.launcher_store
-        return [] if store is None else [rank for rank in ranks if store.check([ended_key(rank)])]
+        """Those of ``ranks`` whose process the launcher saw end (:func:`mark_ended`): one store operation, however
+        many ranks."""
+        if self.launcher_store is None or not ranks:
+            return []
+        marked = read_list(self.launcher_store, ENDED_LIST)
+        return [rank for rank in ranks if rank in marked]
 
     def roll_call(self, label: str, members: Sequence[int], seconds: float, answer: str = "here") -> list[int]:
         """The ``members`` that do not answer within ``seconds`` (the survivors of a failed collective
@@ -479,9 +539,10 @@ class Agreement:
 
         A constant number of store operations per member: each answers, adds its rank to the list of those who
         answered, counts itself (the last to answer writes the outcome) and blocks once on the outcome key. The
-        first to answer watches, past a second and then at doubling intervals, for members that will never
-        answer (their status is final, or the launcher saw their process end); it writes the outcome then, or
-        at ``seconds``: the members that did not answer."""
+        first two to answer watch, past a second and then at doubling intervals, for members that will never
+        answer (their status is final, or the launcher saw their process end: a few store operations a look,
+        :meth:`finals`, :meth:`ended`); they write the outcome then, or at ``seconds``: the members that did not
+        answer."""
         base = f"{self.prefix}/roll/{label}"
         done = f"{base}/done"
         self.store.set(f"{base}/{self.rank}", answer[:2000])
@@ -494,17 +555,16 @@ class Agreement:
             answered = {int(r) for r in self.store.get(f"{base}/answered").decode().split(",") if r}
             return [m for m in members if m not in answered]
 
-        def look() -> bool:
+        def look() -> bool:  # two or three store operations, whatever the number of members
             quiet = silent()
-            statuses = self.statuses(quiet) if quiet else {}
-            alive = [m for m in quiet if statuses[m].get("state") not in FINAL_STATES]
-            gone = not alive or (self.launcher_store is not None
-                                 and bool(self.launcher_store.check([ended_key(m) for m in alive])))
+            final = self.finals() if quiet else set()
+            alive = [m for m in quiet if m not in final]
+            gone = not alive or len(self.ended(alive)) == len(alive)
             if gone:  # every member that has not answered failed, closed, or its process ended: none ever will
                 self.store.compare_set(done, "", json.dumps(quiet))
             return gone
 
-        watcher = count == 1
+        watcher = count <= WATCHERS
         came = self.wait_for(done, seconds if watcher else seconds + 2 * POLL_MAX_SECONDS,
                              look if watcher else None, f"calling the roll of {label}")
         if not came and not self.store.check([done]):  # the deadline: the watcher writes who is silent
@@ -522,17 +582,19 @@ class Agreement:
         :meth:`agree_on_loss`)."""
         base = f"{self.prefix}/recovery-agreement"
         mine = sorted(lost)
-        self.store.set(f"{self.prefix}/recovery/{self.rank}", json.dumps({"lost": mine}))
-        self.store.append(f"{base}/called", f"{self.rank},")
-        fate = self.store.compare_set(f"{base}/fate/{self.rank}", "", SURVIVOR).decode()
+        # This rank's claim carries the set it recovers without: the last survivor reads it where it fences. It comes
+        # before the rank says it came (``called``), so a lost rank that came has claimed its place, or was refused.
+        claim = f"{SURVIVOR}\n{json.dumps(mine)}"
+        fate = self.store.compare_set(f"{base}/fate/{self.rank}", "", claim).decode()
         # The set and who fixed it, in one value: compare_set hands back the first survivor's, whoever posts later.
         first = _loads(self.store.compare_set(f"{base}/lost", "", json.dumps({"lost": mine, "by": self.rank})))
-        if fate != SURVIVOR:  # the survivors of another set agreed and fenced this rank out before it came
+        if fate != claim:  # the survivors of another set agreed and fenced this rank out before it came
             raise RecoveryError(
                 f"on rank {self.rank}: this rank came to recover without {mine}, but the survivors that recover "
                 f"without {first.get('lost')} had already fenced it out of their world: they went on without it. "
                 "Expected the survivors to agree on the ranks lost; take them from one source (the launcher's, or "
                 "the roll call of the failed collective), and end this rank")
+        self.store.append(f"{base}/called", f"{self.rank},")
         if first.get("lost") != mine:  # another set is fixed: this rank can never be in its world
             self.store.compare_set(f"{base}/done", "", json.dumps({"rank": self.rank, "lost": mine}))
             self._raise_disagreement(mine)
@@ -575,18 +637,19 @@ class Agreement:
         if count >= len(survivors):
             self._fence(sorted(lost), done)
 
-        def look() -> bool:  # the first to come watches for survivors whose process ended: they never will
-            missing = self._not_come(survivors)
-            statuses = self.statuses(missing) if missing else {}
-            ended = self.ended([m for m in missing if statuses[m].get("state") not in FINAL_STATES])
-            gone = sorted([m for m in missing if statuses[m].get("state") in FINAL_STATES] + ended)
+        def look() -> bool:  # the first two to come watch for survivors whose process ended: they never will
+            missing = self._not_come(survivors)  # two or three store operations a look, whatever the world size
+            final = self.finals().intersection(missing) if missing else set()
+            ended = self.ended([m for m in missing if m not in final])
+            gone = sorted([*final, *ended])
             if gone:
+                statuses = self.statuses([m for m in gone[:8] if m in final])
                 doing = "; ".join(f"the launcher saw the process of rank {m} end" if m in ended else
                                   describe_status(m, statuses[m]) for m in gone[:8])
                 self.store.compare_set(done, "", json.dumps({"gone": sorted(gone), "doing": doing}))
             return bool(gone)
 
-        if not self.wait_for(done, self.creation_timeout.total_seconds(), look if count == 1 else None,
+        if not self.wait_for(done, self.creation_timeout.total_seconds(), look if count <= WATCHERS else None,
                              doing="agreeing on the ranks lost") and not self.store.check([done]):
             missing = self._not_come(survivors)
             doing = "; ".join(describe_status(m, s) for m, s in self.statuses(missing[:8]).items())
@@ -625,12 +688,13 @@ class Agreement:
             self.check_halted("agreeing on the ranks lost")
             time.sleep(POLL_MAX_SECONDS / 2)
             arrived = came()
-        fenced = [r for r in lost if self.store.compare_set(f"{base}/fate/{r}", "", FENCED).decode() != FENCED]
-        alive = sorted({*came(), *fenced})
+        fates = {r: self.store.compare_set(f"{base}/fate/{r}", "", FENCED).decode() for r in lost}
+        claims = {r: fate for r, fate in fates.items() if fate != FENCED}  # it claimed its place: it is alive
+        alive = sorted({*came(), *claims})
         if alive:
             other = alive[0]
-            theirs = _loads(self.store.get(f"{self.prefix}/recovery/{other}")).get("lost", "?") if (
-                self.store.check([f"{self.prefix}/recovery/{other}"])) else "?"
+            _, _, theirs_raw = claims.get(other, "").partition("\n")
+            theirs = json.loads(theirs_raw) if theirs_raw else "?"
             self.store.compare_set(done, "", json.dumps({"rank": other, "lost": theirs, "alive": True}))
         else:
             self.store.compare_set(done, "", OK)

@@ -382,6 +382,7 @@ class GroupRegistry:
                 "device, so creating one needs every rank; call ctx.materialize(...) on every rank before "
                 "collectives"
             )
+        _torch.require(_torch.GROUPS)  # on every member before they meet: each raises it, none waits for another
         started = time.perf_counter()
         if self._agreement is not None and target.size > 1:
             agreement, held = self._agreement, len(self._groups)

@@ -29,7 +29,7 @@ import attrs
 import torch
 
 from fmesh.context import _torch
-from fmesh.context.agreement import ended_key
+from fmesh.context.agreement import mark_ended
 from fmesh.context.context import Context
 from fmesh.context.options import DEFAULT_CREATION_TIMEOUT, normalize_timeout
 from fmesh.errors import LaunchError, RemoteTraceback
@@ -218,7 +218,7 @@ def launch(
                     error.exitcode = procs[rank].exitcode  # type: ignore[attr-defined]
                     results[rank] = error
                     # The survivors' roll call need not wait for it: it can never answer.
-                    store.set(ended_key(rank), str(procs[rank].exitcode))
+                    mark_ended(store, rank, procs[rank].exitcode)
                 if time.monotonic() > deadline and len(results) < world_size:
                     waiting = sorted(set(range(world_size)) - results.keys())
                     raise TimeoutError(

@@ -10,8 +10,9 @@ rendezvous, at a constant number of store operations per rank however long it wa
 2. ``compare_set(fmesh/start/<n>/world_size, "", mine)``: every rank means the same ``WORLD_SIZE``;
 3. ``add(fmesh/start/<n>/arrived, 1)``: the rank that brings the count to the world size writes ``.../all``;
 4. one blocking wait for ``.../all``, which every outcome writes (``Agreement.wait_for``:
-   nothing logged when it comes). The first rank to arrive watches ``fmesh/start/failed`` (after 0.1 s, then at
-   doubling intervals up to 8 s) and writes ``failed`` there when a rank reported it cannot start.
+   nothing logged when it comes). The first two ranks to arrive (two, so that the watch survives the death of one)
+   watch ``fmesh/start/failed`` (after 0.1 s, then at doubling intervals up to 8 s) and write ``failed`` there
+   when a rank reported it cannot start.
 
 A rank whose launcher environment is bad posts its error and the variables it read under ``fmesh/start/failed``
 (:func:`report_bad_environment`, when ``MASTER_ADDR`` and ``MASTER_PORT`` reach the store), and every rank
@@ -36,7 +37,7 @@ from datetime import timedelta
 import attrs
 import torch.distributed as dist
 
-from fmesh.context.agreement import Agreement
+from fmesh.context.agreement import WATCHERS, Agreement
 from fmesh.errors import GroupTimeoutError, RankLostError
 
 START = "fmesh/start"
@@ -98,7 +99,7 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     """Wait until all ``world_size`` ranks have come to ``store`` (steps 1-4 above).
 
     :class:`~fmesh.RankLostError` as soon as a rank reports a bad launcher environment (naming what it read), or
-    ``gone()`` (asked by the first to arrive, as it watches) names ranks whose processes ended,
+    ``gone()`` (asked by the first two to arrive, as they watch) names ranks whose processes ended,
     ``ValueError`` when ranks disagree about the world size, :class:`~fmesh.GroupTimeoutError` after ``timeout``.
     ``hosts``: this rank hosts the store, so before raising it waits (a few seconds at most) until the waiting
     ranks have read why.
@@ -118,7 +119,7 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     if arrived == world_size:
         store.compare_set(all_came, "", "1")
 
-    def look() -> bool:  # the first to arrive watches for a rank that reports it cannot start, or that ended
+    def look() -> bool:  # the first two to arrive watch for a rank that reports it cannot start, or that ended
         if store.check([FAILED]):
             store.compare_set(all_came, "", "failed")
             return True
@@ -129,7 +130,7 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
 
     waiting = Agreement(store, START, rank, timeout, grace=WATCH_SECONDS)
     try:
-        came = waiting.wait_for(all_came, timeout.total_seconds(), look if arrived == 1 else None,
+        came = waiting.wait_for(all_came, timeout.total_seconds(), look if arrived <= WATCHERS else None,
                                 "waiting for the job's processes to start")
         outcome = store.get(all_came).decode() if came or store.check([all_came]) else None
         if outcome == "failed" or (outcome is None and store.check([FAILED])):

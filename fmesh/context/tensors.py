@@ -51,6 +51,11 @@ def check_tensor(what: str, tensor: object, device: torch.device, op: str | None
             f"{what}: expected a plain torch.Tensor (this rank's data), but got a DTensor with placements "
             f"{tensor.placements}; pass dtensor.to_local() for this rank's shard, or dtensor.full_tensor() for the "
             "whole")
+    if tensor.layout != torch.strided:
+        raise TypeError(
+            f"{what}: expected a dense tensor, but got a {str(tensor.layout).removeprefix('torch.')} one of shape "
+            f"{tuple(tensor.shape)}; collectives move dense data (NCCL refuses sparse tensors): pass "
+            "tensor.to_dense(), or send its indices and values as dense tensors of their own")
     if tensor.device != device:
         raise ValueError(
             f"{what}: expected a tensor on the context's device {device}, but got one on {tensor.device}; "

@@ -6,16 +6,17 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch.distributed as dist
-from support import CountingStore, in_threads
+from support import CountingStore, in_threads, patience
 
 import fmesh
-from fmesh.context.agreement import Agreement
+from fmesh.context.agreement import Agreement, mark_ended
 
 
 def members_agree(store: Any, members: Sequence[int], key: Callable[[int], str], description: Callable[[int], str],
@@ -184,3 +185,62 @@ def test_a_cycle_is_concluded_only_from_a_reading_that_still_holds() -> None:
     assert cycle_readings(done_before=False) == {"A": True, "B": True}  # a real cycle: both groups told
     # A finished before the (slow) look read it: the ranks it saw elsewhere had moved on; no group is blamed
     assert cycle_readings(done_before=True) == {"A": False, "B": False}
+
+
+def watched_after_the_watcher_ends(end: Callable[[Agreement, dist.Store], None]) -> dict[int, tuple[Any, float]]:
+    """Ranks 0..3 agree: rank 0 arrives first (a watcher), then its process ends (``end``), and rank 3 fails
+    elsewhere; ranks 1 and 2 come after. What each of them raised, and after how long."""
+    store, creation = dist.HashStore(), 120.0
+    launcher = dist.HashStore()
+    for rank in range(4):
+        Agreement(store, "w", rank, timedelta(seconds=creation)).post("running")
+    first = Agreement(store, "w", 0, timedelta(seconds=creation))
+    assert first.arrive("g", range(4), "Mesh(x)", "group g")  # the first to arrive watches
+    end(first, launcher)
+    Agreement(store, "w", 3, timedelta(seconds=creation)).failed(RuntimeError("out of memory on rank 3"))
+    outcome: dict[int, tuple[Any, float]] = {}
+
+    def member(rank: int) -> None:
+        started = time.monotonic()
+        try:
+            Agreement(store, "w", rank, timedelta(seconds=creation), grace=0.2,
+                      launcher_store=launcher).agree("g", range(4), "Mesh(x)", "group g")
+            outcome[rank] = (None, time.monotonic() - started)
+        except Exception as error:
+            outcome[rank] = (error, time.monotonic() - started)
+
+    in_threads(member, [1, 2], timeout=2 * creation)
+    return outcome
+
+
+@pytest.mark.parametrize("how", ["exited", "killed"])
+def test_the_watch_survives_the_death_of_the_first_watcher(how: str) -> None:
+    # Before: only the first member to arrive looked; with it gone, the others waited the whole creation timeout
+    # (GroupTimeoutError after 2 minutes) although a member had failed.
+    def end(watcher: Agreement, launcher: dist.Store) -> None:
+        if how == "exited":
+            watcher.post_exit()  # its process ended without closing its context: the exit hook says so
+        else:
+            mark_ended(launcher, 0, -9)  # killed: its status still says it waits; the launcher saw it end
+
+    outcome = watched_after_the_watcher_ends(end)
+    for rank, (error, seconds) in outcome.items():
+        assert isinstance(error, fmesh.RankLostError), (rank, error)
+        assert seconds < patience(30), (rank, seconds, error)  # within seconds, not at the creation timeout
+        named = "rank 0 exited" if how == "exited" else "the launcher saw the process of rank 0 end"
+        assert named in str(error) or "rank 3 failed: RuntimeError: out of memory" in str(error), error
+
+
+def test_statuses_and_ended_ranks_cost_a_few_operations_whatever_the_number_of_ranks() -> None:
+    store, launcher = CountingStore(), CountingStore()
+    ranks = range(1024)
+    for rank in ranks:
+        if rank != 700:  # one rank never posted a status
+            Agreement(store.inner, "s", rank, timedelta(seconds=5)).post("running")
+        if rank in (5, 900):
+            mark_ended(launcher.inner, rank, 1)
+    agreement = Agreement(store, "s", 0, timedelta(seconds=5), launcher_store=launcher)
+    statuses = agreement.statuses(ranks)
+    assert statuses[700] == {"state": "missing"} and statuses[3] == {"state": "running"}
+    assert store.ops <= 2 * 11 + 2, store.ops  # halving: about two checks per level for the one missing rank
+    assert agreement.ended(ranks) == [5, 900] and launcher.ops == 1  # one read, not a check per rank

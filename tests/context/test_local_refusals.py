@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import strict_nccl
 import torch
 import torch.distributed as dist
 from support import launch, succeeded
@@ -102,6 +101,9 @@ def refusals() -> list[Refusal]:
 
 def every_rank_refuses(ctx: Context) -> Any:
     assert ctx.all_reduce(torch.ones(1), MESH, "dp").item() == 2.0  # the group exists and works
+    # complex tensors travel as real pairs in all_reduce (SUM) and broadcast: NCCL takes them (torch's view_as_real)
+    summed = ctx.all_reduce(torch.full((2,), 1 + 2j, dtype=torch.complex64) * (ctx.rank + 1), MESH, "dp").tolist()
+    sent = ctx.broadcast(torch.full((2,), complex(ctx.rank, 1), dtype=torch.complex64), MESH, "dp", src=1).tolist()
     seen = []
     # torch's own refusal, unpatched: all_reduce op=max of a complex tensor (a ValueError of distributed_c10d)
     try:
@@ -130,17 +132,18 @@ def every_rank_refuses(ctx: Context) -> Any:
     states = {rank: status.get("state") for rank, status in ctx._agreement.statuses([0, 1]).items()}
     gathered = ctx.all_gather(torch.tensor([ctx.rank]), MESH, "dp").tolist()
     other = ctx.all_reduce(torch.tensor([ctx.rank + 1.0]), REVERSED, "dp").item()  # a new group: nobody failed
-    return seen, states, gathered, other, ctx.stats()["groups_created"]
+    return seen, states, gathered, other, ctx.stats()["groups_created"], summed + sent
 
 
 @pytest.mark.slow
 def test_a_refusal_on_every_rank_is_each_callers_error_and_the_group_stays_healthy() -> None:
     results = succeeded(launch(every_rank_refuses, 2, timeout=60, context_timeout=20, creation_timeout=10))
-    # under NCCL's rules on CPU (tests/strict_nccl.py) the complex tensor is refused first, as NCCL's dtype
-    complex_kind, complex_says = (("TypeError", "Unsupported data type for NCCL") if strict_nccl.enabled() else
-                                  ("ValueError", "complex tensors"))
+    # torch refuses MAX of a complex tensor itself (distributed_c10d.supports_complex), under NCCL's rules on CPU
+    # (tests/strict_nccl.py) too: a complex tensor reaches NCCL as real pairs, which NCCL takes
+    complex_kind, complex_says = "ValueError", "complex tensors"
     expected = [("complex max", complex_kind)] + [(n, type(e).__name__) for n, _, _, _, e in refusals()]
-    for rank, (seen, states, gathered, other, created) in enumerate(results):
+    for rank, (seen, states, gathered, other, created, complexes) in enumerate(results):
+        assert complexes == [3 + 6j, 3 + 6j, 1 + 1j, 1 + 1j], (rank, complexes)
         refused = seen[0::2]
         assert [(name, kind) for name, kind, _, _ in refused] == expected, (rank, seen)
         assert all(same for _, _, _, same in refused), (rank, seen)  # the very error torch raised, unchanged

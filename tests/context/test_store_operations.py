@@ -4,7 +4,6 @@ own counting connection)."""
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -76,22 +75,23 @@ def agreement_costs(size: int, late: float) -> dict[int, int]:
     return costs(size, late, lambda agreement, rank: agreement.agree("group", range(size), "Mesh(dp=N)", "dp"))
 
 
-# 2,048 members are 2,048 threads and connections: two minutes each on a busy 2-core machine, eight in all, which
-# the suite (run three times by CI) cannot carry. They run where FMESH_SCALE_TESTS=1 is set (the scale harness's
-# machine, or by hand: FMESH_SCALE_TESTS=1 python -m pytest tests/context/test_store_operations.py).
+# 2,048 members are 2,048 threads and connections: a minute or two each on a busy 2-core machine, five to eight
+# in all, which the suite (run three times by CI) cannot carry. They run where FMESH_SCALE_TESTS=1 is set (by hand:
+# FMESH_SCALE_TESTS=1 python -m pytest -n 0 -m slow tests/context/test_store_operations.py; docs/benchmarks.md has
+# their figures).
 AT_SCALE = pytest.mark.skipif(os.environ.get("FMESH_SCALE_TESTS") != "1",
                               reason="2,048 simulated members: set FMESH_SCALE_TESTS=1 to run them")
-SIZES = [(64, 2.0), pytest.param(2048, 2.0, marks=[pytest.mark.slow, AT_SCALE]),
-         pytest.param(64, 8.0, marks=pytest.mark.slow)]
+SIZES = [(64, 2.0), pytest.param(64, 8.0, marks=pytest.mark.slow),
+         pytest.param(2048, 8.0, marks=[pytest.mark.slow, AT_SCALE])]
 
 
-def within_bound(counts: dict[int, int], elapsed: float) -> bool:
-    """Every member within :data:`BOUND`, but the one watcher: it looks at the missing members at 1, 3, 7 s,
-    then at doubling intervals (2 operations a look), so a wait that the machine's load stretches past 8 s
-    costs it 2 more per doubling."""
-    ordered = sorted(counts.values())
-    extra = 2 * max(0, math.ceil(math.log2(max(elapsed, 8.0) / 8.0)))
-    return ordered[-2] <= BOUND and ordered[-1] <= BOUND + extra
+def within_bound(counts: dict[int, int]) -> bool:
+    """Every member within :data:`BOUND`, the watchers too."""
+    return max(counts.values()) <= BOUND
+
+
+def heaviest(counts: dict[int, int], size: int) -> tuple[float, list[tuple[int, int]]]:
+    return ELAPSED[size], sorted(counts.items(), key=lambda kv: -kv[1])[:4]
 
 
 @pytest.mark.parametrize("size, late", SIZES)
@@ -104,7 +104,7 @@ def test_a_roll_call_with_a_late_member_costs_each_member_a_constant_number_of_o
 
     counts = costs(size, late, call)
     assert set(map(tuple, missing.values())) == {()}  # the late member answered in time
-    assert within_bound(counts, ELAPSED[size]), (ELAPSED[size], sorted(counts.items(), key=lambda kv: -kv[1])[:4])
+    assert within_bound(counts), heaviest(counts, size)
 
 
 @pytest.mark.parametrize("size, late", SIZES)
@@ -117,7 +117,7 @@ def test_recovery_agreement_with_a_late_survivor_costs_each_a_constant_number_of
 
     counts = costs(size, late, recover)
     assert len(held) == size and held[0] == {"g0": size // 2} and held[1] == {"g1": size // 2}
-    assert within_bound(counts, ELAPSED[size]), (ELAPSED[size], sorted(counts.items(), key=lambda kv: -kv[1])[:4])
+    assert within_bound(counts), heaviest(counts, size)
 
 
 @pytest.mark.parametrize("size, late", SIZES)
@@ -125,7 +125,7 @@ def test_an_agreement_with_a_late_member_costs_each_member_a_constant_number_of_
                                                                                           late: float) -> None:
     counts = agreement_costs(size, late)
     assert len(counts) == size
-    assert within_bound(counts, ELAPSED[size]), (ELAPSED[size], sorted(counts.items(), key=lambda kv: -kv[1])[:4])
+    assert within_bound(counts), heaviest(counts, size)
 
 
 @pytest.mark.parametrize("size, late", SIZES)
@@ -135,4 +135,4 @@ def test_the_start_rendezvous_with_a_late_rank_costs_each_a_constant_number_of_o
         meet(agreement.store, rank=rank, world_size=size, timeout=timedelta(seconds=120))
 
     counts = costs(size, late, start)
-    assert within_bound(counts, ELAPSED[size]), (ELAPSED[size], sorted(counts.items(), key=lambda kv: -kv[1])[:4])
+    assert within_bound(counts), heaviest(counts, size)

@@ -33,6 +33,18 @@ def calls(tensor: Any) -> dict[str, Callable[[Context], Any]]:
 
 
 @pytest.mark.parametrize("what", sorted(calls(None)))
+@pytest.mark.parametrize("sparse", [torch.ones(2, 2).to_sparse(), torch.eye(2).to_sparse_csr()], ids=["coo", "csr"])
+def test_a_sparse_tensor_is_refused_at_the_door_naming_it_and_what_to_do(what: str, sparse: torch.Tensor) -> None:
+    # Before: it went on to the collective, which raised "unsupported memory format option Contiguous" (or NCCL's
+    # "Tensors must be CUDA and dense") from deep inside.
+    with Context.fake(4) as ctx:
+        with pytest.raises(TypeError, match=rf"^{what}: expected a dense tensor, but got a sparse_c.. one of shape "
+                                            r"\(2, 2\); .*tensor\.to_dense\(\)"):
+            calls(sparse)[what](ctx)
+        assert ctx.stats()["groups_created"] == 0
+
+
+@pytest.mark.parametrize("what", sorted(calls(None)))
 def test_not_a_tensor_is_a_type_error_naming_its_type_and_touches_no_group(what: str) -> None:
     with Context.fake(4) as ctx:
         with pytest.raises(TypeError, match=rf"^{what}: expected a torch.Tensor, but got list: \[1.0, 2.0\]; "

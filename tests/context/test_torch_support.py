@@ -105,3 +105,54 @@ def test_versions_inside_the_range_pass() -> None:
 def test_every_probe_passes_on_a_tested_torch() -> None:
     assert not _torch.MISSING
     assert set(_torch.PROBES) == {_torch.GROUPS, _torch.RECOVERY, _torch.EXPORT, _torch.COMPILED, _torch.SIMULATE}
+
+
+@pytest.mark.parametrize("name", ["_set_pg_timeout", "_new_process_group_helper"])
+def test_the_groups_probe_needs_every_c10d_name_the_groups_use(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # _set_pg_timeout gives every gloo group its collective timeout; unprobed, a torch without it ended the first
+    # group's creation with a bare AttributeError instead of UnsupportedTorchError naming the feature
+    assert _torch.PROBES[_torch.GROUPS]()
+    monkeypatch.delattr(_torch.c10d, name)
+    assert not _torch.PROBES[_torch.GROUPS]()
+
+
+def test_the_export_probe_needs_the_mesh_attributes_the_export_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Renamed:  # a DeviceMesh that takes the same arguments but keeps its flattened meshes elsewhere
+        def __init__(self, device_type: str, *, _layout: object = None, _rank_map: object = None,
+                     _root_mesh: object = None, _init_backend: bool = True) -> None:
+            self._dim_group_names: list[str] = []
+            self._flattened: dict[str, object] = {}
+
+    assert _torch.PROBES[_torch.EXPORT]()
+    monkeypatch.setattr(_torch, "DeviceMesh", Renamed)
+    assert not _torch.PROBES[_torch.EXPORT]()
+
+
+NO_TIMEOUT_SETTER = """
+import warnings
+import torch
+import torch.distributed.distributed_c10d as c10d
+torch.__version__ = "2.17.0"
+del c10d._set_pg_timeout  # a newer torch that renamed it
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import fmesh
+    fmesh.Context
+print(caught[0].message)
+
+def job(ctx):
+    try:
+        return ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("dp",)), "dp").item()
+    except fmesh.UnsupportedTorchError as error:
+        return str(error)
+
+print(fmesh.launch(job, 2, context_options=dict(timeout=60)))
+"""
+
+
+@pytest.mark.slow
+def test_a_torch_without_a_newly_probed_name_says_which_feature_at_its_use() -> None:
+    warned, results = (lambda lines: (lines[0], lines[-1]))(run(NO_TIMEOUT_SETTER))
+    assert "features off: lazy process groups" in warned, warned
+    assert results.count("lazy process groups needs private parts of torch.distributed that torch 2.17.0 lacks") == 2, \
+        results
