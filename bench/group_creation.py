@@ -5,7 +5,8 @@
 
 (a) fmesh's agreement (``fmesh/context/agreement.py``) for one group of G members, on a real
     ``TCPStore`` (server and client in this process): every member's ``arrive`` (post a status,
-    compare a digest, count the arrival), then every member's ``settle`` (read the verdict). The
+    compare a digest that carries the description, count the arrival), then every member's ``settle``
+    (read the verdict). The
     members are simulated one after another, so the figures are the store work alone, with no
     waiting. Beside it, the protocol fmesh used before (each member publishes its description, which
     lists the group's ranks, and reads every other member's), up to 512 members (its bytes per member
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         old = " | ".join(f"{v:,.0f}" for v in before) if before else "— | — | —"
         gloo = " | ".join(f"{v:,.0f}" for v in row["gloo"]) if row["gloo"] else "— | — | —"
         print(f"| {row['members']:,} | {keys:.0f} | {nbytes:,.0f} | {micros:,.0f} | {old} | {gloo} |")
-    print("\nfmesh: post a status, compare a 32-byte digest (compare_set), count the arrival (add), read the "
+    print("\nfmesh: post a status, compare a 32-byte digest and the description (one compare_set), count the arrival "
+          "(add), read the "
           "verdict; the last to arrive writes it. 'before': the protocol of fmesh 0.1 (each member reads every "
           "other's description). torch gloo rendezvous: each member's address published and every other read "
           f"({address} bytes an address, as measured below), replayed on the same store with one multi_get. "

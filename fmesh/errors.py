@@ -306,11 +306,11 @@ class SpmdTypeError(ValueError):
 
     >>> import fmesh, torch
     >>> from fmesh.spmd import P, shard_map
-    >>> with fmesh.Context.fake(2) as ctx:  # each member's mean summed: twice the mean of the whole
+    >>> with fmesh.Context.fake(2) as ctx:  # each member's mean summed and returned: twice the mean of the whole
     ...     loss = shard_map(lambda ax, x: ax.psum(x.mean(), "dp"), mesh=fmesh.make_mesh((2,), ("dp",)),
     ...                      in_specs=P("dp"), out_specs=P(), ctx=ctx)
     ...     loss(torch.arange(4.0))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    fmesh.SpmdTypeError: psum of ... along 'dp': the sum of the members' means is 2 times the mean of the whole; ...
+    fmesh.SpmdTypeError: out_specs[0] = P(), output 0: ... psum(mean(input 0), 'dp') ... 2 times the mean of the whole; ...
     """

@@ -691,7 +691,7 @@ def traffic_html(dims: ParallelDims, moved: Sequence[Transfer], topology: Topolo
     >>> from fmesh.plan.model import Options, preset
     >>> from fmesh.plan.traffic import traffic
     >>> dims = ParallelDims(16, dp_shard=2, tp=8)
-    >>> out = traffic_html(dims, traffic(preset("llama3-8b"), Options(), dims), Topology(2, 8))
+    >>> out = traffic_html(dims, traffic(preset("llama3-8b"), Options(recompute="none"), dims), Topology(2, 8))
     >>> out.count("<table"), "tp: " in out
     (3, True)
     """
