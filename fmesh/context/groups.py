@@ -372,6 +372,9 @@ class GroupRegistry:
             with self._owning:
                 self._creator = None
 
+    # Never traced: under torch.compile(fullgraph=False) a miss falls back to eager, whose frames Dynamo would
+    # otherwise try to compile down into group creation (and crash on the process groups: not a fallback).
+    @torch.compiler.disable  # type: ignore[untyped-decorator]  # (torch leaves it untyped)
     def _create(self, target: Target) -> dist.ProcessGroup:
         group = self._groups.get(target.spec)
         if group is not None:  # another thread made it meanwhile (it asked first)

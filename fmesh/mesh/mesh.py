@@ -14,7 +14,7 @@ layout modes; nothing is ever enumerated over the world.
 from __future__ import annotations
 
 import difflib
-import sys
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from fmesh.layout.layout import Layout, concat, sorted_by_stride
 from fmesh.mesh import frame as frames
 from fmesh.mesh import transforms
 from fmesh.mesh.lineage import Lineage
+from fmesh.mesh.transforms import check_not_compiling
 from fmesh.mesh.universe import Universe
 
 if TYPE_CHECKING:
@@ -78,6 +79,30 @@ def _check_axis_names(mesh: Mesh, attribute: attrs.Attribute[Any], names: tuple[
         raise ValueError(f"axis names must be unique, but {duplicates} appear more than once in {names!r}")
 
 
+def _hashed_when_built(cls: type[Any]) -> type[Any]:
+    """``cls`` whose instances compute their (cached) hash when built or unpickled, never first inside
+    ``torch.compile`` (Dynamo cannot trace attrs' hash cache: a compiled region looking a mesh up in a dict must
+    read a number), and are never built inside ``torch.compile`` (Dynamo cannot build attrs values: say what to do
+    instead of Dynamo's "Unsupported")."""
+    init, setstate = cls.__init__, cls.__setstate__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        check_not_compiling("building a Mesh (make_mesh, fmesh.slice, flatten, mesh[...], ...)")
+        init(self, *args, **kwargs)
+        hash(self)
+
+    @functools.wraps(setstate)
+    def __setstate__(self: Any, state: Any) -> None:
+        setstate(self, state)
+        hash(self)
+
+    setattr(cls, "__init__", __init__)  # noqa: B010 (assigning a method: mypy refuses cls.__init__ = ...)
+    setattr(cls, "__setstate__", __setstate__)  # noqa: B010
+    return cls
+
+
+@_hashed_when_built
 @attrs.frozen(repr=False, cache_hash=True)
 class Mesh:
     """Named axes over a universe of ranks: a frozen, hashable, picklable value.
@@ -462,19 +487,6 @@ class Mesh:
         axes = ", ".join(f"{name}={size}" for name, size in zip(self.axis_names, self.axis_sizes, strict=True))
         covered = f", covers {self.num_covered}" if self.num_covered != self.world_size else ""
         return f"Mesh({axes}; world={self.world_size}{covered})"
-
-
-def check_not_compiling(what: str) -> None:
-    """``RuntimeError`` inside ``torch.compile``: Dynamo cannot build attrs values (and meshes are values: build
-    them once, outside). Torch-free: it looks only at a torch that is imported already.
-
-    >>> check_not_compiling("make_mesh")
-    """
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.compiler.is_compiling():
-        raise RuntimeError(
-            f"{what} inside torch.compile: build meshes outside the compiled function (they are values: make them "
-            "once), create their groups with ctx.materialize(mesh), and call the collectives inside")
 
 
 def make_mesh(
