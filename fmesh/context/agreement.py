@@ -222,8 +222,20 @@ class Agreement:
         :class:`~fmesh.MeshMismatchError`, :class:`~fmesh.RankLostError` or
         :class:`~fmesh.GroupTimeoutError`; on success every member has arrived and agrees.
         """
-        watcher = self.arrive(key, members, description, what)
-        self.settle(key, members, description, what, watcher)
+        try:
+            watcher = self.arrive(key, members, description, what)
+            self.settle(key, members, description, what, watcher)
+        except dist.DistNetworkError as error:  # the store's host died: one fmesh error on every member, at once
+            raise self.store_gone(f"agreeing to create {what}", error) from None
+
+    def store_gone(self, doing: str, error: BaseException) -> RankLostError:
+        """The error of a rank whose store connection broke (``error``) while ``doing``: its host is gone."""
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return RankLostError(
+            f"on rank {self.rank}: the store is unreachable while {doing}: its host is gone (rank 0, unless "
+            f"torchrun's agent hosts it; {type(error).__name__}: {cause}). No group can be made or recovered without "
+            "it: see that process's error first, then restart the job (a store hosted outside the ranks survives "
+            "any rank's loss)")
 
     def arrive(self, key: str, members: Sequence[int], description: str, what: str) -> bool:
         """Steps 1-3: post this rank's status, compare digests, count the arrival (no waiting). Whether this

@@ -621,3 +621,43 @@ def test_a_users_mistake_carries_no_internal_exception() -> None:
                 ask()
             assert caught.value.__context__ is None and caught.value.__cause__ is None
 
+
+
+def store_host_dies_before_an_agreement(rank: int, port: int, out: Any) -> None:
+    os.environ.update(OMP_NUM_THREADS="1")
+    ctx = Context(backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3, timeout=30,
+                  creation_timeout=20)
+    ctx.all_reduce(torch.ones(1), fmesh.make_mesh((3,), ("dp",)), "dp")
+    if rank == 0:  # it hosts the store, and dies while the others agree on a new group
+        time.sleep(0.5)
+        os._exit(3)
+    out.put((rank, timed(lambda: ctx.all_reduce(torch.ones(1), fmesh.make_mesh((3,), ("x",), rank_map=[2, 1, 0]),
+                                                "x"))))
+    ctx.abort()
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_when_the_store_host_dies_during_an_agreement_every_survivor_gets_one_fmesh_error() -> None:
+    # It was a raw DistNetworkError ("Failed to recv") on each survivor, with the store's C++ frames.
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    port = importlib.import_module("fmesh.context.launch").free_port()
+    procs = [context.Process(target=store_host_dies_before_an_agreement, args=(rank, port, out)) for rank in range(3)]
+    for proc in procs:
+        proc.start()
+    try:
+        results = dict(out.get(timeout=40) for _ in range(2))
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        out.close()
+        out.join_thread()
+    assert sorted(results) == [1, 2]
+    for rank, (kind, took, message) in results.items():
+        assert kind == "RankLostError" and took < 15.0, (rank, kind, took, message)
+        assert f"on rank {rank}: the store is unreachable while agreeing to create" in message, (rank, message)
+        assert "its host is gone (rank 0, unless torchrun's agent hosts it" in message, (rank, message)
