@@ -256,3 +256,59 @@ def aborts_through_the_export_root(ctx: Context) -> list[bool]:
 @pytest.mark.skipif(not hasattr(torch.distributed.device_mesh.DeviceMesh, "abort"), reason="torch 2.15 has it")
 def test_the_export_root_aborts_every_group_of_its_meshes() -> None:
     assert launch(aborts_through_the_export_root, 2, timeout=60) == [[False, False], [False, False]]
+
+
+class DiesWhenPickled:
+    """An object whose pickling ends its process: a rank that dies inside ``all_gather_object``, sending."""
+
+    def __reduce__(self) -> Any:
+        os._exit(1)
+
+
+ME: list[int] = []  # this forked process's rank (each rank is a process of its own)
+
+
+class KillsRank1WhenLoaded:
+    """An object whose unpickling ends rank 1's process: a rank that dies inside ``all_gather_object``, loading."""
+
+    def __init__(self) -> None:
+        self.state = "loaded"  # a state to set: pickle calls __setstate__ only then
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if ME == [1]:
+            os._exit(1)
+        self.__dict__.update(state)
+
+
+def loads_then_dies(ctx: Context) -> Any:
+    ME.append(ctx.rank)
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    ctx.all_reduce(torch.ones(1), mesh, "dp")  # the group exists on both ranks
+    started = time.monotonic()
+    try:
+        ctx.all_gather_object(KillsRank1WhenLoaded(), mesh, "dp")
+        return ("no error", time.monotonic() - started, "")
+    except Exception as error:
+        return (type(error).__name__, time.monotonic() - started, str(error))
+
+
+def sends_then_dies(ctx: Context) -> Any:
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    ctx.all_reduce(torch.ones(1), mesh, "dp")
+    started = time.monotonic()
+    try:
+        ctx.all_gather_object(DiesWhenPickled() if ctx.rank == 1 else 1, mesh, "dp")
+        return ("no error", time.monotonic() - started, "")
+    except Exception as error:
+        return (type(error).__name__, time.monotonic() - started, str(error))
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_inside_all_gather_object_is_a_rank_lost_error_on_its_peer_within_15_s() -> None:
+    # The issue saw GroupTimeoutError after 50 s; the peer must be told the rank is lost, in seconds.
+    for body in (loads_then_dies, sends_then_dies):
+        results = launch(body, 2, timeout=60, on_rank_loss="continue")
+        assert isinstance(results[1], fmesh.LaunchError) and "exit code 1" in str(results[1]), results
+        kind, took, message = results[0]
+        assert kind == "RankLostError" and took < 15, (body.__name__, kind, took, message)
+        assert "1" in message.split("rank 0", 1)[-1], message  # rank 1 named
