@@ -39,11 +39,34 @@ AxesArg = str | Sequence[str] | None
 _EMPTY = Layout((), ())
 
 
+def _one_edit(typed: str, choice: str) -> bool:
+    """Whether ``choice`` is ``typed`` with one letter changed, added, dropped, or two neighbours swapped.
+
+    >>> _one_edit("tq", "tp"), _one_edit("pd", "dp"), _one_edit("d", "dp"), _one_edit("tq", "dp")
+    (True, True, True, False)
+    """
+    if typed == choice or abs(len(typed) - len(choice)) > 1:
+        return False
+    if len(typed) == len(choice):
+        diffs = [i for i, (a, b) in enumerate(zip(typed, choice, strict=True)) if a != b]
+        swapped = len(diffs) == 2 and diffs[1] == diffs[0] + 1 and typed[diffs[0]] == choice[diffs[1]] \
+            and typed[diffs[1]] == choice[diffs[0]]
+        return len(diffs) == 1 or swapped
+    short, long = sorted((typed, choice), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+
+
 def _did_you_mean(name: str, choices: Sequence[str]) -> str:
-    """``"; did you mean 'tp'?"`` when a choice is close to ``name`` (a typo), else nothing."""
+    """``"; did you mean 'tp'?"`` when a choice is close to ``name`` (a typo), else nothing.
+
+    >>> _did_you_mean("tq", ("dp", "tp")), _did_you_mean("pd", ("dp", "tp")), _did_you_mean("xp", ("dp", "tp"))
+    ("; did you mean 'tp'?", "; did you mean 'dp'?", "; did you mean 'dp' or 'tp'?")
+    """
     folded = [choice for choice in choices if choice.casefold() == name.casefold()]
-    close = folded or difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    # difflib's ratio misses one slip in a two-letter name ('tq' for 'tp': 0.5): one edit away is close too
+    close = folded or [choice for choice in choices if _one_edit(name, choice)] \
+        or difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close[:3])}?" if close else ""
 
 
 def _canonical_layouts(layouts: Sequence[Layout]) -> tuple[Layout, ...]:
