@@ -360,3 +360,26 @@ def test_abort_from_a_watchdog_thread_frees_a_blocked_collective_and_the_process
         assert not any("terminate called" in err for _, err in ended), [err[-2000:] for _, err in ended]
         assert "rank 0: ContextClosedError" in ended[0][0], ended[0]
         assert "rank 1: RankLostError" in ended[1][0] or "rank 1: ContextClosedError" in ended[1][0], ended[1]
+
+
+def different_meshes_then_the_end(ctx: Context) -> Any:
+    # Rank 1 permutes its rank map: it waits for (1, 3) along tp, rank 0 for (0, 1); ranks 2 and 3 make (2, 3) and end.
+    mesh = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[0, 2, 1, 3] if ctx.rank == 1 else None)
+    try:
+        ctx.all_reduce(torch.ones(1), mesh, "tp")
+        return ("no error", "")
+    except Exception as error:
+        return (type(error).__name__, str(error))
+
+
+@pytest.mark.slow
+def test_ranks_that_built_different_meshes_and_end_after_one_collective_are_a_mismatch_never_see_its_error() -> None:
+    # Rank 1 was told to "see the error of" rank 3, which had none (it closed after its own group).
+    results = launch(different_meshes_then_the_end, 4, timeout=60, creation_timeout=30)
+    assert results[2] == results[3] == ("no error", ""), results
+    kind, message = results[1]
+    assert kind == "MeshMismatchError", results[1]
+    assert "rank 3 closed its context, with no error, never having come to create this group" in message, message
+    assert "the ranks made different groups along these axes; it made Mesh(dp=2, tp=2; world=4)" in message, message
+    assert "See that rank's error" not in message, message
+    assert results[0][0] == "MeshMismatchError" and "rank 1" in results[0][1], results[0]
