@@ -267,6 +267,8 @@ def train(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
     for step in range(start, args.steps):
         if step == args.at_step and ctx.rank == args.lose_rank and not args.resume:
             print(f"rank {ctx.rank}: exits at step {step} (--lose-rank)", flush=True)
+            if args.checkpoint_dir:  # when it died, for the survivors' "death -> next step" (one machine's clock)
+                (args.checkpoint_dir / "died_at").write_text(repr(time.time()))
             os._exit(1)  # gone without a word, as a crashed process
         began = time.perf_counter()
         batch = batches(args.seed * 1_000_003 + step, args.batch_size, args.seq_len)
@@ -278,6 +280,10 @@ def train(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
         optimizer.zero_grad(set_to_none=True)
         global_loss = ctx.all_reduce(loss.detach(), dp_mesh, op="avg").item()
         losses.append(global_loss)
+        died = args.checkpoint_dir / "died_at" if args.checkpoint_dir else None
+        if step == start and args.lose_rank is not None and args.resume and ctx.rank == 0 and died and died.exists():
+            # the figure the elastic guide promises: detection, recover, the checkpoint's reload and this step
+            print(f"death -> next step: {time.time() - float(died.read_text()):.2f} s", flush=True)
         if ctx.rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
             rate = tokens_per_step / (time.perf_counter() - began)
             print(f"step {step:>4}  loss {global_loss:.4f}  {rate:,.0f} tokens/s", flush=True)

@@ -154,7 +154,8 @@ class FileDescriptorWarning(UserWarning):
 
 class LaunchError(RuntimeError):
     """A rank started by :func:`fmesh.launch` failed in a way that cannot be re-raised as itself:
-    its exception could not be pickled, or the process died without one.
+    its exception could not be pickled, or the process died without one. Also an environment from the launcher that
+    cannot start a job: two processes started with one ``RANK``, or a ``MASTER_PORT`` another program holds.
 
     >>> import fmesh, os
     >>> fmesh.launch(lambda ctx: os._exit(3), world_size=1)

@@ -41,6 +41,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -58,6 +59,7 @@ OK = "ok"
 MISMATCH = "mismatch"  # a verdict: the members disagree
 LOST = "lost"  # a verdict: a member failed instead of coming
 TIMEOUT = "timeout"  # a verdict: members never came within the creation timeout
+ENDED = "ended"  # a verdict: a member ended with no error instead of coming (it has no error to see)
 FAILED = "failed"  # a status: this rank raised
 CLOSED = "closed"  # a status: this rank closed (or aborted) its context
 EXITED = "exited"  # a status: this rank's process ended (at interpreter exit) without closing its context
@@ -67,6 +69,7 @@ MAX_POLL_SECONDS = 8.0  # the longest pause between two looks at the missing mem
 POLL_MAX_SECONDS = 0.1  # how late a waiter learns that its context was aborted (no store operation: an event)
 EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits to post that it exited
 MAX_GROUPS_FOLLOWED = 64  # bounds the work of one diagnosis
+AGREED_POSTED = 4  # how many of the groups a rank agreed on last it posts when it closes
 SURVIVOR = "survivor"  # a rank's fate in a recovery: it came to recover (it claims this itself)
 FENCED = "fenced"  # a rank's fate in a recovery: the survivors recover without it (the last of them fences it out)
 # How long the last survivor to agree on a recovery waits for a rank called lost, not known to be gone, to show
@@ -159,6 +162,28 @@ def describe_status(rank: int, status: dict[str, Any]) -> str:
     return f"rank {rank} never posted a status (its context did not start, or it crashed)"
 
 
+def _ended_instead(member: int, status: dict[str, Any], mine: str) -> str:
+    """The verdict on a group (``mine`` describes it) whose ``member`` ended (``status``) instead of coming to create
+    it. One that ended with no error is never "see its error": where it made a group along the same axes as this one
+    (the groups it posted when it closed), the ranks made different groups (a mismatch naming it).
+
+    >>> verdict = _ended_instead(3, {"state": "closed", "agreed": ["Mesh(tp=2); axes ('tp',); ranks (2, 3)"]},
+    ...                          "Mesh(tp=2); axes ('tp',); ranks (1, 3)")
+    >>> verdict.partition(chr(10))[0], verdict.split(": ", 1)[1].split(";")[0]
+    ('mismatch', 'the ranks made different groups along these axes')
+    """
+    if status.get("error") or status.get("aborted") or status.get("state") == FAILED:
+        kind = MISMATCH if status.get("kind") == "MeshMismatchError" else LOST
+        return f"{kind}\n{describe_status(member, status)}, instead of creating this group (a member of it)"
+    ended = f"{describe_status(member, status)}, with no error, never having come to create this group (a member of it)"
+    axes = re.search(r"; axes \([^)]*\);", mine)
+    other = [str(d) for d in status.get("agreed", ()) if axes and axes.group() in str(d) and str(d) != mine[:300]]
+    if other:
+        return (f"{MISMATCH}\n{ended}: the ranks made different groups along these axes; it made {other[-1]}, and "
+                f"this rank means {mine}")
+    return f"{ENDED}\n{ended}: it took another path than this rank (check the code each rank ran)"
+
+
 @attrs.frozen
 class Agreement:
     """One Context's statuses and agreements in the store: this rank's status, and the agreement on each group.
@@ -181,6 +206,9 @@ class Agreement:
     pid: int = attrs.field(factory=os.getpid, eq=False, repr=False)
     # This rank's second store connection, for blocking waits (waiting_store): made at the first wait.
     waiter: list[dist.Store] = attrs.field(factory=list, eq=False, repr=False)
+    # The last groups this rank agreed on (their descriptions), posted when it closes: a peer that waits for it
+    # in a group it never came to can tell that the ranks made different groups.
+    agreed: list[str] = attrs.field(factory=list, eq=False, repr=False)
 
     # ------------------------------------------------------------ statuses
 
@@ -231,7 +259,7 @@ class Agreement:
             kept = ("error", "kind", "refused")
             failure = {k: last[k] for k in kept if k in last} if last.get("state") == FAILED else {}
             aborted = aborted or self.connections.halted.is_set()
-            self.post(CLOSED, aborted=aborted, **failure)
+            self.post(CLOSED, aborted=aborted, **failure, **({"agreed": self.agreed} if self.agreed else {}))
 
     def open(self) -> Agreement:
         """Post that this rank runs, and have a process that ends without closing its context tell its peers so at
@@ -275,8 +303,21 @@ class Agreement:
         :class:`~fmesh.MeshMismatchError`, :class:`~fmesh.RankLostError` or
         :class:`~fmesh.GroupTimeoutError`; on success every member has arrived and agrees.
         """
-        watcher = self.arrive(key, members, description, what)
-        self.settle(key, members, description, what, watcher)
+        try:
+            watcher = self.arrive(key, members, description, what)
+            self.settle(key, members, description, what, watcher)
+            self.agreed[:] = [*self.agreed[-(AGREED_POSTED - 1):], description[:300]]
+        except dist.DistNetworkError as error:  # the store's host died: one fmesh error on every member, at once
+            raise self.store_gone(f"agreeing to create {what}", error) from None
+
+    def store_gone(self, doing: str, error: BaseException) -> RankLostError:
+        """The error of a rank whose store connection broke (``error``) while ``doing``: its host is gone."""
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return RankLostError(
+            f"on rank {self.rank}: the store is unreachable while {doing}: its host is gone (rank 0, unless "
+            f"torchrun's agent hosts it; {type(error).__name__}: {cause}). No group can be made or recovered without "
+            "it: see that process's error first, then restart the job (a store hosted outside the ranks survives "
+            "any rank's loss)")
 
     def arrive(self, key: str, members: Sequence[int], description: str, what: str) -> bool:
         """Steps 1-3: post this rank's status, compare digests, count the arrival (no waiting). Whether this
@@ -393,6 +434,8 @@ class Agreement:
                 "names and rank_map, and to use its meshes in the same order; check the ranks named here")
         elif kind == TIMEOUT:
             error = GroupTimeoutError(f"on rank {self.rank}: {message}")
+        elif kind == ENDED:
+            error = RankLostError(f"on rank {self.rank}: {message}")
         else:
             error = RankLostError(f"on rank {self.rank}: {message}. See that rank's error first")
         self.failed(error)
@@ -453,9 +496,8 @@ class Agreement:
         for member in members:
             status = statuses[member]
             if status.get("state") in FINAL_STATES and member != self.rank:
-                kind = MISMATCH if status.get("kind") == "MeshMismatchError" else LOST
-                self.store.compare_set(f"{base}/done", "", f"{kind}\n{describe_status(member, status)}, instead of "
-                                       "creating this group (a member of it)")
+                mine = str(statuses.get(self.rank, {}).get("description", ""))
+                self.store.compare_set(f"{base}/done", "", _ended_instead(member, status, mine))
                 return seen
         ended = [m for m in self.ended(members) if m != self.rank]  # killed: the launcher saw its process end
         if ended:

@@ -226,9 +226,22 @@ class GroupRegistry:
             raise TypeError(f"expected an fmesh.Mesh, but got {type(mesh).__name__}: {mesh!r}")
         if mesh.world_size != self._world.world_size:
             raise ValueError(
-                f"{mesh!r} is built for {mesh.world_size} ranks, but this context has {self._world.world_size}"
+                f"{mesh!r} is built for {mesh.world_size} ranks, but this context has {self._world.world_size}; "
+                f"expected a mesh of this context's world: build it from ctx.world_size{self._resized(mesh)}"
             )
         return mesh
+
+    def _resized(self, mesh: Mesh) -> str:
+        """``", e.g. fmesh.make_mesh((4, 2), ('dp', 'tp')), its first axis ctx.world_size // 2"`` where the other
+        axes divide this world, else nothing."""
+        world, sizes = self._world.world_size, mesh.axis_sizes
+        rest = 1
+        for size in sizes[1:]:
+            rest *= size
+        if world % rest or not sizes:
+            return ""
+        first = f", its first axis ctx.world_size // {rest}" if len(sizes) > 1 else ""
+        return f", e.g. fmesh.make_mesh({(world // rest, *sizes[1:])}, {mesh.axis_names}){first}"
 
     def target(self, mesh: Mesh, axes: AxesArg) -> Target:
         """This rank's group along ``axes`` of ``mesh``, checked; cached on the normalised arguments.
@@ -372,6 +385,9 @@ class GroupRegistry:
             with self._owning:
                 self._creator = None
 
+    # Never traced: under torch.compile(fullgraph=False) a miss falls back to eager, whose frames Dynamo would
+    # otherwise try to compile down into group creation (and crash on the process groups: not a fallback).
+    @torch.compiler.disable  # type: ignore[untyped-decorator]  # (torch leaves it untyped)
     def _create(self, target: Target) -> dist.ProcessGroup:
         group = self._groups.get(target.spec)
         if group is not None:  # another thread made it meanwhile (it asked first)

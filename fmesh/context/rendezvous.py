@@ -6,6 +6,8 @@ torch's timeout (10 minutes by default), and a thread blocked there can be told 
 torch does (rank 0 hosts it, or torchrun's agent does), then the ranks meet in it, before torch's own
 rendezvous, at a constant number of store operations per rank however long it waits:
 
+0. ``compare_set(fmesh/start/claims/<restart>/<rank>, "", "host <host>, pid <pid>")``: a second process started
+   with this ``RANK`` is a :class:`~fmesh.LaunchError` naming both (and reported, as below);
 1. ``add(fmesh/start/inits/<rank>, 1)``: this rank's n-th start, the n-th on every rank (SPMD order);
 2. ``compare_set(fmesh/start/<n>/world_size, "", mine)``: every rank means the same ``WORLD_SIZE``;
 3. ``add(fmesh/start/<n>/arrived, 1)``: the rank that brings the count to the world size writes ``.../all``;
@@ -17,7 +19,10 @@ rendezvous, at a constant number of store operations per rank however long it wa
 A rank whose launcher environment is bad posts its error and the variables it read under ``fmesh/start/failed``
 (:func:`report_bad_environment`, when ``MASTER_ADDR`` and ``MASTER_PORT`` reach the store), and every rank
 waiting at step 4 raises :class:`~fmesh.RankLostError` naming it within seconds. torch's ``init_process_group``
-then runs on this store with every rank present: milliseconds.
+then runs on this store with every rank present: milliseconds. A ``MASTER_PORT`` taken on the store's host
+(another program, or a second ``RANK=0``) is a :class:`~fmesh.LaunchError` there, reported through whatever store
+listens; a client that finds something at the port that does not answer as a store within ``HANDSHAKE_SECONDS``
+raises one too (torch's client would wait forever).
 
 >>> import torch.distributed as dist
 >>> from datetime import timedelta
@@ -30,6 +35,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -38,7 +44,7 @@ import attrs
 import torch.distributed as dist
 
 from fmesh.context.agreement import WATCHERS, Agreement
-from fmesh.errors import GroupTimeoutError, RankLostError
+from fmesh.errors import GroupTimeoutError, LaunchError, RankLostError
 
 START = "fmesh/start"
 FAILED = f"{START}/failed"  # a bad rank's report: JSON with its error, the variables it read, host and pid
@@ -48,6 +54,10 @@ ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 REPORT_CONNECT_SECONDS = 3.0  # how long a bad rank tries to reach the store to report (then it only raises)
 WATCH_SECONDS = 0.1  # when the first rank to arrive first looks for a report (then at doubling intervals)
 HOST_LINGER_SECONDS = 3.0  # how long a store host that is about to fail waits for its peers to read why
+# How long a store client may take to connect once something listens at MASTER_ADDR:MASTER_PORT: a store answers
+# in milliseconds, and torch's client waits forever (past its own timeout) on another program's port.
+HANDSHAKE_SECONDS = 5.0
+CLAIMS = f"{START}/claims"  # which process claimed each RANK (a second process with the same RANK is told so)
 
 
 def hosts_store(environ: Mapping[str, str], rank: int) -> bool:
@@ -89,9 +99,47 @@ def open_store(environ: Mapping[str, str], rank: int | None, world_size: int | N
         raise GroupTimeoutError(f"on rank {rank}: nothing listens at MASTER_ADDR:MASTER_PORT ({address}:{port}) "
                                 f"within {timeout.total_seconds():g}s: the store's host (rank 0, or torchrun's "
                                 "agent) did not start, or is gone; see its error first")
-    store = dist.TCPStore(address, port, world_size, is_master=hosts, timeout=timeout, wait_for_workers=False,
-                          multi_tenant=hosts)
+    if hosts:
+        try:
+            store = dist.TCPStore(address, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
+                                  multi_tenant=True)
+        except dist.DistNetworkError as error:
+            if "EADDRINUSE" not in str(error) and "already in use" not in str(error):
+                raise
+            raise LaunchError(
+                f"on rank {rank}: it hosts the job's store, but the launcher's MASTER_PORT={port} is in use on this "
+                "machine: another program holds it, or another process of this job was also started with RANK=0. "
+                f"Expected a free port (torchrun --master-port, or MASTER_PORT) and one process per RANK in "
+                f"0..{world_size - 1}") from None
+    else:
+        store = _client(address, port, world_size, timeout, HANDSHAKE_SECONDS, rank)
     return store, rank, world_size
+
+
+def _client(address: str, port: int, world_size: int | None, timeout: timedelta, seconds: float,
+            rank: int | None) -> dist.Store:
+    """A client of the store at ``address:port``, where something listens, within ``seconds``: torch's client
+    never returns from another program's port (the attempt is left on a daemon thread; the caller raises)."""
+    made: list[dist.Store | BaseException] = []
+
+    def connect() -> None:
+        try:
+            made.append(dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout))
+        except BaseException as error:  # handed to the caller's thread, which raises it
+            made.append(error)
+
+    thread = threading.Thread(target=connect, name="fmesh-store-client", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not made:
+        raise LaunchError(
+            f"on rank {rank}: something listens at the launcher's MASTER_ADDR:MASTER_PORT ({address}:{port}) but "
+            f"does not answer as a store within {seconds:g}s: another program holds MASTER_PORT (rank 0 then could "
+            "not host the job's store there: see its error). Expected a free port (torchrun --master-port, or "
+            "MASTER_PORT)")
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
 
 
 def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, hosts: bool = False,
@@ -104,6 +152,7 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     ``hosts``: this rank hosts the store, so before raising it waits (a few seconds at most) until the waiting
     ranks have read why.
     """
+    _claim(store, rank, world_size, hosts)
     generation = store.add(f"{START}/inits/{rank}", 1)
     base = f"{START}/{generation}"
     first = store.compare_set(f"{base}/world_size", "", str(world_size)).decode()
@@ -147,6 +196,25 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
         raise GroupTimeoutError(
             f"on rank {rank}: only {came_count} of the job's {world_size} processes started within "
             f"{timeout.total_seconds():g}s; check that every rank was started, with the same WORLD_SIZE")
+
+
+def _claim(store: dist.Store, rank: int, world_size: int, hosts: bool) -> None:
+    """Claim ``rank`` for this process (its host and pid; a process may start several times): a second process
+    with the same ``RANK`` is a :class:`~fmesh.LaunchError` naming both, and reports it, so the waiting ranks
+    stop at once instead of one pairing with the wrong process and the other hanging."""
+    me = f"host {socket.gethostname()}, pid {os.getpid()}"
+    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # torchrun restarts the workers with one store
+    holder = store.compare_set(f"{CLAIMS}/{restarts}/{rank}", "", me).decode()
+    if holder == me:
+        return
+    error = LaunchError(
+        f"two processes of this job read RANK={rank}: this one ({me}) and another ({holder}) that started first. "
+        f"Expected each of the WORLD_SIZE={world_size} processes to be started with its own RANK in "
+        f"0..{world_size - 1}; check how these processes were started")
+    post_failure(store, {"RANK": str(rank), "WORLD_SIZE": str(world_size)}, error)
+    if hosts:
+        _linger(store, world_size - 1, HOST_LINGER_SECONDS)
+    raise error
 
 
 def _reported(store: dist.Store, rank: int, world_size: int, hosts: bool) -> RankLostError:
@@ -226,11 +294,12 @@ def _reachable(address: str, port: int, seconds: float) -> bool:
 
 
 def report_bad_environment(environ: Mapping[str, str], error: BaseException,
-                           seconds: float = REPORT_CONNECT_SECONDS) -> bool:
+                           seconds: float = REPORT_CONNECT_SECONDS, host: bool = True) -> bool:
     """Tell the job's other processes, through its store, that this one cannot start (``error``), so that they
     stop waiting for it; whether the report was posted. Needs ``MASTER_ADDR`` and ``MASTER_PORT``; a process that
     would host the store (``RANK=0`` without torchrun's agent) hosts it and stays until its peers have read the
-    report (a few seconds at most). Never raises: the caller raises ``error``.
+    report (a few seconds at most; ``host=False``: it only connects, as a rank 0 that found its port taken
+    does). Never raises: the caller raises ``error``.
 
     >>> report_bad_environment({"RANK": "abc"}, ValueError("RANK='abc'"))  # no MASTER_ADDR: nowhere to report
     False
@@ -240,13 +309,13 @@ def report_bad_environment(environ: Mapping[str, str], error: BaseException,
         return False
     port = int(port_text)
     environment = {name: environ[name] for name in ENVIRONMENT if name in environ}
-    hosts = environ.get("RANK") == "0" and hosts_store(environ, 0)
+    hosts = host and environ.get("RANK") == "0" and hosts_store(environ, 0)
     try:
         if hosts:
             store = dist.TCPStore(address, port, None, is_master=True, timeout=timedelta(seconds=seconds),
                                   wait_for_workers=False)
         elif _unresolved(address) is None and _reachable(address, port, seconds):
-            store = dist.TCPStore(address, port, None, is_master=False, timeout=timedelta(seconds=seconds))
+            store = _client(address, port, None, timedelta(seconds=seconds), seconds, None)
         else:
             return False
         post_failure(store, environment, error)

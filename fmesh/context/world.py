@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from fmesh.context import _torch, rendezvous
 from fmesh.context.options import DEFAULT_TIMEOUT, normalize_backend
-from fmesh.errors import GroupTimeoutError, RankLostError, RecoveryError
+from fmesh.errors import GroupTimeoutError, LaunchError, RankLostError, RecoveryError
 from fmesh.layout.int_tuple import is_int
 
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -122,6 +122,9 @@ def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None,
         store, rank, world_size = rendezvous.open_store(environ, rank, world_size, timeout)
     except ValueError as error:
         rendezvous.report_bad_environment(environ, error)
+        raise
+    except LaunchError as error:  # MASTER_PORT taken: a rank 0 of this job may host the store there (RANK=0 twice)
+        rendezvous.report_bad_environment(environ, error, host=False)
         raise
     rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout,
                     hosts=rendezvous.hosts_store(environ, rank))

@@ -14,7 +14,7 @@ layout modes; nothing is ever enumerated over the world.
 from __future__ import annotations
 
 import difflib
-import sys
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from fmesh.layout.layout import Layout, concat, sorted_by_stride
 from fmesh.mesh import frame as frames
 from fmesh.mesh import transforms
 from fmesh.mesh.lineage import Lineage
+from fmesh.mesh.transforms import check_not_compiling
 from fmesh.mesh.universe import Universe
 
 if TYPE_CHECKING:
@@ -38,11 +39,34 @@ AxesArg = str | Sequence[str] | None
 _EMPTY = Layout((), ())
 
 
+def _one_edit(typed: str, choice: str) -> bool:
+    """Whether ``choice`` is ``typed`` with one letter changed, added, dropped, or two neighbours swapped.
+
+    >>> _one_edit("tq", "tp"), _one_edit("pd", "dp"), _one_edit("d", "dp"), _one_edit("tq", "dp")
+    (True, True, True, False)
+    """
+    if typed == choice or abs(len(typed) - len(choice)) > 1:
+        return False
+    if len(typed) == len(choice):
+        diffs = [i for i, (a, b) in enumerate(zip(typed, choice, strict=True)) if a != b]
+        swapped = len(diffs) == 2 and diffs[1] == diffs[0] + 1 and typed[diffs[0]] == choice[diffs[1]] \
+            and typed[diffs[1]] == choice[diffs[0]]
+        return len(diffs) == 1 or swapped
+    short, long = sorted((typed, choice), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+
+
 def _did_you_mean(name: str, choices: Sequence[str]) -> str:
-    """``"; did you mean 'tp'?"`` when a choice is close to ``name`` (a typo), else nothing."""
+    """``"; did you mean 'tp'?"`` when a choice is close to ``name`` (a typo), else nothing.
+
+    >>> _did_you_mean("tq", ("dp", "tp")), _did_you_mean("pd", ("dp", "tp")), _did_you_mean("xp", ("dp", "tp"))
+    ("; did you mean 'tp'?", "; did you mean 'dp'?", "; did you mean 'dp' or 'tp'?")
+    """
     folded = [choice for choice in choices if choice.casefold() == name.casefold()]
-    close = folded or difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    # difflib's ratio misses one slip in a two-letter name ('tq' for 'tp': 0.5): one edit away is close too
+    close = folded or [choice for choice in choices if _one_edit(name, choice)] \
+        or difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close[:3])}?" if close else ""
 
 
 def _canonical_layouts(layouts: Sequence[Layout]) -> tuple[Layout, ...]:
@@ -78,6 +102,30 @@ def _check_axis_names(mesh: Mesh, attribute: attrs.Attribute[Any], names: tuple[
         raise ValueError(f"axis names must be unique, but {duplicates} appear more than once in {names!r}")
 
 
+def _hashed_when_built(cls: type[Any]) -> type[Any]:
+    """``cls`` whose instances compute their (cached) hash when built or unpickled, never first inside
+    ``torch.compile`` (Dynamo cannot trace attrs' hash cache: a compiled region looking a mesh up in a dict must
+    read a number), and are never built inside ``torch.compile`` (Dynamo cannot build attrs values: say what to do
+    instead of Dynamo's "Unsupported")."""
+    init, setstate = cls.__init__, cls.__setstate__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        check_not_compiling("building a Mesh (make_mesh, fmesh.slice, flatten, mesh[...], ...)")
+        init(self, *args, **kwargs)
+        hash(self)
+
+    @functools.wraps(setstate)
+    def __setstate__(self: Any, state: Any) -> None:
+        setstate(self, state)
+        hash(self)
+
+    setattr(cls, "__init__", __init__)  # noqa: B010 (assigning a method: mypy refuses cls.__init__ = ...)
+    setattr(cls, "__setstate__", __setstate__)  # noqa: B010
+    return cls
+
+
+@_hashed_when_built
 @attrs.frozen(repr=False, cache_hash=True)
 class Mesh:
     """Named axes over a universe of ranks: a frozen, hashable, picklable value.
@@ -462,19 +510,6 @@ class Mesh:
         axes = ", ".join(f"{name}={size}" for name, size in zip(self.axis_names, self.axis_sizes, strict=True))
         covered = f", covers {self.num_covered}" if self.num_covered != self.world_size else ""
         return f"Mesh({axes}; world={self.world_size}{covered})"
-
-
-def check_not_compiling(what: str) -> None:
-    """``RuntimeError`` inside ``torch.compile``: Dynamo cannot build attrs values (and meshes are values: build
-    them once, outside). Torch-free: it looks only at a torch that is imported already.
-
-    >>> check_not_compiling("make_mesh")
-    """
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.compiler.is_compiling():
-        raise RuntimeError(
-            f"{what} inside torch.compile: build meshes outside the compiled function (they are values: make them "
-            "once), create their groups with ctx.materialize(mesh), and call the collectives inside")
 
 
 def make_mesh(

@@ -7,6 +7,7 @@ them looks at more than the few layout modes of the axes involved.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -20,6 +21,19 @@ from fmesh.mesh.universe import Universe
 
 if TYPE_CHECKING:
     from fmesh.mesh.mesh import Mesh
+
+
+def check_not_compiling(what: str) -> None:
+    """``RuntimeError`` inside ``torch.compile``: Dynamo cannot build attrs values (and meshes are values: build
+    them once, outside). Torch-free: it looks only at a torch that is imported already.
+
+    >>> check_not_compiling("make_mesh")
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():
+        raise RuntimeError(
+            f"{what} inside torch.compile: build meshes outside the compiled function (they are values: make them "
+            "once), create their groups with ctx.materialize(mesh), and call the collectives inside")
 
 
 def _names(axis_names: Sequence[object]) -> tuple[object, ...]:
@@ -36,6 +50,7 @@ def slice(mesh: Mesh, *axis_names: str) -> Mesh:
     >>> fmesh.slice(mesh, "tp", "dp")
     Mesh(tp=4, dp=2; world=16)
     """
+    check_not_compiling("fmesh.slice (or mesh[...])")
     names = _names(axis_names)
     if not names:
         raise ValueError(f"slice needs at least one axis name; this mesh has axes {mesh.axis_names}")
@@ -53,6 +68,7 @@ def flatten(mesh: Mesh, axis_names: Sequence[str], name: str) -> Mesh:
     >>> flat, flat.group(0, "dp_cp")
     (Mesh(dp_cp=4, tp=4; world=16), (0, 4, 8, 12))
     """
+    check_not_compiling("fmesh.flatten")
     if isinstance(axis_names, str):
         raise TypeError(f"flatten takes a sequence of axis names such as ('dp', 'cp'), got the string {axis_names!r}")
     merged = mesh.resolve_axes(axis_names)
@@ -86,6 +102,7 @@ def unflatten(mesh: Mesh, axis_name: str, sizes: Mapping[str, int] | Sequence[tu
     >>> fmesh.unflatten(mesh, "world", {"dp": 2, "tp": 4})
     Mesh(dp=2, tp=4, x=2; world=16)
     """
+    check_not_compiling("fmesh.unflatten")
     layout = mesh.axis_layout(axis_name)
     items = _size_items(sizes)
     new_names = [n for n, _ in items]
@@ -124,6 +141,7 @@ def concat(*meshes: Mesh) -> Mesh:
     >>> fmesh.concat(mesh["tp"], mesh["dp"])
     Mesh(tp=4, dp=2; world=16)
     """
+    check_not_compiling("fmesh.concat")
     if not meshes:
         raise ValueError("concat needs at least one mesh")
     for index, mesh in enumerate(meshes):
@@ -172,6 +190,7 @@ def rename(mesh: Mesh, mapping: Mapping[str, str]) -> Mesh:
     >>> import fmesh; fmesh.rename(fmesh.make_mesh((2, 4), ("dp", "tp")), {"dp": "fsdp"})
     Mesh(fsdp=2, tp=4; world=8)
     """
+    check_not_compiling("fmesh.rename")
     if not isinstance(mapping, Mapping):
         raise TypeError(f"rename takes a mapping of old to new names such as {{'dp': 'fsdp'}}, got {mapping!r}")
     for old, new in mapping.items():
@@ -188,6 +207,7 @@ def select(mesh: Mesh, **coordinates: int) -> Mesh:
     >>> stage1, stage1.groups("tp")
     (Mesh(dp=2, tp=2; world=8, covers 4), ((4, 5), (6, 7)))
     """
+    check_not_compiling("fmesh.select")
     pinned_modes = list(mesh.pinned.modes)
     offset = mesh.offset
     for name, coordinate in coordinates.items():

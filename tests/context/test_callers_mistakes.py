@@ -56,9 +56,23 @@ def test_a_callers_mistake_leaves_the_group_healthy() -> None:
         assert [name for name, _, _ in seen] == ["a DTensor", "a DTensor to all_gather", "a list", "a dim outside"]
         assert seen[0][1] == "TypeError" and "dtensor.to_local()" in seen[0][2]  # the message names the way out
         assert seen[2][1] == "TypeError" and seen[3][1] == "IndexError"
+        # fmesh's refusal at the door, not torch's IndexError from inside the collective
+        assert "all_gather: expected dim in -1..0 for a tensor of shape (2,), but got 3" in seen[3][2], seen[3]
         assert (total, whole, summed) == (3.0, [1.0, 1.0], [2.0, 2.0])
 
 
 def test_a_dtensor_is_refused_at_the_door_with_the_way_out() -> None:
     with Context.fake(2) as ctx, pytest.raises(TypeError, match=r"got a DTensor .*to_local\(\).*full_tensor\(\)"):
         ctx.all_reduce(distribute_tensor(torch.ones(2), ctx.device_mesh(MESH), [Replicate()]), MESH, "dp")
+
+
+@pytest.mark.parametrize("name", ["all_gather", "reduce_scatter", "all_to_all"])
+def test_a_dim_outside_the_tensor_is_refused_at_the_door_naming_the_valid_dims(name: str) -> None:
+    calls = {
+        "all_gather": lambda ctx, x: ctx.all_gather(x, MESH, "dp", dim=2),
+        "reduce_scatter": lambda ctx, x: ctx.reduce_scatter(x, MESH, "dp", dim=-3),
+        "all_to_all": lambda ctx, x: ctx.all_to_all(x, MESH, "dp", 0, 2),
+    }
+    with Context.fake(2) as ctx, pytest.raises(
+            IndexError, match=rf"^{name}: expected \w+ in -2\.\.1 for a tensor of shape \(2, 2\), but got -?\d"):
+        calls[name](ctx, torch.ones(2, 2))

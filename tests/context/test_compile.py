@@ -149,3 +149,42 @@ def materialized_axes_trace() -> None:
 
         torch._dynamo.reset()
         assert torch.compile(step, backend="aot_eager", fullgraph=True)(torch.ones(2)).tolist() == [2.0, 2.0]
+
+
+def test_a_mesh_without_groups_or_made_inside_a_compiled_function_is_fmesh_error_or_eager_fallback() -> None:
+    in_a_child(unmaterialized_or_derived_inside)
+
+
+def step_on(ctx: Context, mesh: fmesh.Mesh, name: str) -> Call:
+    """A step that makes a group (``"no group"``) or a mesh (the others) inside the compiled region."""
+    return {
+        "no group": lambda x: ctx.all_reduce(x, mesh, "tp"),
+        "slice": lambda x: ctx.all_reduce(x, fmesh.slice(mesh, "tp"), "tp"),
+        "getitem": lambda x: ctx.all_reduce(x, mesh["tp"], "tp"),
+        "flatten": lambda x: ctx.all_reduce(x, fmesh.flatten(mesh, ("dp", "tp"), "w"), "w"),
+    }[name]
+
+
+def unmaterialized_or_derived_inside() -> None:
+    # fullgraph=True: fmesh's error saying what to do (it was Dynamo's "does not know how to trace
+    # _CacheHashWrapper" or "Unsupported method call"); fullgraph=False: Dynamo falls back to eager for what it cannot
+    # trace and the call returns the right sum (it crashed with InternalTorchDynamoError tracing group creation).
+    fmesh_error = {
+        "no group": r"no group yet along 'tp' .* call ctx.materialize\(mesh\)",
+        "slice": r"fmesh.slice \(or mesh\[...\]\) inside torch.compile: build meshes outside .* ctx.materialize",
+        "getitem": r"fmesh.slice \(or mesh\[...\]\) inside torch.compile: build meshes outside .* ctx.materialize",
+        "flatten": r"fmesh.flatten inside torch.compile: build meshes outside .* ctx.materialize",
+    }
+    for name, pattern in fmesh_error.items():
+        for fullgraph in (True, False):
+            with Context.fake(4) as ctx:
+                mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+                if name != "no group":
+                    ctx.materialize(mesh)
+                torch._dynamo.reset()
+                compiled = torch.compile(step_on(ctx, mesh, name), backend="aot_eager", fullgraph=fullgraph)
+                if fullgraph:
+                    with pytest.raises(Exception, match=pattern):
+                        compiled(torch.ones(2))
+                else:
+                    assert compiled(torch.ones(2)).tolist() == [1.0, 1.0], name  # the fake backend sums nothing

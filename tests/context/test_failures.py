@@ -256,3 +256,130 @@ def aborts_through_the_export_root(ctx: Context) -> list[bool]:
 @pytest.mark.skipif(not hasattr(torch.distributed.device_mesh.DeviceMesh, "abort"), reason="torch 2.15 has it")
 def test_the_export_root_aborts_every_group_of_its_meshes() -> None:
     assert launch(aborts_through_the_export_root, 2, timeout=60) == [[False, False], [False, False]]
+
+
+class DiesWhenPickled:
+    """An object whose pickling ends its process: a rank that dies inside ``all_gather_object``, sending."""
+
+    def __reduce__(self) -> Any:
+        os._exit(1)
+
+
+ME: list[int] = []  # this forked process's rank (each rank is a process of its own)
+
+
+class KillsRank1WhenLoaded:
+    """An object whose unpickling ends rank 1's process: a rank that dies inside ``all_gather_object``, loading."""
+
+    def __init__(self) -> None:
+        self.state = "loaded"  # a state to set: pickle calls __setstate__ only then
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if ME == [1]:
+            os._exit(1)
+        self.__dict__.update(state)
+
+
+def loads_then_dies(ctx: Context) -> Any:
+    ME.append(ctx.rank)
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    ctx.all_reduce(torch.ones(1), mesh, "dp")  # the group exists on both ranks
+    started = time.monotonic()
+    try:
+        ctx.all_gather_object(KillsRank1WhenLoaded(), mesh, "dp")
+        return ("no error", time.monotonic() - started, "")
+    except Exception as error:
+        return (type(error).__name__, time.monotonic() - started, str(error))
+
+
+def sends_then_dies(ctx: Context) -> Any:
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    ctx.all_reduce(torch.ones(1), mesh, "dp")
+    started = time.monotonic()
+    try:
+        ctx.all_gather_object(DiesWhenPickled() if ctx.rank == 1 else 1, mesh, "dp")
+        return ("no error", time.monotonic() - started, "")
+    except Exception as error:
+        return (type(error).__name__, time.monotonic() - started, str(error))
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_inside_all_gather_object_is_a_rank_lost_error_on_its_peer_within_15_s() -> None:
+    # The issue saw GroupTimeoutError after 50 s; the peer must be told the rank is lost, in seconds.
+    for body in (loads_then_dies, sends_then_dies):
+        results = launch(body, 2, timeout=60, on_rank_loss="continue")
+        assert isinstance(results[1], fmesh.LaunchError) and "exit code 1" in str(results[1]), results
+        kind, took, message = results[0]
+        assert kind == "RankLostError" and took < 15, (body.__name__, kind, took, message)
+        assert "1" in message.split("rank 0", 1)[-1], message  # rank 1 named
+
+
+ABORT_FROM_A_WATCHDOG = """
+import threading, time, torch, fmesh
+mesh = fmesh.make_mesh((2,), ("dp",))
+ctx = fmesh.Context.from_env(backend="gloo", timeout=30)
+ctx.all_reduce(torch.ones(1), mesh, "dp")
+try:
+    if ctx.rank == 0:  # blocked in a collective rank 1 never joins, until the watchdog aborts the context
+        threading.Timer(1.0, ctx.abort).start()
+        ctx.all_reduce(torch.ones(1), mesh, "dp")
+    else:
+        time.sleep(0.3)
+        ctx.broadcast(torch.ones(1), mesh, "dp", src=1)
+    outcome = "no error"
+except Exception as error:
+    outcome = type(error).__name__
+print(f"rank {ctx.rank}: {outcome}", flush=True)
+ctx.close()
+"""
+
+
+@pytest.mark.slow
+def test_abort_from_a_watchdog_thread_frees_a_blocked_collective_and_the_process_exits_cleanly() -> None:
+    # The issue saw SIGABRT ("terminate called ...", exit -6) after such an abort in 4 of 9 runs: a regression guard.
+    import importlib
+    import subprocess
+    import sys
+
+    for _ in range(2):
+        port = importlib.import_module("fmesh.context.launch").free_port()
+        environ = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+                   "OMP_NUM_THREADS": "1"}
+        procs = [subprocess.Popen([sys.executable, "-c", ABORT_FROM_A_WATCHDOG],
+                                  env={**environ, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+        try:
+            ended = [proc.communicate(timeout=60) for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        codes = [proc.returncode for proc in procs]
+        assert codes == [0, 0], (codes, [err[-2000:] for _, err in ended])
+        assert not any("terminate called" in err for _, err in ended), [err[-2000:] for _, err in ended]
+        assert "rank 0: ContextClosedError" in ended[0][0], ended[0]
+        assert "rank 1: RankLostError" in ended[1][0] or "rank 1: ContextClosedError" in ended[1][0], ended[1]
+
+
+def different_meshes_then_the_end(ctx: Context) -> Any:
+    # Rank 1 permutes its rank map: it waits for (1, 3) along tp, rank 0 for (0, 1); ranks 2 and 3 make (2, 3) and end.
+    mesh = fmesh.make_mesh((2, 2), ("dp", "tp"), rank_map=[0, 2, 1, 3] if ctx.rank == 1 else None)
+    try:
+        ctx.all_reduce(torch.ones(1), mesh, "tp")
+        return ("no error", "")
+    except Exception as error:
+        return (type(error).__name__, str(error))
+
+
+@pytest.mark.slow
+def test_ranks_that_built_different_meshes_and_end_after_one_collective_are_a_mismatch_never_see_its_error() -> None:
+    # Rank 1 was told to "see the error of" rank 3, which had none (it closed after its own group).
+    results = launch(different_meshes_then_the_end, 4, timeout=60, creation_timeout=30)
+    assert results[2] == results[3] == ("no error", ""), results
+    kind, message = results[1]
+    assert kind == "MeshMismatchError", results[1]
+    assert "rank 3 closed its context, with no error, never having come to create this group" in message, message
+    assert "the ranks made different groups along these axes; it made Mesh(dp=2, tp=2; world=4)" in message, message
+    assert "See that rank's error" not in message, message
+    assert results[0][0] == "MeshMismatchError" and "rank 1" in results[0][1], results[0]

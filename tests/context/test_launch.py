@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import time
@@ -163,3 +164,65 @@ def test_simulate_runs_dtensor_on_exported_meshes() -> None:
             assert torch.equal(local, full[2 * dp : 2 * dp + 2, 2 * tp : 2 * tp + 2])
         replicated = sharded.redistribute(device_mesh, [Replicate(), Replicate()]).to_local()
         assert all(torch.equal(t, full) for t in sim.values(replicated).values())
+
+
+START_FROM_ENV = """
+import time, torch, fmesh
+started = time.monotonic()
+try:
+    with fmesh.Context.from_env(backend="gloo", timeout=120) as ctx:
+        ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("dp",)), "dp")
+    print("ok")
+except Exception as error:
+    print(f"{type(error).__name__} after {time.monotonic() - started:.1f}s: {error}")
+"""
+
+
+def started_from_env(ranks: list[int], port: int) -> list[str]:
+    """What each process started with ``RANK=ranks[i]`` (``WORLD_SIZE=2``, this ``MASTER_PORT``) printed last."""
+    import subprocess
+    import sys
+
+    environ = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+               "OMP_NUM_THREADS": "1"}
+    procs = []
+    for rank in ranks:
+        procs.append(subprocess.Popen([sys.executable, "-c", START_FROM_ENV], env={**environ, "RANK": str(rank)},
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        time.sleep(0.5)  # the first hosts the store (or claims the rank) first
+    try:
+        return [proc.communicate(timeout=60)[0].strip().splitlines()[-1] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def seconds_of(line: str) -> float:
+    return float(line.split(" after ", 1)[1].split("s:", 1)[0])
+
+
+def test_two_processes_started_with_rank_0_are_told_which_rank_read_what_in_seconds() -> None:
+    # It was a raw DistNetworkError (EADDRINUSE) on one, and the other hung for its whole timeout.
+    port = importlib.import_module("fmesh.context.launch").free_port()
+    first, second = started_from_env([0, 0], port)
+    assert second.startswith("LaunchError") and f"MASTER_PORT={port} is in use" in second, second
+    assert "another process of this job was also started with RANK=0" in second, second
+    assert first.startswith("RankLostError") and "a process of this job could not start" in first, first
+    assert f"MASTER_PORT={port} is in use" in first and seconds_of(first) < 15, first
+
+
+def test_a_master_port_held_by_another_program_is_named_on_every_rank_in_seconds() -> None:
+    # It was a raw DistNetworkError (EADDRINUSE) on rank 0, and rank 1 hung (90 s and more).
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        rank0, rank1 = started_from_env([0, 1], port)
+    assert rank0.startswith("LaunchError") and f"MASTER_PORT={port} is in use" in rank0, rank0
+    assert "another program holds it" in rank0 and seconds_of(rank0) < 15, rank0
+    assert rank1.startswith("LaunchError") and "another program holds MASTER_PORT" in rank1, rank1
+    assert f"(127.0.0.1:{port})" in rank1 and seconds_of(rank1) < 15, rank1

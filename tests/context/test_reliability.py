@@ -250,6 +250,27 @@ def test_with_the_check_off_a_bad_tensor_on_one_rank_is_its_own_error_and_names_
     assert took < 10.0, (took, message)
 
 
+def survivors_of(target: Callable[[int, int, Any], None]) -> dict[int, Any]:
+    """What ranks 1 and 2 of 3 forked processes running ``target(rank, port, out)`` put in ``out`` (rank 0 hosts the
+    store there and dies), as rank -> result; nothing left running."""
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    port = importlib.import_module("fmesh.context.launch").free_port()
+    procs = [context.Process(target=target, args=(rank, port, out)) for rank in range(3)]
+    for proc in procs:
+        proc.start()
+    try:
+        return dict(out.get(timeout=40) for _ in range(2))
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        out.close()
+        out.join_thread()
+
+
 def store_host_dies(rank: int, port: int, out: Any) -> None:
     os.environ.update(OMP_NUM_THREADS="1")
     ctx = Context(backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3, timeout=20,
@@ -266,22 +287,7 @@ def store_host_dies(rank: int, port: int, out: Any) -> None:
 
 @pytest.mark.slow
 def test_when_the_store_host_dies_no_survivor_names_itself() -> None:
-    context = multiprocessing.get_context("fork")
-    out = context.Queue()
-    port = importlib.import_module("fmesh.context.launch").free_port()
-    procs = [context.Process(target=store_host_dies, args=(rank, port, out)) for rank in range(3)]
-    for proc in procs:
-        proc.start()
-    try:
-        results = dict(out.get(timeout=40) for _ in range(2))
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        out.close()
-        out.join_thread()
+    results = survivors_of(store_host_dies)
     for rank, ((kind, took, message), recovery) in results.items():
         assert kind == "RankLostError" and took < 8.0, (rank, kind, took, message)
         named = message.split("ranks ", 1)[1].split(" of the group")[0]
@@ -633,3 +639,28 @@ def test_a_users_mistake_carries_no_internal_exception() -> None:
                 ask()
             assert caught.value.__context__ is None and caught.value.__cause__ is None
 
+
+
+def store_host_dies_before_an_agreement(rank: int, port: int, out: Any) -> None:
+    os.environ.update(OMP_NUM_THREADS="1")
+    ctx = Context(backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3, timeout=30,
+                  creation_timeout=20)
+    ctx.all_reduce(torch.ones(1), fmesh.make_mesh((3,), ("dp",)), "dp")
+    if rank == 0:  # it hosts the store, and dies while the others agree on a new group
+        time.sleep(0.5)
+        os._exit(3)
+    out.put((rank, timed(lambda: ctx.all_reduce(torch.ones(1), fmesh.make_mesh((3,), ("x",), rank_map=[2, 1, 0]),
+                                                "x"))))
+    ctx.abort()
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_when_the_store_host_dies_during_an_agreement_every_survivor_gets_one_fmesh_error() -> None:
+    # It was a raw DistNetworkError ("Failed to recv") on each survivor, with the store's C++ frames.
+    results = survivors_of(store_host_dies_before_an_agreement)
+    assert sorted(results) == [1, 2]
+    for rank, (kind, took, message) in results.items():
+        assert kind == "RankLostError" and took < 15.0, (rank, kind, took, message)
+        assert f"on rank {rank}: the store is unreachable while agreeing to create" in message, (rank, message)
+        assert "its host is gone (rank 0, unless torchrun's agent hosts it" in message, (rank, message)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from support import in_threads
 
 import fmesh
-from fmesh.context.rendezvous import meet, post_failure
+from fmesh.context.rendezvous import CLAIMS, meet, post_failure
 
 
 def ranks_meet(store: dist.Store, world_sizes: dict[int, int], seconds: float = 20) -> dict[int, Any]:
@@ -61,3 +61,23 @@ def test_a_rank_that_never_comes_is_a_timeout_naming_how_many_came() -> None:
     outcome = ranks_meet(dist.HashStore(), {0: 2}, seconds=0.3)
     with pytest.raises(fmesh.GroupTimeoutError, match=r"only 1 of the job's 2 processes started within 0\.3s"):
         raise outcome[0][0]
+
+
+def test_a_second_process_with_the_same_rank_is_told_so_and_every_waiting_rank_stops() -> None:
+    # Another process (pid 1) claimed RANK=1 first; this one, started with RANK=1 too, is refused naming both, and
+    # rank 0, waiting for the job, stops at once naming what it read (it paired with the wrong process, or hung).
+    store = dist.HashStore()
+    store.set(f"{CLAIMS}/0/1", "host elsewhere, pid 1")
+    outcome = ranks_meet(store, {0: 2, 1: 2})
+    duplicate, waiting = outcome[1][0], outcome[0][0]
+    assert isinstance(duplicate, fmesh.LaunchError), outcome
+    assert "two processes of this job read RANK=1: this one (host " in str(duplicate)
+    assert "and another (host elsewhere, pid 1) that started first" in str(duplicate)
+    assert isinstance(waiting, fmesh.RankLostError) and "two processes of this job read RANK=1" in str(waiting)
+    assert outcome[0][1] < 5, outcome
+
+
+def test_a_process_that_starts_again_keeps_its_rank() -> None:
+    store = dist.HashStore()
+    for _ in range(2):  # one process, two starts (threads of it here): its claim is its own
+        assert all(error is None for error, _ in ranks_meet(store, {0: 2, 1: 2}).values())

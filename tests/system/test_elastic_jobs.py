@@ -28,6 +28,8 @@ def test_elastic_mode_loses_a_rank_and_trains_on_from_the_resharded_checkpoint(t
                          cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "rank 3: exits at step 5" in run.stdout and "lost rank 3: recovered in" in run.stdout, run.stdout
+    # the figure the README and the elastic guide promise, printed by the command they show
+    assert re.search(r"^death -> next step: \d+\.\d\d s$", run.stdout, flags=re.M), run.stdout
     logged: dict[int, list[float]] = {}
     for step, loss in re.findall(r"step +(\d+) +loss (\d+\.\d+)", run.stdout):  # ranks' lines may interleave
         logged.setdefault(int(step), []).append(float(loss))

@@ -117,3 +117,18 @@ def test_lazy_context_names_match_the_context_package() -> None:
     lazy = {name for name in fmesh.__all__ if name in fmesh.context.__all__}
     assert lazy == {"Context", "from_device_mesh", "launch", "simulate"}
     assert all(getattr(fmesh, name) is getattr(fmesh.context, name) for name in lazy)
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("tq", "tp"), ("pd", "dp"), ("d", "dp"), ("dpp", "dp"), ("TP", "tp")])
+def test_one_slip_in_a_short_axis_name_suggests_the_name(typed: str, meant: str) -> None:
+    # difflib alone missed one slip in a two-letter name ('tq' for 'tp' scores 0.5 < 0.6)
+    with pytest.raises(KeyError, match=rf"'{typed}'.*did you mean '{meant}'\?"):
+        fmesh.make_mesh((2, 4), ("dp", "tp")).group(0, typed)
+
+
+def test_a_mesh_of_another_world_suggests_building_it_from_the_contexts_world_size() -> None:
+    with fmesh.Context.fake(8) as ctx, pytest.raises(
+            ValueError, match=r"Mesh\(dp=2, tp=2; world=4\) is built for 4 ranks, but this context has 8; expected a "
+                              r"mesh of this context's world: build it from ctx.world_size, e\.g\. "
+                              r"fmesh\.make_mesh\(\(4, 2\), \('dp', 'tp'\)\), its first axis ctx\.world_size // 2"):
+        ctx.materialize(fmesh.make_mesh((2, 2), ("dp", "tp")))
