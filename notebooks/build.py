@@ -479,9 +479,11 @@ layer norms' gradients are silently wrong: each `tp` member keeps the gradient o
 Other mistakes the types catch the same way (the test suite seeds 17 in this block): a non-linear operation (or a
 bias) on a pending sum, a residual added before its reduction, a `psum` of a value already reduced, an
 `all_gather` where a `psum_scatter` belongs, a reduction over the wrong axis, a sum where a mean belongs, and an
-out spec that does not match the value. Check a program once eagerly like this; then `check=False` runs it with no cost, and compiles with
-`torch.compile(fullgraph=True)` (see *Coming from JAX* in the guides, and `bench/spmd.py` for this block
-eager, compiled and on DTensor)."""),
+out spec that does not match the value.
+
+Check a program once eagerly like this; then `check=False` runs it with no cost, and compiles with
+`torch.compile(fullgraph=True)` (see *Coming from JAX* in the guides, and `bench/spmd.py` for this block eager,
+compiled, and written with torch's `parallelize_module` on DTensor)."""),
 ]
 
 NOTEBOOKS = {"01_mesh_algebra.ipynb": TOUR, "02_planning_a_job.ipynb": PLANNING, "03_collectives.ipynb": COLLECTIVES,
