@@ -16,8 +16,14 @@ tensor-parallel MLP in the region (eager, compiled) against the same MLP written
     ``nn.Module`` parallelized by torch (``parallelize_module`` with ``SequenceParallel`` layer norms,
     ``PrepareModuleInput`` gathering the sequence, ``ColwiseParallel`` and
     ``RowwiseParallel(output_layouts=Shard(1))`` linears) on the same exported DeviceMesh, eager and compiled
-    (aot_eager, fullgraph). A way that fails is a row saying so, with the error; the last column is each way's
-    first loss minus DTensor's (the same computation).
+    (aot_eager, fullgraph). A step ends with every gradient complete: DTensor leaves the layer norms' gradients
+    pending (``Partial``) after backward, and its step reduces them (``redistribute`` to ``Replicate``, what the
+    optimizer's step would do). A way that fails is a row saying so, with the error; the last column is each
+    way's first loss minus DTensor's (the same computation).
+
+The processes run with ``check_tensors=False``: the members' check of their tensors before each eager Context
+collective (one small all_reduce each, measured in ``bench/collectives.py``) is off, as DTensor's collectives
+make no such check.
 
     python bench/spmd.py [--quick]
 """
@@ -124,8 +130,8 @@ BLOCK = dict(batch=4, seq=32, hidden=64, heads=4, ffn=256)
 
 
 def _block(ctx: Any, mesh: Any, steps: int) -> dict[str, Any]:
-    """(c): each way's median µs per forward + backward step (or the error that stopped it), and the largest
-    difference of the first step's loss from DTensor's."""
+    """(c): each way's best of 3 medians, µs per forward + backward step (or the error that stopped it), and
+    each way's first loss minus DTensor's."""
     import math
 
     import torch
@@ -231,19 +237,29 @@ def _block(ctx: Any, mesh: Any, steps: int) -> dict[str, Any]:
     steps_of["DTensor, compiled"] = lambda: compiled_dtensor(dx).full_tensor()
     found: dict[str, Any] = {}
     losses: dict[str, float] = {}
-    for name, loss_of in steps_of.items():
-        ctx.barrier(mesh, "tp")
-        try:
-            losses[name] = float(loss_of().detach())
+    for round_ in range(3):  # the ways in turn, three times: the best median of each (the machine is shared)
+        for name, loss_of in steps_of.items():
+            if isinstance(found.get(name), str):
+                continue
+            ctx.barrier(mesh, "tp")
+            try:
+                if round_ == 0:
+                    losses[name] = float(loss_of().detach())
 
-            def step(loss_of: Any = loss_of) -> None:
-                loss_of().backward()
+                def step(loss_of: Any = loss_of, dtensor: bool = name.startswith("DTensor")) -> None:
+                    for w in model.parameters() if dtensor else weights:
+                        w.grad = None
+                    loss_of().backward()
+                    if dtensor:  # gradients left pending (Partial: the layer norms') reduced, as a step would
+                        for w in model.parameters():
+                            if any(placement.is_partial() for placement in w.grad.placements):
+                                w.grad = w.grad.redistribute(placements=[Replicate()])
 
-            found[name] = _median_us(step, steps)
-        except Exception as error:  # a row saying what failed, not a missing row
-            found[name] = f"fails: {type(error).__name__}: {str(error).splitlines()[0][:100]}"
-            torch._dynamo.reset()
-        ctx.barrier(mesh, "tp")
+                found[name] = min(found.get(name, math.inf), _median_us(step, steps))
+            except Exception as error:  # a row saying what failed, not a missing row
+                found[name] = f"fails: {type(error).__name__}: {str(error).splitlines()[0][:100]}"
+                torch._dynamo.reset()
+            ctx.barrier(mesh, "tp")
     base = losses.get("DTensor (parallelize_module)")
     found["loss differences"] = {k: abs(v - base) for k, v in losses.items()} if base is not None else {}
     found["loss"] = base
@@ -296,7 +312,8 @@ def main() -> None:
     for name, (bare, off, on) in _python_cost(n * 5).items():
         print(f"| {name} | {bare:.2f} | {off:.2f} | {off - bare:+.2f} | {on:.2f} | {on - bare:+.2f} |")
     print()
-    results = fmesh.launch(lambda ctx: _rank(ctx, n), 2, timeout=600, context_options={"timeout": 300})
+    results = fmesh.launch(lambda ctx: _rank(ctx, n), 2, timeout=600,
+                           context_options={"timeout": 300, "check_tensors": False})
     rows = results[0]["collectives"]
     print("(a) one collective, 2 gloo processes, torch.ones(2) (float32), median µs (rank 0)\n")
     print("| collective | Context µs | region, checks off µs | overhead µs | region, checks on µs |")
