@@ -328,8 +328,8 @@ def main() -> None:
     block = dict(results[0]["block"])
     differences, loss = block.pop("loss differences"), block.pop("loss")
     sizes = ", ".join(f"{k} {v}" for k, v in BLOCK.items())
-    print(f"\n(c) tensor- and sequence-parallel transformer block ({sizes}, tp=2), forward + backward, median µs "
-          "(rank 0)\n")
+    print(f"\n(c) tensor- and sequence-parallel transformer block ({sizes}, tp=2), forward + backward, best "
+          "of 3 medians, µs (rank 0)\n")
     print("| how | µs | first loss - DTensor's |")
     print("| --- | --- | --- |")
     for name, us in block.items():
