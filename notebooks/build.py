@@ -363,9 +363,10 @@ def block(x, p):
 
 
 params = {k: v.clone().requires_grad_() for k, v in PARAMS.items()}
-reference_loss = (block(X, params) ** 2).mean()
+reference_y = block(X, params)
+reference_loss = (reference_y ** 2).mean()
 reference_loss.backward()
-REFERENCE = {"loss": reference_loss.item(), **{k: v.grad for k, v in params.items()}}
+REFERENCE = {"loss": reference_loss.item(), "y": reference_y.detach(), **{k: v.grad for k, v in params.items()}}
 print(f"single process: loss {reference_loss.item():.6f}")"""),
     ("md", """## Its shardings
 Megatron's tensor parallelism splits the column-parallel weights (`wq`, `wk`, `wv`, `w1`, and the bias `b1`) by
@@ -437,11 +438,11 @@ def train_step(ctx, f, check=True):
     loss, y = shard_map(f, mesh=mesh, ctx=ctx, in_specs=IN_SPECS, out_specs=OUT_SPECS, check=check,
                         names=("x", *NAMES))(x, *weights)
     loss.to_local().backward()
-    return {"rank": ctx.rank, "loss": loss.to_local().item(),
+    return {"rank": ctx.rank, "loss": loss.to_local().item(), "y": y.full_tensor().detach(),
             **{k: w.grad.full_tensor() for k, w in zip(NAMES, weights, strict=True)}}
 
 
-def differences(result):  # the largest |sharded - single process| of the loss and of each gradient
+def differences(result):  # the largest |sharded - single process| of the loss, the output and each gradient
     return {k: abs(result["loss"] - REFERENCE["loss"]) if k == "loss" else
             (result[k] - REFERENCE[k]).abs().max().item() for k in REFERENCE}
 
@@ -450,9 +451,9 @@ results = fmesh.launch(lambda ctx: train_step(ctx, tp_sp_block), world_size=4)
 for result in results:
     worst = differences(result)
     print(f"rank {result['rank']}: loss {result['loss']:.6f}, max |difference| loss {worst.pop('loss'):.1e}, "
-          f"gradients {max(worst.values()):.1e} (worst: {max(worst, key=worst.get)})")"""),
-    ("md", """Every rank's loss and every gradient (each reassembled from its blocks by DTensor) equal the single
-process's to rounding.
+          f"output {worst.pop('y'):.1e}, gradients {max(worst.values()):.1e} (worst: {max(worst, key=worst.get)})")"""),
+    ("md", """Every rank's loss, the block's output and every gradient (each reassembled from its blocks by DTensor)
+equal the single process's to rounding.
 
 ## A seeded bug, caught in the forward pass
 The classic sequence-parallel bug: the layer norms' weights are said to vary over `dp` only, not over `tp`. Each
