@@ -298,15 +298,21 @@ SHARDED = [
 For a JAX user: `fmesh.make_mesh` is `jax.make_mesh`, `P` is `PartitionSpec`, `Sharding` is `NamedSharding`,
 `shard_map` is JAX's `shard_map`, and `check=True` (the default) is `check_vma`: every local value carries a type
 per mesh axis, and a program whose gradient would be wrong raises `SpmdTypeError` in the forward pass. Storage
-stays DTensor's: a global tensor is a `DTensor` on `ctx.device_mesh(mesh)`, there is no new array class."""),
-    ("code", """import warnings
+stays DTensor's: a global tensor is a `DTensor` on `ctx.device_mesh(mesh)`, there is no new array class.
+
+This notebook writes a Megatron tensor- and sequence-parallel transformer block (attention and MLP) in
+`shard_map` on a (dp=2, tp=2) mesh of 4 gloo processes, checks it against the same block in one process, seeds
+one bug that the types catch in the forward pass, and draws the shardings."""),
+    ("code", """import math
+import warnings
 
 import torch
 import torch.nn.functional as F
+from IPython.display import HTML, display
 from torch.distributed.tensor import distribute_tensor
 
 import fmesh
-from fmesh.spmd import P, Sharding, shard_map, sharding_text, to_placements
+from fmesh.spmd import P, Sharding, shard_map, sharding_html, sharding_text, to_placements
 
 warnings.filterwarnings("ignore")
 mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))   # jax.make_mesh((2, 2), ("dp", "tp"))
@@ -319,8 +325,6 @@ rank's block, and converts to DTensor placements (one per mesh axis)."""),
     sharding = Sharding(mesh, spec)
     print(f"{spec!r:<31} block of (8, 4): {sharding.local_shape((8, 4))!s:<8} "
           f"rank 3 holds {sharding.block(3, (8, 4))}   placements {to_placements(sharding)}")"""),
-    ("md", "JAX's `visualize_array_sharding`: which rank holds which block."),
-    ("code", """print(sharding_text(Sharding(mesh, P("dp", "tp")), (8, 4)))"""),
     ("md", """## Placing a tensor
 `jax.device_put(x, NamedSharding(mesh, spec))` is DTensor's `distribute_tensor` with the sharding's placements, on
 the mesh exported by a `Context`. Here on 4 simulated ranks in this process (`fmesh.simulate`, as in the
@@ -330,75 +334,157 @@ collectives notebook):"""),
     placed = distribute_tensor(full, sim.ctx.device_mesh(mesh), to_placements(Sharding(mesh, P("dp", None))))
     for rank, block in sim.values(placed.to_local()).items():
         print(f"rank {rank} at {mesh.coordinate(rank)} holds {block.tolist()}")"""),
-    ("md", """## A tensor-parallel MLP in `shard_map`
-The batch is split over `dp`; the first weight's output features over `tp` (column-parallel) and the second's
-input features (row-parallel), so the second product is a pending sum over `tp` that `ax.psum` reduces. `f`
-receives `ax` (the axes and their collectives: `ax.psum(x, "tp")` is `lax.psum(x, "tp")`) and each rank's
-blocks, and runs on every rank."""),
-    ("code", """BATCH, HIDDEN, FFN = 8, 4, 8
+    ("md", """## The block, in one process
+A pre-LN transformer block: layer norm, attention, residual; layer norm, MLP, residual. Its loss and gradients
+are what every sharded run below must reproduce (float64, so that the comparison is exact to rounding)."""),
+    ("code", """B, S, H, HEADS, FFN = 4, 8, 8, 4, 16          # batch, sequence, hidden, heads, MLP width
+SHAPES = {"ln1w": (H,), "ln1b": (H,), "wq": (H, H), "wk": (H, H), "wv": (H, H), "wo": (H, H), "bo": (H,),
+          "ln2w": (H,), "ln2b": (H,), "w1": (FFN, H), "b1": (FFN,), "w2": (H, FFN), "b2": (H,)}
+NAMES = tuple(SHAPES)
 g = torch.Generator().manual_seed(0)
-X = torch.randn(BATCH, HIDDEN, generator=g)
-W1, W2 = torch.randn(FFN, HIDDEN, generator=g), torch.randn(HIDDEN, FFN, generator=g)
-SPECS = dict(in_specs=(P("dp", None), P("tp", None), P(None, "tp")), out_specs=P(), names=("x", "w1", "w2"))
+PARAMS = {k: torch.randn(s, generator=g, dtype=torch.float64) / math.sqrt(s[-1]) for k, s in SHAPES.items()}
+PARAMS["ln1w"] += 1
+PARAMS["ln2w"] += 1
+X = torch.randn(B, S, H, generator=g, dtype=torch.float64)
 
 
-def forgot_pvary(ax, x, w1, w2):
-    h = F.gelu(F.linear(x, w1))                  # varying over tp (its columns), and over dp (its rows)
-    y = ax.psum(F.linear(h, w2), "tp")           # partial over tp -> summed: invariant over tp
-    return ax.psum((y ** 2).sum() / y.numel(), "dp") / 2   # the mean over the whole batch
+def attention(x, wq, wk, wv, heads):          # heads: this rank's heads (all of them in one process)
+    b, s, _ = x.shape
+    q, k, v = (F.linear(x, w).view(b, s, heads, -1).transpose(1, 2) for w in (wq, wk, wv))
+    scores = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(H // HEADS), dim=-1)
+    return (scores @ v).transpose(1, 2).reshape(b, s, -1)
+
+
+def block(x, p):
+    h = F.layer_norm(x, (H,), p["ln1w"], p["ln1b"])
+    x = x + F.linear(attention(h, p["wq"], p["wk"], p["wv"], HEADS), p["wo"], p["bo"])
+    h = F.layer_norm(x, (H,), p["ln2w"], p["ln2b"])
+    return x + F.linear(F.gelu(F.linear(h, p["w1"], p["b1"])), p["w2"], p["b2"])
+
+
+params = {k: v.clone().requires_grad_() for k, v in PARAMS.items()}
+reference_y = block(X, params)
+reference_loss = (reference_y ** 2).mean()
+reference_loss.backward()
+REFERENCE = {"loss": reference_loss.item(), "y": reference_y.detach(), **{k: v.grad for k, v in params.items()}}
+print(f"single process: loss {reference_loss.item():.6f}")"""),
+    ("md", """## Its shardings
+Megatron's tensor parallelism splits the column-parallel weights (`wq`, `wk`, `wv`, `w1`, and the bias `b1`) by
+their output features over `tp`, so each `tp` member has its own heads and its own MLP columns, and the
+row-parallel ones (`wo`, `w2`) by their input features: their products are pending sums over `tp`. Sequence
+parallelism splits the activations between the blocks by the sequence over `tp` (and the batch over `dp`), so the
+layer norms, the residuals and the biases `bo`, `b2` run on a `1/tp` slice of the sequence. The layer-norm
+weights and those biases are whole on every rank."""),
+    ("code", """SPECS = {"ln1w": P(), "ln1b": P(), "wq": P("tp", None), "wk": P("tp", None), "wv": P("tp", None),
+         "wo": P(None, "tp"), "bo": P(), "ln2w": P(), "ln2b": P(), "w1": P("tp", None), "b1": P("tp"),
+         "w2": P(None, "tp"), "b2": P()}
+X_SPEC = P("dp", "tp", None)                  # batch over dp, sequence over tp, hidden whole
+IN_SPECS = [X_SPEC] + [SPECS[k] for k in NAMES]
+OUT_SPECS = (P(), X_SPEC)                     # the loss (everywhere the same), the block's output
+
+print("x: the (batch, sequence) plane of", tuple(X.shape), "(hidden is whole)")
+print(sharding_text(Sharding(mesh, P("dp", "tp")), (B, S)))
+for k in ("wq", "wo", "b1", "ln1w"):
+    print(f"\\n{k}:")
+    print(sharding_text(Sharding(mesh, SPECS[k]), SHAPES[k]))"""),
+    ("md", "The same pictures as notebook HTML, one colour per block:"),
+    ("code", """display(HTML(sharding_html(Sharding(mesh, P("dp", "tp")), (B, S))))
+for k in ("wq", "wo", "w1", "w2"):
+    display(HTML(f"<b>{k}</b>" + sharding_html(Sharding(mesh, SPECS[k]), SHAPES[k])))"""),
+    ("md", """## The block in `shard_map`
+`f` receives `ax` (the axes and their collectives: `ax.psum(x, "tp")` is `lax.psum(x, "tp")`) and each rank's
+blocks, and runs on every rank. Before each column-parallel part, `ax.all_gather(..., "tp", dim=1)` gathers the
+whole sequence (its backward is a reduce-scatter); after each row-parallel part, `ax.psum_scatter(..., "tp",
+dim=1)` sums the pending partial products and leaves each member its slice of the sequence (its backward is an
+all_gather). Megatron's `g` and `g-bar` are these two calls.
+
+The types ask one more thing: a weight that is whole on every rank but meets a value that differs between
+ranks must say so, `ax.pvary(w, axes)`. Its backward sums the gradient over those axes: over `dp`, DDP's
+all_reduce; over `tp`, the all_reduce of the layer norms' gradients that sequence parallelism needs (each `tp`
+member saw only its slice of the sequence). JAX's `shard_map` inserts `pvary` itself; here it is written, and
+forgetting it is an error (below)."""),
+    ("code", """REPLICATED = ("ln1w", "ln1b", "bo", "ln2w", "ln2b", "b2")   # whole everywhere, meet sequence slices
+TP_SPLIT = ("wq", "wk", "wv", "wo", "w1", "b1", "w2")          # split over tp, whole over dp
+
+
+def tp_sp_block(ax, x, *weights, ln_axes=("dp", "tp")):
+    p = dict(zip(NAMES, weights, strict=True))
+    for k in REPLICATED:
+        p[k] = ax.pvary(p[k], ln_axes if k.startswith("ln") else ("dp", "tp"))
+    for k in TP_SPLIT:
+        p[k] = ax.pvary(p[k], "dp")
+    tp_heads = HEADS // ax.axis_size("tp")
+
+    h = ax.all_gather(F.layer_norm(x, (H,), p["ln1w"], p["ln1b"]), "tp", dim=1)  # (b, s/tp, H) -> (b, s, H)
+    a = F.linear(attention(h, p["wq"], p["wk"], p["wv"], tp_heads), p["wo"])       # partial over tp
+    x = x + ax.psum_scatter(a, "tp", dim=1) + p["bo"]                              # summed, (b, s/tp, H)
+
+    h = ax.all_gather(F.layer_norm(x, (H,), p["ln2w"], p["ln2b"]), "tp", dim=1)
+    m = F.linear(F.gelu(F.linear(h, p["w1"], p["b1"])), p["w2"])                   # partial over tp
+    y = x + ax.psum_scatter(m, "tp", dim=1) + p["b2"]
+
+    loss = ax.psum((y ** 2).sum() / (B * S * H), ("dp", "tp"))                     # the mean over everything
+    return loss, y
 
 
 def train_step(ctx, f, check=True):
-    # Global tensors in (DTensors placed by specs), global tensors out; the gradients come back as DTensors too.
+    # Global tensors in (DTensors placed by the specs), global tensors out; the gradients are DTensors too.
     device_mesh = ctx.device_mesh(mesh)
-    x, w1, w2 = (distribute_tensor(value, device_mesh, to_placements(Sharding(mesh, spec)))
-                 for value, spec in zip((X, W1, W2), SPECS["in_specs"], strict=True))
-    w1.requires_grad_(), w2.requires_grad_()
-    loss = shard_map(f, mesh=mesh, ctx=ctx, check=check, **SPECS)(x, w1, w2)
+    x, *weights = (distribute_tensor(value, device_mesh, to_placements(Sharding(mesh, spec)))
+                   for value, spec in zip([X] + [PARAMS[k] for k in NAMES], IN_SPECS, strict=True))
+    for w in weights:
+        w.requires_grad_()
+    ctx.barrier(mesh, ("dp", "tp"))  # all placed: a rank that raises below then leaves no peer mid-placement
+    loss, y = shard_map(f, mesh=mesh, ctx=ctx, in_specs=IN_SPECS, out_specs=OUT_SPECS, check=check,
+                        names=("x", *NAMES))(x, *weights)
     loss.to_local().backward()
-    return ctx.rank, loss.to_local().item(), w1.grad.full_tensor(), w2.grad.full_tensor()
+    return {"rank": ctx.rank, "loss": loss.to_local().item(), "y": y.full_tensor().detach(),
+            **{k: w.grad.full_tensor() for k, w in zip(NAMES, weights, strict=True)}}
 
 
-# The same MLP in one process: the gradients every sharded run must reproduce.
-w1, w2 = W1.clone().requires_grad_(), W2.clone().requires_grad_()
-reference_loss = (F.linear(F.gelu(F.linear(X, w1)), w2) ** 2).mean()
-reference_loss.backward()
-REFERENCE = w1.grad, w2.grad
-print(f"single process: loss {reference_loss.item():.4f}")"""),
-    ("md", """## The type system catches a wrong gradient
-`forgot_pvary` has a bug a JAX user would not write: in JAX, `shard_map` inserts `pvary` itself. The weights are
-replicated over `dp` but meet a batch that varies over `dp`: every `dp` member computes its own part of the
-weights' gradient, and nothing sums the parts (DDP's all_reduce is missing). Run checked on 4 real gloo
-processes, it raises in the forward pass, on every rank, at the operation, naming the value, the axis and the
-fix:"""),
-    ("code", """try:
-    fmesh.launch(lambda ctx: train_step(ctx, forgot_pvary), world_size=4)
+def differences(result):  # the largest |sharded - single process| of the loss, the output and each gradient
+    return {k: abs(result["loss"] - REFERENCE["loss"]) if k == "loss" else
+            (result[k] - REFERENCE[k]).abs().max().item() for k in REFERENCE}
+
+
+results = fmesh.launch(lambda ctx: train_step(ctx, tp_sp_block), world_size=4)
+for result in results:
+    worst = differences(result)
+    print(f"rank {result['rank']}: loss {result['loss']:.6f}, max |difference| loss {worst.pop('loss'):.1e}, "
+          f"output {worst.pop('y'):.1e}, gradients {max(worst.values()):.1e} (worst: {max(worst, key=worst.get)})")"""),
+    ("md", """Every rank's loss, the block's output and every gradient (each reassembled from its blocks by DTensor)
+equal the single process's to rounding.
+
+## A seeded bug, caught in the forward pass
+The classic sequence-parallel bug: the layer norms' weights are said to vary over `dp` only, not over `tp`. Each
+`tp` member computes the layer norms on its own slice of the sequence, so each has only part of their gradient,
+and nothing sums the parts (Megatron sums them by hand, after the backward, for weights marked
+`sequence_parallel`). Run checked on 4 real gloo processes, it raises in the forward pass, on every rank, at the
+operation, naming the value, its type, the axis and the fix:"""),
+    ("code", """def forgot_tp(ax, *blocks):
+    return tp_sp_block(ax, *blocks, ln_axes="dp")
+
+
+try:
+    fmesh.launch(lambda ctx: train_step(ctx, forgot_tp), world_size=4)
 except fmesh.SpmdTypeError as error:
     print(f"{type(error).__name__} from rank {error.rank}:\\n{error}")"""),
-    ("md", """Unchecked (`check=False`, no types and no cost), the same program runs: the loss is right, but each `dp`
-half keeps the gradient of its own half of the batch only, silently wrong."""),
-    ("code", """unchecked = fmesh.launch(lambda ctx: train_step(ctx, forgot_pvary, check=False), world_size=4)
-for rank, loss, g1, g2 in unchecked:
-    print(f"rank {rank}: loss {loss:.4f}, w1's gradient right: {torch.allclose(g1, REFERENCE[0])}, "
-          f"w2's: {torch.allclose(g2, REFERENCE[1])}")"""),
-    ("md", """## The fix
-`ax.pvary(w, "dp")`, as the message says: the weight is from now on varying over `dp`, and its backward sums the
-gradient over `dp` (an all_reduce, what DDP does, or JAX's transpose of `pvary`). Now every rank's gradient is
-the single-process one."""),
-    ("code", """def mlp(ax, x, w1, w2):
-    w1, w2 = ax.pvary(w1, "dp"), ax.pvary(w2, "dp")   # replicated over dp, gradients summed over dp
-    h = F.gelu(F.linear(x, w1))
-    y = ax.psum(F.linear(h, w2), "tp")
-    return ax.psum((y ** 2).sum() / y.numel(), "dp") / 2
+    ("md", """Unchecked (`check=False`, no types and no cost), the same program runs, its loss is right, and the
+layer norms' gradients are silently wrong: each `tp` member keeps the gradient of its own slice of the sequence."""),
+    ("code", """for result in fmesh.launch(lambda ctx: train_step(ctx, forgot_tp, check=False), world_size=4):
+    worst = differences(result)
+    print(f"rank {result['rank']}: loss off by {worst['loss']:.1e}; gradients off by "
+          + ", ".join(f"{k} {worst[k]:.2f}" for k in ("ln1w", "ln2b")) + f"; wq off by {worst['wq']:.1e}")"""),
+    ("md", """The fix is the one the message names, `ax.pvary(w, ("dp", "tp"))`: the correct block above.
 
+Other mistakes the types catch the same way (the test suite seeds 17 in this block): a non-linear operation (or a
+bias) on a pending sum, a residual added before its reduction, a `psum` of a value already reduced, an
+`all_gather` where a `psum_scatter` belongs, a reduction over the wrong axis, a sum where a mean belongs, and an
+out spec that does not match the value.
 
-for rank, loss, g1, g2 in fmesh.launch(lambda ctx: train_step(ctx, mlp), world_size=4):
-    print(f"rank {rank}: loss {loss:.4f}, w1's gradient right: {torch.allclose(g1, REFERENCE[0])}, "
-          f"w2's: {torch.allclose(g2, REFERENCE[1])}")"""),
-    ("md", """Other mistakes the types catch the same way: a non-linear operation (or a bias) on a pending sum, a
-residual added before its reduction, a `psum` of a value already reduced, an `all_gather` where a `psum_scatter`
-belongs, and an out spec that does not match the value. Check a program once eagerly like this; then
-`check=False` runs it with no cost, and compiles (see *Coming from JAX* in the guides)."""),
+Check a program once eagerly like this; then `check=False` runs it with no cost, and compiles with
+`torch.compile(fullgraph=True)` (see *Coming from JAX* in the guides, and `bench/spmd.py` for this block eager,
+compiled, and written with torch's `parallelize_module` on DTensor)."""),
 ]
 
 NOTEBOOKS = {"01_mesh_algebra.ipynb": TOUR, "02_planning_a_job.ipynb": PLANNING, "03_collectives.ipynb": COLLECTIVES,

@@ -23,3 +23,14 @@ def test_quick_spmd_benchmark_runs() -> None:
         assert sum(line.startswith(f"| {name} |") for line in out.splitlines()) == 2
     for how in ("region, checked", "region, unchecked", "region, compiled", "DTensor"):
         assert f"| {how} |" in out
+    # (c) the TP + SP block: every way a row, timed or saying why it failed; the region's losses equal DTensor's
+    assert "| how | µs | first loss - DTensor's |" in out
+    rows = {line.split(" | ")[0][len("| block: "):]: line.split(" | ")[1:] for line in out.splitlines()
+            if line.startswith("| block: ")}
+    assert sorted(rows) == sorted(["region, checked", "region, unchecked", "region, compiled",
+                                   "DTensor (parallelize_module)", "DTensor, compiled"]), rows
+    for how in ("region, checked", "region, unchecked", "DTensor (parallelize_module)"):
+        assert float(rows[how][0]) > 0, (how, rows[how])
+        assert float(rows[how][1].rstrip(" |")) < 1e-4, (how, rows[how])
+    for how, (us, _) in rows.items():
+        assert us.startswith("fails: ") or float(us) > 0, (how, us)
