@@ -50,6 +50,7 @@ def split(store: dist.Store, prefix: str, delays: dict[int, float]) -> dict[int,
     return outcomes
 
 
+@pytest.mark.slow  # 20 rounds of four threads: about 20 s
 def test_two_halves_that_call_each_other_lost_all_fail_in_20_of_20_rounds() -> None:
     store, jitter = tcp_store(), random.Random(29)
     for round_ in range(20):
