@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch, autograd, collectives, objects, permute, recovery
-from fmesh.context.agreement import Agreement
+from fmesh.context.agreement import Agreement, HeldGroup
 from fmesh.context.collectives import ReduceOp
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, materialize, plan_groups
@@ -558,7 +558,11 @@ class Context:
 
         The survivors first agree, through the store, on ``lost`` (:class:`~fmesh.RecoveryError` naming both
         sets if they disagree, or naming the survivors that never came, after the creation timeout: never a
-        hang). Then each group is kept, shrunk or made again by the rule ``python -m fmesh plan --lose`` prints by
+        hang). A survivor still running (blocked in a collective with a survivor that came, say) is freed: past a
+        second, the survivors that came cut the groups they share with it, so its collective raises
+        :class:`~fmesh.RankLostError` saying which ranks are lost and to call ``recover`` too; those groups are made
+        anew, even where the printed plan, which assumes every survivor comes at once, keeps them. Then each group is
+        kept, shrunk or made again by the rule ``python -m fmesh plan --lose`` prints by
         (:func:`fmesh.plan.communicators.renewal`): a group whose members all go on keeps its communicator
         (renumbered, no new rendezvous); an NCCL group some of whose members do not (lost, or dropped by ``mesh``)
         is shrunk in place where torch has ``shrink_group`` and NCCL is >= 2.27;
@@ -584,7 +588,8 @@ class Context:
             raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
         self._groups.cut_broken(gone)
         survivors = tuple(r for r in range(self.world_size) if r not in gone)
-        holding = self._agreement.agree_on_loss(survivors, gone, [spec.digest() for spec in self._groups.held()])
+        held = [HeldGroup(spec.digest(), spec.ranks, group.group_name) for spec, group in self._groups.held().items()]
+        holding = self._agreement.agree_on_loss(survivors, gone, [one.digest for one in held], held)
         renumber = {old: new for new, old in enumerate(world)}
         taken = self._groups.take_renewed(renumber, holding, set(survivors))
         store = dist.PrefixStore(f"{self._agreement.prefix}/recovered", self._world.store())
