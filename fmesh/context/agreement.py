@@ -683,11 +683,12 @@ class Agreement:
             self.store.add(f"{base}/held/{group}", 1)
         return int(self.store.add(f"{base}/count", 1))
 
-    def agree_on_loss(self, survivors: Sequence[int], lost: Sequence[int], groups: Sequence[str],
-                      held: Sequence[HeldGroup] = ()) -> dict[str, int]:
+    def agree_on_loss(self, survivors: Sequence[int], lost: Sequence[int],
+                      groups: Sequence[str | HeldGroup]) -> dict[str, int]:
         """Post ``lost`` and ``groups`` (:meth:`post_loss`), wait for every one of ``survivors`` to post theirs,
-        and return, for each of this rank's ``groups`` (digests), how many survivors hold it (a group is kept
-        only where every surviving member holds it; one a survivor cut while it waited counts as held by none).
+        and return, for each of this rank's ``groups`` (by digest; a :class:`HeldGroup` also says how to cut it), how
+        many survivors hold it (a group is kept only where every surviving member holds it; one a survivor cut while
+        it waited counts as held by none).
 
         :class:`~fmesh.RecoveryError` as soon as one posts other lost ranks (naming both sets), or a rank called
         lost shows it is alive (it comes to recover too: the ranks split into two worlds, each calling the other
@@ -699,8 +700,8 @@ class Agreement:
 
         A survivor that has not come may be blocked in a collective with one that has (on a ``(dp, tp)`` mesh rank 3
         dies, rank 2 recovers, rank 0 waits for rank 2 in a dp all_reduce): past :data:`SEVER_GRACE_SECONDS`, each
-        survivor that came cuts the connections of every group of ``held`` (this rank's groups, with their members
-        and torch names) that a missing survivor which neither failed nor is failing belongs to
+        survivor that came cuts the connections of every :class:`HeldGroup` of ``groups`` (with its members and torch
+        name) that a missing survivor which neither failed nor is failing belongs to
         (:meth:`~fmesh.context.connections.Connections.sever`), so that survivor's collective fails at once, and it is
         told to recover too (this rank's status says it recovers); the groups cut are made anew (the survivors read
         one list of them, which the last to come closes).
@@ -711,7 +712,8 @@ class Agreement:
         instead grew as N² bytes through the store: 46 GB at 16,384 ranks, by ``bench/scale.py``). A store that
         cannot be reached (its host was among the lost) is one ``RecoveryError`` saying so and what to do."""
         try:
-            return self._agree_on_loss(survivors, lost, groups, held)
+            return self._agree_on_loss(survivors, lost, [g if isinstance(g, str) else g.digest for g in groups],
+                                       [g for g in groups if isinstance(g, HeldGroup)])
         except dist.DistError as error:
             raise RecoveryError(
                 f"on rank {self.rank}: the survivors cannot agree to recover without {sorted(lost)}: the store they "

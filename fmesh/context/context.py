@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch, autograd, collectives, objects, permute, recovery
-from fmesh.context.agreement import Agreement, HeldGroup
+from fmesh.context.agreement import Agreement
 from fmesh.context.collectives import ReduceOp
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, materialize, plan_groups
@@ -588,8 +588,7 @@ class Context:
             raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
         self._groups.cut_broken(gone)
         survivors = tuple(r for r in range(self.world_size) if r not in gone)
-        held = [HeldGroup(spec.digest(), spec.ranks, group.group_name) for spec, group in self._groups.held().items()]
-        holding = self._agreement.agree_on_loss(survivors, gone, [one.digest for one in held], held)
+        holding = self._agreement.agree_on_loss(survivors, gone, self._groups.held_groups())
         renumber = {old: new for new, old in enumerate(world)}
         taken = self._groups.take_renewed(renumber, holding, set(survivors))
         store = dist.PrefixStore(f"{self._agreement.prefix}/recovered", self._world.store())

@@ -89,8 +89,7 @@ def test_a_survivor_cuts_the_groups_it_shares_with_one_kept_away_and_all_make_th
     one = Agreement(store, "t", 1, timedelta(seconds=30))
     held = [HeldGroup("g01", (0, 1), "pg01"), HeldGroup("g12", (1, 2), "pg12")]
     results: dict[int, dict[str, int]] = {}
-    waiting = threading.Thread(target=lambda: results.update({1: one.agree_on_loss([0, 1, 2], [3], ["g01", "g12"],
-                                                                                    held)}))
+    waiting = threading.Thread(target=lambda: results.update({1: one.agree_on_loss([0, 1, 2], [3], held)}))
     waiting.start()
     deadline = time.monotonic() + patience(10)
     while not one.connections.was_cut("pg01") and time.monotonic() < deadline:
