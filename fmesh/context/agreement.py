@@ -65,8 +65,8 @@ CLOSED = "closed"  # a status: this rank closed (or aborted) its context
 EXITED = "exited"  # a status: this rank's process ended (at interpreter exit) without closing its context
 FINAL_STATES = (FAILED, CLOSED, EXITED)  # a member in one of these will never come: a wait for it ends at once
 # A status: this rank came to recover (ctx.recover) without the lost ranks its status names. It never comes to a
-# group, a collective or a roll call of this context again (it joins the list of finals), but it is alive: a peer
-# blocked with it is told to recover too, never that it is gone.
+# group, a collective or a roll call of this context again, but it is alive: a peer blocked with it is told to recover
+# too, never that it is gone.
 RECOVERING = "recovering"
 # A status: a collective failed on this rank, which is calling the roll of its group to explain it (it raises then,
 # and posts ``failed``): not blocked, so a recovery does not cut its groups to free it.
@@ -252,7 +252,7 @@ class Agreement:
         """Post this rank's status (``running``, ``waiting``, ``failed``, ``closed``, ``exited``); a final one
         also joins the list of ranks whose status is final (:meth:`finals`)."""
         self.store.set(self._status_key(self.rank), json.dumps({"state": state, **fields}))
-        if state in (*FINAL_STATES, RECOVERING):
+        if state in FINAL_STATES:
             self.store.append(f"{self.prefix}/finals", f"{self.rank},")
 
     def finals(self) -> set[int]:
@@ -703,8 +703,8 @@ class Agreement:
         survivor that came cuts the connections of every :class:`HeldGroup` of ``groups`` (with its members and torch
         name) that a missing survivor which neither failed nor is failing belongs to
         (:meth:`~fmesh.context.connections.Connections.sever`), so that survivor's collective fails at once, and it is
-        told to recover too (this rank's status says it recovers); the groups cut are made anew (the survivors read
-        one list of them, which the last to come closes).
+        told to recover too (this rank's status says it recovers); the groups cut are made anew (the last to come closes
+        the list of them, and writes it with ``ok``).
 
         A constant number of store operations and bytes per survivor and group it holds, whatever the world size
         (the last one also fences each lost rank): it posts, counts itself in each group's counter, blocks once on
@@ -739,9 +739,10 @@ class Agreement:
                 return False
             missing = self._not_come(survivors)  # two or three store operations a look, whatever the world size
             final = self.finals().intersection(missing) if missing else set()
-            # A survivor that failed (its collective raised) is on its way here; one that closed or exited is not.
+            # A survivor that failed (its collective raised) is on its way here, or came since the first read; one
+            # that closed or exited will never come.
             statuses = self.statuses(sorted(final)) if final else {}
-            final = {m for m in final if statuses[m].get("state") != FAILED}
+            final = {m for m in final if statuses[m].get("state") in (CLOSED, EXITED)}
             ended = self.ended([m for m in missing if m not in final])
             gone = sorted({*final, *ended})
             if gone:
@@ -755,7 +756,7 @@ class Agreement:
             missing = self._not_come(survivors)
             doing = "; ".join(describe_status(m, s) for m, s in self.statuses(missing[:8]).items())
             self.store.compare_set(done, "", json.dumps({"gone": missing, "doing": doing, "timeout": True}))
-        verdict = self.store.get(done).decode()
+        verdict, _, cut_list = self.store.get(done).decode().partition("\n")  # "ok", and the groups cut, if any
         if verdict != OK:
             outcome = json.loads(verdict)
             if "gone" in outcome:
@@ -770,7 +771,7 @@ class Agreement:
             return {}
         base = f"{self.prefix}/recovery-agreement"
         counters = self.store.multi_get([f"{base}/held/{group}" for group in groups])
-        severed = self.cut_groups()
+        severed = set(cut_list.split(","))
         return {group: 0 if group in severed else int(raw) for group, raw in zip(groups, counters, strict=True)}
 
     def _cut_kept_away(self, survivors: Sequence[int], held: Sequence[HeldGroup], cut: set[str]) -> None:
@@ -828,18 +829,15 @@ class Agreement:
             seen = now
         return False
 
-    def _close_cuts(self) -> None:
-        """Close the list of groups cut in this recovery (the last survivor to come, before it writes ``ok``)."""
+    def _close_cuts(self) -> str:
+        """Close the list of groups cut in this recovery (the last survivor to come, before it writes ``ok``), and
+        return it (``"d1,d2,"``): one store operation where nobody cut a group."""
         key = f"{self.prefix}/recovery-agreement/cut"
-        seen = self.store.compare_set(key, "", "").decode()
-        while not seen.endswith(CLOSED_LIST):
-            seen = self.store.compare_set(key, seen, seen + CLOSED_LIST).decode()
-
-    def cut_groups(self) -> set[str]:
-        """The digests of the groups survivors cut while they waited for the others to come to recover (read once
-        the agreement is ``ok``: the list is closed then)."""
-        raw = self.store.compare_set(f"{self.prefix}/recovery-agreement/cut", "", "").decode()
-        return {digest for digest in raw.removesuffix(CLOSED_LIST).split(",") if digest}
+        seen, now = "", self.store.compare_set(key, "", CLOSED_LIST).decode()
+        while now != seen + CLOSED_LIST:
+            seen = now
+            now = self.store.compare_set(key, seen, seen + CLOSED_LIST).decode()
+        return seen
 
     def recovering(self) -> list[int]:
         """The ranks that came to recover, in order (one store operation)."""
@@ -872,8 +870,8 @@ class Agreement:
             theirs = json.loads(theirs_raw) if theirs_raw else "?"
             self.store.compare_set(done, "", json.dumps({"rank": other, "lost": theirs, "alive": True}))
         else:
-            self._close_cuts()  # what the survivors cut while they waited is fixed before any of them reads it
-            self.store.compare_set(done, "", OK)
+            cut = self._close_cuts()  # what the survivors cut while they waited, fixed now, goes with the verdict
+            self.store.compare_set(done, "", f"{OK}\n{cut}" if cut else OK)
 
     def _not_come(self, ranks: Sequence[int]) -> list[int]:
         """Those of ``ranks`` that have not come to recover (one store operation)."""
