@@ -119,6 +119,18 @@ def test_a_survivor_that_failed_is_waited_for_not_called_gone() -> None:
     assert results == {0: {"g": 3}, 1: {"g": 3}, 2: {"g": 3}}
 
 
+def test_a_group_creation_waiting_for_a_rank_that_recovers_ends_telling_to_recover_too() -> None:
+    """Rank 1 recovers without rank 3; rank 0 waits for it to create a group they share: it is told at the first look
+    (not at the creation timeout) that rank 3 is lost and to recover too, never that rank 1 is gone."""
+    store = dist.HashStore()
+    Agreement(store, "t", 1, timedelta(seconds=30)).post("recovering", lost=[3])
+    started = time.monotonic()
+    with pytest.raises(fmesh.RankLostError, match=r"rank 1 is recovering without the lost ranks \[3\].*ranks \[3\] are "
+                       r"lost; call ctx.recover\(\[3\]\) on this rank too"):
+        Agreement(store, "t", 0, timedelta(seconds=20)).agree("k", [0, 1], "Mesh(dp=2)", "the dp group")
+    assert time.monotonic() - started < patience(10)
+
+
 # ---------------------------------------------------------------------------------- real processes
 
 
