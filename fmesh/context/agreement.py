@@ -64,6 +64,17 @@ FAILED = "failed"  # a status: this rank raised
 CLOSED = "closed"  # a status: this rank closed (or aborted) its context
 EXITED = "exited"  # a status: this rank's process ended (at interpreter exit) without closing its context
 FINAL_STATES = (FAILED, CLOSED, EXITED)  # a member in one of these will never come: a wait for it ends at once
+# A status: this rank came to recover (ctx.recover) without the lost ranks its status names. It never comes to a
+# group, a collective or a roll call of this context again, but it is alive: a peer blocked with it is told to recover
+# too, never that it is gone.
+RECOVERING = "recovering"
+# A status: a collective failed on this rank, which is calling the roll of its group to explain it (it raises then,
+# and posts ``failed``): not blocked, so a recovery does not cut its groups to free it.
+FAILING = "failing"
+# How long a survivor that came to recover waits for the others before it cuts the groups it shares with one that
+# has not come and is not on its way (it neither failed nor is failing): that one may be blocked in a collective with
+# this rank (:meth:`Agreement.agree_on_loss`).
+SEVER_GRACE_SECONDS = 2.0
 GRACE_SECONDS = 1.0  # creation normally completes in milliseconds; slower is worth a look
 MAX_POLL_SECONDS = 8.0  # the longest pause between two looks at the missing members
 POLL_MAX_SECONDS = 0.1  # how late a waiter learns that its context was aborted (no store operation: an event)
@@ -80,6 +91,9 @@ ALIVE_GRACE_SECONDS = 2.0
 # survives the death of one watcher: each watcher is a member, so the other sees its final status (or the launcher's
 # mark) and ends the wait with its error; the other members block once, at a constant cost.
 WATCHERS = 2
+# How the last survivor to come to a recovery closes the list of groups cut while it waited (``.../cut``): a survivor
+# that finds the list closed cuts nothing more (what the survivors renew is read from the closed list).
+CLOSED_LIST = "#"
 ENDED_LIST = "fmesh/ended/all"  # every rank the launcher saw end, "3,7,": one read tells a watcher about them all
 
 
@@ -157,6 +171,11 @@ def describe_status(rank: int, status: dict[str, Any]) -> str:
         failure = f" after an uncaught {status['error']}" if status.get("error") else ""
         return (f"rank {rank} exited without closing its Context{failure} (its process ended: it returned from "
                 "main, called sys.exit or raised; close the Context, or use `with fmesh.Context(...) as ctx:`)")
+    if state == RECOVERING:
+        lost = status.get("lost", "?")
+        return f"rank {rank} is recovering without the lost ranks {lost} (it called ctx.recover({lost}))"
+    if state == FAILING:
+        return f"rank {rank} saw {status.get('what', 'a collective')} fail and calls the roll of its group"
     if state == "running":
         return f"rank {rank} is not creating a group (busy elsewhere, or it took another path)"
     return f"rank {rank} never posted a status (its context did not start, or it crashed)"
@@ -182,6 +201,20 @@ def _ended_instead(member: int, status: dict[str, Any], mine: str) -> str:
         return (f"{MISMATCH}\n{ended}: the ranks made different groups along these axes; it made {other[-1]}, and "
                 f"this rank means {mine}")
     return f"{ENDED}\n{ended}: it took another path than this rank (check the code each rank ran)"
+
+
+@attrs.frozen
+class HeldGroup:
+    """A group a survivor holds when it comes to recover: its ``digest`` (what the survivors count it by), its
+    ``ranks`` (old ranks) and its torch ``name`` (whose connections it cuts to free a member kept away).
+
+    >>> HeldGroup("d", (0, 2), "3").ranks
+    (0, 2)
+    """
+
+    digest: str
+    ranks: tuple[int, ...]
+    name: str
 
 
 @attrs.frozen
@@ -499,6 +532,12 @@ class Agreement:
                 mine = str(statuses.get(self.rank, {}).get("description", ""))
                 self.store.compare_set(f"{base}/done", "", _ended_instead(member, status, mine))
                 return seen
+            if status.get("state") == RECOVERING and member != self.rank:  # alive, but never comes: it recovers
+                lost = status.get("lost", "?")
+                self.store.compare_set(f"{base}/done", "", (
+                    f"{ENDED}\n{describe_status(member, status)}, instead of creating this group (a member of it): "
+                    f"ranks {lost} are lost; call ctx.recover({lost}) on this rank too"))
+                return seen
         ended = [m for m in self.ended(members) if m != self.rank]  # killed: the launcher saw its process end
         if ended:
             self.store.compare_set(f"{base}/done", "", f"{LOST}\nthe launcher saw the process of rank {ended[0]} end "
@@ -645,18 +684,27 @@ class Agreement:
         return int(self.store.add(f"{base}/count", 1))
 
     def agree_on_loss(self, survivors: Sequence[int], lost: Sequence[int],
-                      groups: Sequence[str]) -> dict[str, int]:
+                      groups: Sequence[str | HeldGroup]) -> dict[str, int]:
         """Post ``lost`` and ``groups`` (:meth:`post_loss`), wait for every one of ``survivors`` to post theirs,
-        and return, for each of this rank's ``groups`` (digests), how many survivors hold it (a group is kept
-        only where every surviving member holds it).
+        and return, for each of this rank's ``groups`` (by digest; a :class:`HeldGroup` also says how to cut it), how
+        many survivors hold it (a group is kept only where every surviving member holds it; one a survivor cut while
+        it waited counts as held by none).
 
         :class:`~fmesh.RecoveryError` as soon as one posts other lost ranks (naming both sets), or a rank called
         lost shows it is alive (it comes to recover too: the ranks split into two worlds, each calling the other
-        lost), or a survivor's process ended (its status, or the launcher's mark), or one has not come within the
-        creation timeout. Two survivor sets never both go on: the last survivor to come *fences* each lost rank
-        out (``compare_set`` of its ``fate`` key, which the rank itself claims when it comes) before writing
-        ``ok``, after giving a lost rank not known to be gone :data:`ALIVE_GRACE_SECONDS` to show it is alive;
-        a fenced rank that comes later is refused.
+        lost), or a survivor's process ended or it closed its context (its status, or the launcher's mark), or one
+        has not come within the creation timeout. Two survivor sets never both go on: the last survivor to come
+        *fences* each lost rank out (``compare_set`` of its ``fate`` key, which the rank itself claims when it comes)
+        before writing ``ok``, after giving a lost rank not known to be gone :data:`ALIVE_GRACE_SECONDS` to show it is
+        alive; a fenced rank that comes later is refused.
+
+        A survivor that has not come may be blocked in a collective with one that has (on a ``(dp, tp)`` mesh rank 3
+        dies, rank 2 recovers, rank 0 waits for rank 2 in a dp all_reduce): past :data:`SEVER_GRACE_SECONDS`, each
+        survivor that came cuts the connections of every :class:`HeldGroup` of ``groups`` (with its members and torch
+        name) that a missing survivor which neither failed nor is failing belongs to
+        (:meth:`~fmesh.context.connections.Connections.sever`), so that survivor's collective fails at once, and it is
+        told to recover too (this rank's status says it recovers); the groups cut are made anew (the last to come closes
+        the list of them, and writes it with ``ok``).
 
         A constant number of store operations and bytes per survivor and group it holds, whatever the world size
         (the last one also fences each lost rank): it posts, counts itself in each group's counter, blocks once on
@@ -664,7 +712,8 @@ class Agreement:
         instead grew as N² bytes through the store: 46 GB at 16,384 ranks, by ``bench/scale.py``). A store that
         cannot be reached (its host was among the lost) is one ``RecoveryError`` saying so and what to do."""
         try:
-            return self._agree_on_loss(survivors, lost, groups)
+            return self._agree_on_loss(survivors, lost, [g if isinstance(g, str) else g.digest for g in groups],
+                                       [g for g in groups if isinstance(g, HeldGroup)])
         except dist.DistError as error:
             raise RecoveryError(
                 f"on rank {self.rank}: the survivors cannot agree to recover without {sorted(lost)}: the store they "
@@ -673,35 +722,46 @@ class Agreement:
                 "host the store outside the ranks (fmesh.launch, torchrun's agent, or a TCPStore server process of "
                 "its own) to recover in place next time") from None
 
-    def _agree_on_loss(self, survivors: Sequence[int], lost: Sequence[int], groups: Sequence[str]) -> dict[str, int]:
+    def _agree_on_loss(self, survivors: Sequence[int], lost: Sequence[int], groups: Sequence[str],
+                       held: Sequence[HeldGroup]) -> dict[str, int]:
         count = self.post_loss(lost, groups)
+        self.post(RECOVERING, lost=sorted(lost))  # a peer blocked with this rank is told to recover, not that it died
         done = f"{self.prefix}/recovery-agreement/done"
         if count >= len(survivors):
             self._fence(sorted(lost), done)
+        cut: set[str] = set()  # the groups this rank cut while it waited
+        arrived = time.monotonic()
 
-        def look() -> bool:  # the first two to come watch for survivors whose process ended: they never will
+        def look() -> bool:  # every survivor frees those blocked with it; the first two watch for those that ended
+            if held and time.monotonic() - arrived >= SEVER_GRACE_SECONDS:
+                self._cut_kept_away(survivors, held, cut)
+            if count > WATCHERS:
+                return False
             missing = self._not_come(survivors)  # two or three store operations a look, whatever the world size
             final = self.finals().intersection(missing) if missing else set()
+            # A survivor that failed (its collective raised) is on its way here, or came since the first read; one
+            # that closed or exited will never come.
+            statuses = self.statuses(sorted(final)) if final else {}
+            final = {m for m in final if statuses[m].get("state") in (CLOSED, EXITED)}
             ended = self.ended([m for m in missing if m not in final])
-            gone = sorted([*final, *ended])
+            gone = sorted({*final, *ended})
             if gone:
-                statuses = self.statuses([m for m in gone[:8] if m in final])
-                doing = "; ".join(f"the launcher saw the process of rank {m} end" if m in ended else
-                                  describe_status(m, statuses[m]) for m in gone[:8])
+                doing = "; ".join(describe_status(m, statuses[m]) if m in final else
+                                  f"the launcher saw the process of rank {m} end" for m in gone[:8])
                 self.store.compare_set(done, "", json.dumps({"gone": sorted(gone), "doing": doing}))
             return bool(gone)
 
-        if not self.wait_for(done, self.creation_timeout.total_seconds(), look if count <= WATCHERS else None,
-                             doing="agreeing on the ranks lost") and not self.store.check([done]):
+        if not self.wait_for(done, self.creation_timeout.total_seconds(), look, doing="agreeing on the ranks lost") \
+                and not self.store.check([done]):
             missing = self._not_come(survivors)
             doing = "; ".join(describe_status(m, s) for m, s in self.statuses(missing[:8]).items())
             self.store.compare_set(done, "", json.dumps({"gone": missing, "doing": doing, "timeout": True}))
-        verdict = self.store.get(done).decode()
+        verdict, _, cut_list = self.store.get(done).decode().partition("\n")  # "ok", and the groups cut, if any
         if verdict != OK:
             outcome = json.loads(verdict)
             if "gone" in outcome:
                 within = (f"within {self.creation_timeout.total_seconds():g}s" if outcome.get("timeout") else
-                          "(their processes ended)")
+                          "(their processes ended, or they closed their contexts)")
                 raise RecoveryError(
                     f"on rank {self.rank}: survivors {outcome['gone']} did not come to recover without {sorted(lost)} "
                     f"{within} ({outcome['doing']}). Expected every rank not lost to call recover(); if those ranks "
@@ -709,8 +769,79 @@ class Agreement:
             self._raise_disagreement(sorted(lost), outcome)
         if not groups:
             return {}
-        counters = self.store.multi_get([f"{self.prefix}/recovery-agreement/held/{group}" for group in groups])
-        return {group: int(raw) for group, raw in zip(groups, counters, strict=True)}
+        base = f"{self.prefix}/recovery-agreement"
+        counters = self.store.multi_get([f"{base}/held/{group}" for group in groups])
+        severed = set(cut_list.split(","))
+        return {group: 0 if group in severed else int(raw) for group, raw in zip(groups, counters, strict=True)}
+
+    def _cut_kept_away(self, survivors: Sequence[int], held: Sequence[HeldGroup], cut: set[str]) -> None:
+        """Cut the connections of each of ``held`` not cut yet (``cut``, updated) that a survivor which has not come
+        belongs to, unless that survivor failed or is failing (it is on its way: a collective failed there) or ended;
+        first add them to the recovery's list of groups cut, unless the last survivor to come closed it. A store
+        operation per group while every member has come; a few more for a group where one has not."""
+        base = f"{self.prefix}/recovery-agreement"
+        alive = set(survivors)
+        waiting: dict[str, list[int]] = {}
+        for group in held:
+            others = [m for m in group.ranks if m in alive and m != self.rank]
+            if group.digest not in cut and others and not self.store.check([f"{base}/fate/{m}" for m in others]):
+                waiting[group.digest] = others
+        if not waiting:
+            return
+        absent = self._absent(sorted({m for others in waiting.values() for m in others}))
+        statuses = self.statuses(absent)
+        kept_away = {m for m in absent if statuses[m].get("state") not in (*FINAL_STATES, RECOVERING, FAILING)}
+        chosen = [digest for digest, others in waiting.items() if kept_away.intersection(others)]
+        if not chosen or not self._add_cuts(chosen):
+            return
+        for group in held:
+            if group.digest in chosen:
+                self.connections.sever(group.name)
+        cut.update(chosen)
+
+    def _absent(self, ranks: list[int]) -> list[int]:
+        """Those of ``ranks`` that have not claimed their place in the recovery (found by halving the ranks checked,
+        as :meth:`statuses` finds those that never posted)."""
+        base = f"{self.prefix}/recovery-agreement"
+        absent: list[int] = []
+        pending = [ranks] if ranks else []
+        while pending:
+            part = pending.pop()
+            if self.store.check([f"{base}/fate/{m}" for m in part]):
+                continue
+            if len(part) == 1:
+                absent += part
+            else:
+                pending += [part[:len(part) // 2], part[len(part) // 2:]]
+        return sorted(absent)
+
+    def _add_cuts(self, digests: Sequence[str]) -> bool:
+        """Add ``digests`` to the list of groups cut in this recovery; whether it was still open (the last survivor
+        to come closes it before writing ``ok``: from then on nothing is cut). A ``compare_set`` loop: what is in
+        the list when it closes is what every survivor reads."""
+        key = f"{self.prefix}/recovery-agreement/cut"
+        seen = self.store.compare_set(key, "", "").decode()
+        while not seen.endswith(CLOSED_LIST):
+            wanted = seen + "".join(f"{digest}," for digest in digests)
+            now = self.store.compare_set(key, seen, wanted).decode()
+            if now == wanted:
+                return True
+            seen = now
+        return False
+
+    def _close_cuts(self) -> str:
+        """Close the list of groups cut in this recovery (the last survivor to come, before it writes ``ok``), and
+        return it (``"d1,d2,"``): one store operation where nobody cut a group."""
+        key = f"{self.prefix}/recovery-agreement/cut"
+        seen, now = "", self.store.compare_set(key, "", CLOSED_LIST).decode()
+        while now != seen + CLOSED_LIST:
+            seen = now
+            now = self.store.compare_set(key, seen, seen + CLOSED_LIST).decode()
+        return seen
+
+    def recovering(self) -> list[int]:
+        """The ranks that came to recover, in order (one store operation)."""
+        return sorted(read_list(self.store, f"{self.prefix}/recovery-agreement/called"))
 
     def _fence(self, lost: list[int], done: str) -> None:
         """The last survivor to come: wait up to :data:`ALIVE_GRACE_SECONDS` for a rank in ``lost`` that is not
@@ -739,7 +870,8 @@ class Agreement:
             theirs = json.loads(theirs_raw) if theirs_raw else "?"
             self.store.compare_set(done, "", json.dumps({"rank": other, "lost": theirs, "alive": True}))
         else:
-            self.store.compare_set(done, "", OK)
+            cut = self._close_cuts()  # what the survivors cut while they waited, fixed now, goes with the verdict
+            self.store.compare_set(done, "", f"{OK}\n{cut}" if cut else OK)
 
     def _not_come(self, ranks: Sequence[int]) -> list[int]:
         """Those of ``ranks`` that have not come to recover (one store operation)."""

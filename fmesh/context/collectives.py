@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch
-from fmesh.context.agreement import FAILED, FINAL_STATES, Agreement, describe_status
+from fmesh.context.agreement import FAILED, FAILING, FINAL_STATES, RECOVERING, Agreement, describe_status
 from fmesh.context.groups import Route, Target, usable
 from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError, TensorMismatchError
 from fmesh.layout.int_tuple import is_int
@@ -242,6 +242,8 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         if timed_out:
             raise GroupTimeoutError(f"{what} along {where} timed out after {timeout.total_seconds():g}s") from error
         raise error
+    # Not blocked: a recovery that waits for this rank does not cut its groups to free it (agree_on_loss).
+    agreement.post_quietly(FAILING, what=what)
     try:
         label = f"{what}-{target.spec.digest() if target is not None else 'world'}"
         missing = agreement.roll_call(label, ranks, ROLL_CALL_SECONDS, f"{type(error).__name__}: {error}")
@@ -262,6 +264,7 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     # are alive as far as anyone knows (blocked in a collective, or slow): named apart, never as lost.
     known_gone = sorted({*ended, *(m for m in missing if statuses.get(m, {}).get("state") in FINAL_STATES)})
     blocked = [m for m in missing if m not in known_gone and m != agreement.rank]  # this rank answered, if late
+    recovering = [m for m in missing if statuses.get(m, {}).get("state") == RECOVERING]
     mismatch = next((m for m in missing if statuses.get(m, {}).get("kind") == "MeshMismatchError"), None)
     refused = next((m for m in missing if statuses.get(m, {}).get("refused")), None)
     explained: Exception
@@ -275,6 +278,16 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         explained = MeshMismatchError(
             f"on rank {agreement.rank}: {what} along {where} could not complete because rank {mismatch} disagrees "
             f"about a mesh: {statuses[mismatch].get('error')}")
+    elif recovering:  # alive: they came to recover without ranks lost elsewhere, and wait for this rank to come
+        lost = statuses[recovering[0]].get("lost", "?")
+        together: list[int] = recovering
+        with contextlib.suppress(Exception):
+            together = [r for r in agreement.recovering() if r != agreement.rank] or recovering
+        explained = RankLostError(
+            f"on rank {agreement.rank}: {what} along {where} failed: ranks {lost} are lost, and ranks {together} are "
+            f"recovering without them ({describe_status(recovering[0], statuses[recovering[0]])}), so they cut the "
+            f"groups they share with this rank. Expected every survivor to recover: call ctx.recover({lost}) on this "
+            "rank too (they wait for it up to the creation timeout)")
     elif timed_out:
         explained = GroupTimeoutError(
             f"on rank {agreement.rank}: {what} along {where} timed out after {timeout.total_seconds():g}s; ranks "

@@ -558,7 +558,11 @@ class Context:
 
         The survivors first agree, through the store, on ``lost`` (:class:`~fmesh.RecoveryError` naming both
         sets if they disagree, or naming the survivors that never came, after the creation timeout: never a
-        hang). Then each group is kept, shrunk or made again by the rule ``python -m fmesh plan --lose`` prints by
+        hang). A survivor still running (blocked in a collective with a survivor that came, say) is freed: past a
+        second, the survivors that came cut the groups they share with it, so its collective raises
+        :class:`~fmesh.RankLostError` saying which ranks are lost and to call ``recover`` too; those groups are made
+        anew, even where the printed plan, which assumes every survivor comes at once, keeps them. Then each group is
+        kept, shrunk or made again by the rule ``python -m fmesh plan --lose`` prints by
         (:func:`fmesh.plan.communicators.renewal`): a group whose members all go on keeps its communicator
         (renumbered, no new rendezvous); an NCCL group some of whose members do not (lost, or dropped by ``mesh``)
         is shrunk in place where torch has ``shrink_group`` and NCCL is >= 2.27;
@@ -584,7 +588,7 @@ class Context:
             raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
         self._groups.cut_broken(gone)
         survivors = tuple(r for r in range(self.world_size) if r not in gone)
-        holding = self._agreement.agree_on_loss(survivors, gone, [spec.digest() for spec in self._groups.held()])
+        holding = self._agreement.agree_on_loss(survivors, gone, self._groups.held_groups())
         renumber = {old: new for new, old in enumerate(world)}
         taken = self._groups.take_renewed(renumber, holding, set(survivors))
         store = dist.PrefixStore(f"{self._agreement.prefix}/recovered", self._world.store())

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch
-from fmesh.context.agreement import Agreement, digest
+from fmesh.context.agreement import Agreement, HeldGroup, digest
 from fmesh.context.connections import open_sockets
 from fmesh.context.options import GroupSettings, GroupSpec
 from fmesh.context.world import World
@@ -505,6 +505,10 @@ class GroupRegistry:
     def held(self) -> dict[GroupSpec, dist.ProcessGroup]:
         """The groups made here that torch still knows (not aborted after a failure)."""
         return {spec: group for spec, group in self._groups.items() if _torch.registered(group)}
+
+    def held_groups(self) -> list[HeldGroup]:
+        """The groups :meth:`held`, as a recovery's agreement counts and cuts them (digest, members, torch name)."""
+        return [HeldGroup(spec.digest(), spec.ranks, group.group_name) for spec, group in self.held().items()]
 
     def cut_broken(self, lost: Iterable[int]) -> None:
         """Cut the connections of every group that lost a member, so a survivor still blocked in one (a collective

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import pathlib
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -16,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from support import in_threads, launch
+from support import in_threads, launch, patience
 
 import fmesh
 from fmesh import Context
-from fmesh.context.agreement import Agreement
+from fmesh.context.agreement import Agreement, HeldGroup
 from fmesh.context.recovery import check_lost, new_world
 from fmesh.plan.jobs import job_requests
 from fmesh.plan.recovery import recover_job
@@ -75,6 +76,59 @@ def test_the_survivors_count_who_holds_each_of_their_groups() -> None:
     in_threads(lambda rank: held.update({rank: Agreement(store, "t", rank, timedelta(seconds=5)).agree_on_loss(
         [0, 1, 2], [3], ["h"] if rank == 0 else ["g", "h"])}), [0, 2], timeout=30)
     assert held == {0: {"h": 2}, 2: {"g": 2, "h": 2}}  # g: ranks 1 and 2; h: ranks 0 and 2
+
+
+def test_a_survivor_cuts_the_groups_it_shares_with_one_kept_away_and_all_make_them_anew() -> None:
+    """Rank 1 comes to recover; rank 0, running (blocked in a collective with rank 1, say), has not come: rank 1 cuts
+    the group they share past the grace period (rank 0's collective fails at once), and once rank 0 comes both count
+    that group as held by none, so both make it anew. The group shared with rank 2, which failed (on its way to
+    recover: nothing blocks it), is not cut, and is kept."""
+    store = dist.HashStore()
+    Agreement(store, "t", 0, timedelta(seconds=30)).post("running")
+    Agreement(store, "t", 2, timedelta(seconds=30)).failed(fmesh.RankLostError("rank 3 is gone"))
+    one = Agreement(store, "t", 1, timedelta(seconds=30))
+    held = [HeldGroup("g01", (0, 1), "pg01"), HeldGroup("g12", (1, 2), "pg12")]
+    results: dict[int, dict[str, int]] = {}
+    waiting = threading.Thread(target=lambda: results.update({1: one.agree_on_loss([0, 1, 2], [3], held)}))
+    waiting.start()
+    deadline = time.monotonic() + patience(10)
+    while not one.connections.was_cut("pg01") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert one.connections.was_cut("pg01") and not one.connections.was_cut("pg12")
+    assert Agreement(store, "t", 1, timedelta(seconds=1)).statuses([1])[1] == {"state": "recovering", "lost": [3]}
+    in_threads(lambda rank: results.update({rank: Agreement(store, "t", rank, timedelta(seconds=30)).agree_on_loss(
+        [0, 1, 2], [3], {0: ["g01"], 2: ["g12"]}[rank])}), [0, 2], timeout=patience(30))
+    waiting.join(patience(30))
+    assert results == {0: {"g01": 0}, 1: {"g01": 0, "g12": 2}, 2: {"g12": 2}}
+    assert not one.connections.was_cut("pg12")
+
+
+def test_a_survivor_that_failed_is_waited_for_not_called_gone() -> None:
+    """A survivor whose collective failed (its status says so) is on its way to recover: the watchers wait for it
+    instead of calling it gone (every survivor of a failed collective posts that it failed before it recovers)."""
+    store = dist.HashStore()
+    Agreement(store, "t", 2, timedelta(seconds=30)).failed(fmesh.RankLostError("rank 3 is gone"))
+    results: dict[int, dict[str, int]] = {}
+
+    def late(rank: int) -> None:
+        if rank == 2:
+            time.sleep(2.5)  # past the watchers' first two looks
+        results[rank] = Agreement(store, "t", rank, timedelta(seconds=30)).agree_on_loss([0, 1, 2], [3], ["g"])
+
+    in_threads(late, [0, 1, 2], timeout=patience(30))
+    assert results == {0: {"g": 3}, 1: {"g": 3}, 2: {"g": 3}}
+
+
+def test_a_group_creation_waiting_for_a_rank_that_recovers_ends_telling_to_recover_too() -> None:
+    """Rank 1 recovers without rank 3; rank 0 waits for it to create a group they share: it is told at the first look
+    (not at the creation timeout) that rank 3 is lost and to recover too, never that rank 1 is gone."""
+    store = dist.HashStore()
+    Agreement(store, "t", 1, timedelta(seconds=30)).post("recovering", lost=[3])
+    started = time.monotonic()
+    with pytest.raises(fmesh.RankLostError, match=r"rank 1 is recovering without the lost ranks \[3\].*ranks \[3\] are "
+                       r"lost; call ctx.recover\(\[3\]\) on this rank too"):
+        Agreement(store, "t", 0, timedelta(seconds=20)).agree("k", [0, 1], "Mesh(dp=2)", "the dp group")
+    assert time.monotonic() - started < patience(10)
 
 
 # ---------------------------------------------------------------------------------- real processes
@@ -369,3 +423,42 @@ def test_a_survivor_that_dies_after_agreeing_ends_the_recovery_on_the_others_in_
         message, took = results[rank]
         assert "their new world could not start" in message and "ranks [2] ended" in message, (rank, message)
         assert took < 15, (rank, took, message)  # not the 30 s creation timeout, nor torch's 60 s
+
+
+def blocked_with_a_survivor_that_recovers(ctx: Context) -> Any:
+    """(dp=2, tp=2): rank 3 dies; rank 2 (tp with rank 3) and rank 1 (dp with rank 3) lose it and recover; rank 0 is
+    blocked in a dp all_reduce with rank 2, which recovers instead of coming. Rank 0 is freed, told that rank 3 is
+    lost and to recover too, and all three recover together."""
+    mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+    ctx.all_reduce(torch.ones(1), mesh, "dp")
+    ctx.all_reduce(torch.ones(1), mesh, "tp")
+    if ctx.rank == 3:
+        os._exit(3)
+    started = time.monotonic()
+    try:
+        ctx.all_reduce(torch.ones(1), mesh, "tp" if ctx.rank == 2 else "dp")
+    except fmesh.RankLostError as error:
+        freed, message = time.monotonic() - started, str(error)
+    else:
+        return "no rank was lost"
+    with ctx.recover([3]) as renewed:
+        assert renewed is not None
+        total = renewed.all_reduce(torch.ones(1), fmesh.make_mesh((3,), ("all",)), "all").item()
+        return freed, message, total, renewed.stats()["groups_kept"], time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_a_survivor_blocked_with_one_that_recovers_is_freed_and_recovers_with_them() -> None:
+    results = launch(blocked_with_a_survivor_that_recovers, 4, timeout=120, context_timeout=60, creation_timeout=30,
+                     on_rank_loss="continue")
+    assert isinstance(results[3], fmesh.LaunchError) and results[3].exitcode == 3
+    freed, message, _, _, took = results[0]
+    assert "ranks [3] are lost, and ranks [1, 2] are recovering without them" in message, message
+    assert "call ctx.recover([3])" in message and "gone" not in message, message  # rank 2 is alive: never "gone"
+    assert freed < patience(10, 4), (freed, message)  # seconds, not the 60 s timeout nor the 30 s creation timeout
+    assert took < patience(15, 4), (took, message)
+    for rank in (1, 2):
+        assert "ranks [3] of the group are gone" in results[rank][1], results[rank]
+    # Every survivor is in the new world; the groups rank 0 shared with ranks that came were cut and are made anew
+    # (the tp group (0, 1), which the printed plan keeps, too: rank 1 cut it while rank 0 was kept away).
+    assert [result[2:4] for result in results[:3]] == [(3.0, 0)] * 3, results
