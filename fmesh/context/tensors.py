@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from fmesh.context import collectives
 from fmesh.context.agreement import Agreement
 from fmesh.context.groups import Route, Target
+from fmesh.context.options import GroupSpec
 from fmesh.errors import TensorMismatchError
 
 # How long a member that saw a mismatch waits for the others' descriptions, to name the odd one.
@@ -124,7 +125,7 @@ class TensorChecks:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self._counts: dict[str, int] = {}
+        self._counts: dict[GroupSpec, int] = {}
 
     @classmethod
     def of(cls, check_tensors: object) -> TensorChecks:
@@ -145,8 +146,8 @@ class TensorChecks:
         if (not self.enabled or route.agreement is None or process_group is None or route.target.size == 1
                 or torch.compiler.is_compiling()):
             return
-        digest = route.target.spec.digest()
-        count = self._counts[digest] = self._counts.get(digest, 0) + 1
+        spec = route.target.spec  # hashed once (cache_hash); its digest, O(group size), only on a mismatch
+        count = self._counts[spec] = self._counts.get(spec, 0) + 1
         mine = f"{describe(tensor)} in {what}({', '.join(map(repr, arguments))})"
         code = signature(mine)
         bounds = torch.tensor([code, -code], dtype=torch.int64, device=tensor.device)
@@ -155,4 +156,5 @@ class TensorChecks:
         highest, negated_lowest = bounds.tolist()
         if highest == code == -negated_lowest:
             return
-        raise TensorMismatchError(_odd_ones(route.agreement, f"tensor/{digest}/{count}", route.target, what, mine))
+        raise TensorMismatchError(_odd_ones(route.agreement, f"tensor/{spec.digest()}/{count}", route.target, what,
+                                            mine))
