@@ -11,10 +11,15 @@ a constant number of store operations and bytes, whatever the group size:
 2. ``compare_set(<key>/digest, "", mine)``: the first member's digest (and description) stays, and the store
    hands it back; a member whose digest differs writes a mismatch verdict to ``<key>/done``;
 3. ``add(<key>/arrived, 1)``: the member that brings the count to the group size writes ``ok``;
-4. wait for ``<key>/done``, which every outcome writes (the last arrival ``ok``, a mismatch, a failure, an
-   abort, a timeout), with ONE blocking store wait as long as the creation timeout (:meth:`Agreement.wait_for`:
+4. read ``<key>/done``, which every outcome writes (the last arrival ``ok``, a mismatch, a failure, an
+   abort, a timeout), with ONE blocking store ``get`` as long as the creation timeout (:meth:`Agreement.wait_for`:
    on a connection of its own and a thread of its own, so ``ctx.abort()`` and signal handlers still end it at
-   once; torch logs nothing when the key comes); read it; post ``status/<rank>``: running.
+   once; torch logs nothing when the key comes).
+
+Four operations per member (five for the last to arrive). The status is not set back to ``running`` after the
+agreement: a status "waiting at K" whose ``K/done`` is written means the rank went on past K, and the slow paths that
+read statuses (a watcher's look for a cycle, a timeout's account of the missing members) check ``done`` before
+they believe it (:meth:`Agreement.waits_at`).
 
 Full descriptions are read only to write an error (the first member's comes back with the digest). Past a grace
 period, two waiters (the first two to arrive, known from their ``add``: two, so that the watch survives the death
@@ -177,7 +182,8 @@ def describe_status(rank: int, status: dict[str, Any]) -> str:
     if state == FAILING:
         return f"rank {rank} saw {status.get('what', 'a collective')} fail and calls the roll of its group"
     if state == "running":
-        return f"rank {rank} is not creating a group (busy elsewhere, or it took another path)"
+        after = f", having created {status['after']}" if status.get("after") else ""
+        return f"rank {rank} is not creating a group{after} (busy elsewhere, or it took another path)"
     return f"rank {rank} never posted a status (its context did not start, or it crashed)"
 
 
@@ -274,6 +280,23 @@ class Agreement:
                 pending += [part[:len(part) // 2], part[len(part) // 2:]]
         read = dict(zip(posted, self.store.multi_get([keys[rank] for rank in posted]), strict=True)) if posted else {}
         return {rank: _loads(read[rank]) if rank in read else {"state": "missing"} for rank in ranks}
+
+    def current(self, statuses: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """``statuses`` as they stand now: an agreement leaves its members' statuses at "waiting at K" (setting them
+        back costs a store operation per member and agreement), so a rank waiting at a group whose verdict is written
+        went on past it: ``running``, after it. One ``check`` per group named; only the slow paths that describe
+        ranks call this.
+
+        >>> store = dist.HashStore(); agreement = Agreement(store, "doc", 0, timedelta(seconds=1))
+        >>> store.set("doc/agree/k/done", "ok")
+        >>> agreement.current({3: {"state": "waiting", "at": "k", "what": "tp (2, 3)"}})
+        {3: {'state': 'running', 'after': 'tp (2, 3)'}}
+        """
+        keys = {str(status["at"]) for status in statuses.values() if status.get("state") == "waiting" and "at" in status}
+        past = {key for key in keys if self.store.check([f"{self.prefix}/agree/{key}/done"])}
+        return {rank: {"state": "running", "after": status.get("what", "?")}
+                if status.get("state") == "waiting" and status.get("at") in past else status
+                for rank, status in statuses.items()}
 
     def failed(self, error: BaseException, refused: bool = False) -> None:
         """Post that this rank failed with ``error`` (others waiting for it report it); ``refused``: it refused a
@@ -375,12 +398,12 @@ class Agreement:
     def settle(self, key: str, members: Sequence[int], description: str, what: str, watcher: bool = False) -> None:
         """Step 4: wait for the verdict (the ``watcher`` looks into a slow wait), raise it unless it is ``ok``."""
         self._wait(f"{self.prefix}/agree/{key}", key, members, what, watcher)
-        self.post("running")
 
     def wait_for(self, key: str, seconds: float, look: Callable[[], bool] | None = None,
-                 doing: str = "waiting") -> bool:
-        """Wait up to ``seconds`` for ``key`` to be set, with one blocking store wait: a constant number of
-        operations, however long, and nothing logged when it comes. Whether it came.
+                 doing: str = "waiting") -> bytes | None:
+        """Wait up to ``seconds`` for ``key`` to be set, and read it, in ONE blocking store operation (a ``get``,
+        which waits for its key up to the connection's timeout): a constant number of operations, however long, and
+        nothing logged when it comes. Its value, or None where it did not come.
 
         The wait runs on a thread of its own over a connection of its own (:meth:`waiting_store`: a store
         client serves one call at a time, and this one blocks), while the caller's thread waits on an event,
@@ -392,17 +415,18 @@ class Agreement:
         >>> import torch.distributed as dist
         >>> store = dist.HashStore(); store.set("k", "v")
         >>> Agreement(store, "doc", 0, timedelta(seconds=1)).wait_for("k", 1.0)
-        True
+        b'v'
         """
         came = threading.Event()
-        outcome: list[bool] = []
+        outcome: list[bytes | None] = []
 
         def block() -> None:
             try:
-                self.waiting_store().wait([key], timedelta(seconds=max(seconds, 0.001)))
-                outcome.append(True)
+                waiting = self.waiting_store()
+                waiting.set_timeout(timedelta(seconds=max(seconds, 0.001)))  # the client's own: no store operation
+                outcome.append(bytes(waiting.get(key)))
             except Exception:  # the store's timeout (it logs its own warning), or the store is gone
-                outcome.append(False)
+                outcome.append(None)
             finally:
                 came.set()
 
@@ -418,7 +442,7 @@ class Agreement:
                 look_every = min(look_every * 2, MAX_POLL_SECONDS)
                 look_at = time.monotonic() + look_every
         came.wait(POLL_MAX_SECONDS)  # a look that ended the wait wrote the key: the blocked thread returns now
-        return bool(outcome and outcome[0])
+        return outcome[0] if outcome else None
 
     def waiting_store(self) -> dist.Store:
         """This rank's second connection to the store, for blocking waits (made at the first, then kept)."""
@@ -454,9 +478,9 @@ class Agreement:
                 self.store.compare_set(done, "", f"{LOST}\nrank {self.rank} aborted its context while waiting "
                                        "to create this group (a member of it)")
             raise
-        if not came and not self.store.check([done]):
+        if came is None and not self.store.check([done]):
             self._write_timeout(base, key, members, what, started)
-        verdict = self.store.get(done).decode()
+        verdict = (came if came is not None else self.store.get(done)).decode()
         if verdict == OK:
             return
         kind, _, message = verdict.partition("\n")
@@ -491,7 +515,8 @@ class Agreement:
             return kind(f"on rank {self.rank}: {describe_status(final, statuses[final])}, after agreeing to create "
                         f"{what}, a group it is a member of. See that rank's error first")
         if isinstance(error, dist.DistStoreError) or "imeout" in str(error) or "timed out" in str(error):
-            doing = "; ".join(describe_status(m, statuses[m]) for m in others[:8])
+            now = self.current({m: statuses[m] for m in others[:8]})
+            doing = "; ".join(describe_status(m, status) for m, status in now.items())
             return GroupTimeoutError(
                 f"on rank {self.rank}: the members of {what} agreed, but did not all connect within the creation "
                 f"timeout ({self.creation_timeout.total_seconds():g}s): a member died or hangs ({doing}). See the "
@@ -506,7 +531,8 @@ class Agreement:
     def _write_timeout(self, base: str, key: str, members: Sequence[int], what: str, started: float) -> None:
         statuses = self.statuses(members)
         missing = [m for m in members if statuses[m].get("at") != key or statuses[m].get("state") != "waiting"]
-        doing = "; ".join(describe_status(m, statuses[m]) for m in missing[:8])
+        doing = "; ".join(describe_status(m, status) for m, status in self.current(
+            {m: statuses[m] for m in missing[:8]}).items())
         more = f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""
         self.store.compare_set(f"{base}/done", "", (
             f"{TIMEOUT}\nthe members of {what} waited {time.monotonic() - started:.0f}s, but ranks "
@@ -591,6 +617,8 @@ class Agreement:
                 if elsewhere in seen:
                     continue
                 seen.add(elsewhere)
+                if self.store.check([f"{self.prefix}/agree/{elsewhere}/done"]):
+                    continue  # its verdict is written: the member went on past it (its status stays "waiting at")
                 listed = f"{self.prefix}/agree/{elsewhere}/members"
                 if not self.store.check([listed]):
                     continue  # its members have not been published yet: look again next round
@@ -648,9 +676,9 @@ class Agreement:
         watcher = count <= WATCHERS
         came = self.wait_for(done, seconds if watcher else seconds + 2 * POLL_MAX_SECONDS,
                              look if watcher else None, f"calling the roll of {label}")
-        if not came and not self.store.check([done]):  # the deadline: the watcher writes who is silent
+        if came is None and not self.store.check([done]):  # the deadline: the watcher writes who is silent
             self.store.compare_set(done, "", json.dumps(silent()))
-        return [int(m) for m in json.loads(self.store.get(done).decode())]
+        return [int(m) for m in json.loads((came if came is not None else self.store.get(done)).decode())]
 
     # -------------------------------------------------------------- recovery
 
@@ -751,12 +779,13 @@ class Agreement:
                 self.store.compare_set(done, "", json.dumps({"gone": sorted(gone), "doing": doing}))
             return bool(gone)
 
-        if not self.wait_for(done, self.creation_timeout.total_seconds(), look, doing="agreeing on the ranks lost") \
-                and not self.store.check([done]):
+        came = self.wait_for(done, self.creation_timeout.total_seconds(), look, doing="agreeing on the ranks lost")
+        if came is None and not self.store.check([done]):
             missing = self._not_come(survivors)
-            doing = "; ".join(describe_status(m, s) for m, s in self.statuses(missing[:8]).items())
+            doing = "; ".join(describe_status(m, s) for m, s in self.current(self.statuses(missing[:8])).items())
             self.store.compare_set(done, "", json.dumps({"gone": missing, "doing": doing, "timeout": True}))
-        verdict, _, cut_list = self.store.get(done).decode().partition("\n")  # "ok", and the groups cut, if any
+        # "ok", and the groups cut, if any
+        verdict, _, cut_list = (came if came is not None else self.store.get(done)).decode().partition("\n")
         if verdict != OK:
             outcome = json.loads(verdict)
             if "gone" in outcome:

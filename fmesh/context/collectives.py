@@ -247,7 +247,7 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     try:
         label = f"{what}-{target.spec.digest() if target is not None else 'world'}"
         missing = agreement.roll_call(label, ranks, ROLL_CALL_SECONDS, f"{type(error).__name__}: {error}")
-        statuses = agreement.statuses(missing)
+        statuses = agreement.current(agreement.statuses(missing))
         answers = {} if missing else agreement.answers(label, ranks)
     except ContextClosedError:
         raise

@@ -11,8 +11,8 @@ rendezvous, at a constant number of store operations per rank however long it wa
 1. ``add(fmesh/start/inits/<rank>, 1)``: this rank's n-th start, the n-th on every rank (SPMD order);
 2. ``compare_set(fmesh/start/<n>/world_size, "", mine)``: every rank means the same ``WORLD_SIZE``;
 3. ``add(fmesh/start/<n>/arrived, 1)``: the rank that brings the count to the world size writes ``.../all``;
-4. one blocking wait for ``.../all``, which every outcome writes (``Agreement.wait_for``:
-   nothing logged when it comes). The first two ranks to arrive (two, so that the watch survives the death of one)
+4. one blocking read of ``.../all``, which every outcome writes (``Agreement.wait_for``: a ``get`` waits for its
+   key; nothing logged when it comes). The first two ranks to arrive (two, so that the watch survives the death of one)
    watch ``fmesh/start/failed`` (after 0.1 s, then at doubling intervals up to 8 s) and write ``failed`` there
    when a rank reported it cannot start.
 
@@ -181,7 +181,8 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     try:
         came = waiting.wait_for(all_came, timeout.total_seconds(), look if arrived <= WATCHERS else None,
                                 "waiting for the job's processes to start")
-        outcome = store.get(all_came).decode() if came or store.check([all_came]) else None
+        raw = came if came is not None else store.get(all_came) if store.check([all_came]) else None
+        outcome = raw.decode() if raw is not None else None
         if outcome == "failed" or (outcome is None and store.check([FAILED])):
             raise _reported(store, rank, world_size, hosts)
         if outcome is not None and outcome.startswith(ENDED):
