@@ -7,7 +7,7 @@ other never joins. Here the members of a group meet under a key derived from the
 fixed-size digest of what each means by it (the mesh, the axes and the options). Per member that is
 a constant number of store operations and bytes, whatever the group size:
 
-1. post ``status/<rank>``: waiting at this key, with a description (a few hundred bytes);
+1. post ``status/<rank>``: waiting at this key, with the group's short name (about a hundred bytes);
 2. ``compare_set(<key>/digest, "", mine)``: the first member's digest (and description) stays, and the store
    hands it back; a member whose digest differs writes a mismatch verdict to ``<key>/done``;
 3. ``add(<key>/arrived, 1)``: the member that brings the count to the group size writes ``ok``;
@@ -166,7 +166,7 @@ def describe_status(rank: int, status: dict[str, Any]) -> str:
     """
     state = status.get("state")
     if state == "waiting":
-        return f"rank {rank} waits to create {status.get('what', '?')} ({status.get('description', '?')})"
+        return f"rank {rank} waits to create {status.get('what', '?')}"
     if state == FAILED:
         return f"rank {rank} failed: {status.get('error', '?')}"
     if state == CLOSED:
@@ -292,7 +292,8 @@ class Agreement:
         >>> agreement.current({3: {"state": "waiting", "at": "k", "what": "tp (2, 3)"}})
         {3: {'state': 'running', 'after': 'tp (2, 3)'}}
         """
-        keys = {str(status["at"]) for status in statuses.values() if status.get("state") == "waiting" and "at" in status}
+        keys = {str(status["at"]) for status in statuses.values()
+                if status.get("state") == "waiting" and status.get("at")}
         past = {key for key in keys if self.store.check([f"{self.prefix}/agree/{key}/done"])}
         return {rank: {"state": "running", "after": status.get("what", "?")}
                 if status.get("state") == "waiting" and status.get("at") in past else status
@@ -381,7 +382,9 @@ class Agreement:
         group at a time (:class:`~fmesh.context.groups.GroupRegistry`), so its status names the one key it waits at."""
         base = f"{self.prefix}/agree/{key}"
         mine = digest(description)
-        self.post("waiting", at=key, what=what, description=description)
+        # Without the description (it is in ``digest``, and this rank knows its own): a watcher's look reads every
+        # member's status, so its size is what a slow wait costs in bytes.
+        self.post("waiting", at=key, what=what)
         # The first member's digest and description stay, and come back to each member with its own compare_set.
         first, _, theirs = self.store.compare_set(f"{base}/digest", "", f"{mine}\n{description}").decode().partition(
             "\n")
@@ -397,7 +400,7 @@ class Agreement:
 
     def settle(self, key: str, members: Sequence[int], description: str, what: str, watcher: bool = False) -> None:
         """Step 4: wait for the verdict (the ``watcher`` looks into a slow wait), raise it unless it is ``ok``."""
-        self._wait(f"{self.prefix}/agree/{key}", key, members, what, watcher)
+        self._wait(f"{self.prefix}/agree/{key}", key, members, what, watcher, description)
 
     def wait_for(self, key: str, seconds: float, look: Callable[[], bool] | None = None,
                  doing: str = "waiting") -> bytes | None:
@@ -453,7 +456,7 @@ class Agreement:
                 self.waiter.append(self.store)
         return self.waiter[0]
 
-    def _wait(self, base: str, key: str, members: Sequence[int], what: str, watcher: bool) -> None:
+    def _wait(self, base: str, key: str, members: Sequence[int], what: str, watcher: bool, description: str) -> None:
         # Every member blocks on the verdict key (wait_for): success, a mismatch, a failure a member posts,
         # an abort, a timeout all write it. Only the first WATCHERS members to arrive look, past the grace period,
         # at the missing members: a member that failed, closed or exited (a watcher too: the other one sees it), or
@@ -466,7 +469,8 @@ class Agreement:
         def look() -> bool:
             # A cycle never moves: it is looked for only when the members stand where the previous look saw them.
             # While they move (a slow start, where each member works through its agreements), a look costs one read.
-            seen = self._diagnose(key, members, publish=not looks, search=lambda now: bool(looks) and now == looks[-1])
+            seen = self._diagnose(key, members, description, publish=not looks,
+                                  search=lambda now: bool(looks) and now == looks[-1])
             looks.append(seen)
             return False
 
@@ -542,11 +546,11 @@ class Agreement:
 
     # ------------------------------------------------------------- diagnosis
 
-    def _diagnose(self, key: str, members: Sequence[int], publish: bool = True,
+    def _diagnose(self, key: str, members: Sequence[int], description: str, publish: bool = True,
                   search: Callable[[dict[int, tuple[Any, Any]]], bool] | None = None) -> dict[int, tuple[Any, Any]]:
         """The slow path: publish this group's members (at the first look), then look for a member that failed
         or a cycle (only where ``search``, given each member's state and key now, says so; always without it).
-        Each member's state and key, as read."""
+        Each member's state and key, as read. ``description``: what this rank means by the group."""
         base = f"{self.prefix}/agree/{key}"
         if publish:
             self.store.set(f"{base}/members", json.dumps(list(members)))
@@ -555,8 +559,7 @@ class Agreement:
         for member in members:
             status = statuses[member]
             if status.get("state") in FINAL_STATES and member != self.rank:
-                mine = str(statuses.get(self.rank, {}).get("description", ""))
-                self.store.compare_set(f"{base}/done", "", _ended_instead(member, status, mine))
+                self.store.compare_set(f"{base}/done", "", _ended_instead(member, status, description))
                 return seen
             if status.get("state") == RECOVERING and member != self.rank:  # alive, but never comes: it recovers
                 lost = status.get("lost", "?")
@@ -573,12 +576,21 @@ class Agreement:
             return seen
         cycle = self._cycle(key, members, statuses)
         if cycle and self._still_stuck(cycle):
-            lines = [describe_status(rank, status) for rank, status in cycle]
+            # What each group on the cycle means (the first member's description, beside its digest): a status
+            # carries the group's short name only.
+            meant = {str(status["at"]): self._meant(str(status["at"])) for _, status in cycle}
+            lines = [f"{describe_status(rank, status)} ({meant[str(status['at'])]})" for rank, status in cycle]
             verdict = (f"{MISMATCH}\nranks disagree about the meshes: they wait for each other in a cycle, each to "
                        f"create a group the next one does not create: {'; '.join(lines)}")
             for _, status in cycle:
                 self.store.compare_set(f"{self.prefix}/agree/{status['at']}/done", "", verdict)
         return seen
+
+    def _meant(self, key: str) -> str:
+        """What the first member to come to the group at ``key`` means by it (its description, kept beside the
+        digest), or "?" where none came yet."""
+        kept = f"{self.prefix}/agree/{key}/digest"
+        return self.store.get(kept).decode().partition("\n")[2] if self.store.check([kept]) else "?"
 
     def _still_stuck(self, cycle: list[tuple[int, dict[str, Any]]]) -> bool:
         """Whether a cycle found in statuses read at different moments is real: no group on it is done, before and

@@ -176,7 +176,7 @@ def cycle_readings(done_before: bool) -> dict[str, bool]:
     store.set("t/agree/B/members", "[0, 1]")
     if done_before:
         store.set("t/agree/A/done", "ok")
-    zero._diagnose("A", [0, 1])
+    zero._diagnose("A", [0, 1], "A")
     return {key: store.check([f"t/agree/{key}/done"]) and store.get(f"t/agree/{key}/done").decode().startswith(
         "mismatch") for key in ("A", "B")}
 
