@@ -25,6 +25,8 @@ from fmesh.context.agreement import ALIVE_GRACE_SECONDS, Agreement
 
 HALVES = {0: [2, 3], 1: [2, 3], 2: [0, 1], 3: [0, 1]}  # each rank's lost set: the other half
 
+pytestmark = pytest.mark.usefixtures("nothing_left_behind")  # tests/support.py: nothing left behind
+
 
 def tcp_store() -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=60), wait_for_workers=False, use_libuv=True)
