@@ -202,7 +202,8 @@ def test_a_peer_lost_in_a_collective_fmesh_did_not_run_is_explained_inside_guard
         assert message.startswith(f"on rank {rank}: step 1 (#1) along the default group failed: ranks ")
         gone = message.split("ranks ", 1)[1].split(" of the group")[0]
         assert gone == "[2]", message  # the launcher saw rank 2 end; a survivor slow to answer is never named lost
-        assert cause == "RuntimeError" and seconds < 15, (message, cause, seconds)
+        # gloo notices at once; the roll call lasts at most 5 s (5.0 s measured: the dead rank never answers)
+        assert cause == "RuntimeError" and seconds < 7, (message, cause, seconds)
         assert bug_seconds < 1, bug_seconds  # the program's own error: no roll call
 
 

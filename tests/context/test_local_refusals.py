@@ -134,7 +134,9 @@ def every_rank_refuses(ctx: Context) -> Any:
         seen.append((f"after {name}", "sum", str(ctx.all_reduce(torch.tensor([ctx.rank + 1.0]), MESH, "dp").item()),
                      True))
     assert ctx._agreement is not None
-    states = {rank: status.get("state") for rank, status in ctx._agreement.statuses([0, 1]).items()}
+    # as a watcher reads them (an agreement leaves a status at "waiting" on a group since made: running, after it)
+    statuses = ctx._agreement.current(ctx._agreement.statuses([0, 1]))
+    states = {rank: status.get("state") for rank, status in statuses.items()}
     gathered = ctx.all_gather(torch.tensor([ctx.rank]), MESH, "dp").tolist()
     other = ctx.all_reduce(torch.tensor([ctx.rank + 1.0]), REVERSED, "dp").item()  # a new group: nobody failed
     return seen, states, gathered, other, ctx.stats()["groups_created"], summed + sent, max(took)

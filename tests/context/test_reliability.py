@@ -211,9 +211,10 @@ def test_with_the_check_off_a_bad_tensor_on_one_rank_is_its_own_error_and_names_
     # the odd rank: its own error, unchanged (under NCCL's rules, NCCL's refusal of the dtype)
     assert odd[0] in ("RuntimeError", "TypeError"), odd
     assert "Invalid scalar type" in odd[2] or "Unsupported data type for NCCL" in odd[2], odd
+    assert odd[1] < 3.0, odd  # its own error after a 2 s look for the other refusing too (2.0 s measured)
     # the healthy peer: an fmesh error naming rank 1 and what it refused, in seconds (never blamed itself)
     assert kind == "TensorMismatchError" and "rank 1 refused it on itself" in message, (kind, message)
-    assert took < 10.0, (took, message)
+    assert took < 5.0, (took, message)  # the odd rank's 2 s look, then the roll call it ends (3.0 s measured)
 
 
 def survivors_of(target: Callable[[int, int, Any], None]) -> dict[int, Any]:
@@ -259,7 +260,7 @@ def test_when_the_store_host_dies_no_survivor_names_itself() -> None:
         named = message.split("ranks ", 1)[1].split(" of the group")[0]
         assert str(rank) not in named and "0" in named, (rank, message)
         # recovering in place is impossible without the store: one fmesh error saying so, in seconds
-        assert recovery[0] == "RecoveryError" and recovery[1] < 15, (rank, recovery)
+        assert recovery[0] == "RecoveryError" and recovery[1] < 2, (rank, recovery)  # at once (0.0 s measured)
         assert "the store they meet in is unreachable" in recovery[2], (rank, recovery)
         assert "host the store outside the ranks" in recovery[2], (rank, recovery)
 
@@ -473,7 +474,7 @@ def test_a_peer_that_exits_without_closing_its_context_is_named_in_seconds(tmp_p
     kind, seconds, message = outcomes["0"]
     assert kind == "RankLostError" and "rank 1 exited without closing its Context" in message, outcomes
     assert ("KeyError: 'lost batch'" in message) == leave.startswith("raise"), outcomes
-    assert ("SystemExit" in message) == leave.startswith("sys.exit"), outcomes
+    assert "SystemExit" not in message, outcomes  # sys.exit is no uncaught error: its exit code is its word
     assert seconds < 5, outcomes  # not the 30 s creation timeout
 
 

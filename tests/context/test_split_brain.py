@@ -119,4 +119,6 @@ def test_split_brain_recovery_ends_in_recovery_error_on_every_rank(run: int) -> 
     for rank, result in enumerate(results):
         assert not isinstance(result, BaseException), (rank, result)
         assert result[0] == "RecoveryError", (rank, result)
-        assert result[2] < 15, (rank, result)  # in seconds, never the creation timeout
+        # at once where both halves come together (milliseconds measured); a half that comes later waits out the
+        # 2 s grace the other gives it (ALIVE_GRACE_SECONDS); never the creation timeout
+        assert result[2] < ALIVE_GRACE_SECONDS + 3, (rank, result)
