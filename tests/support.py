@@ -1,11 +1,13 @@
 """Helpers shared by the tests (and by ``bench/group_creation.py`` and ``bench/gpu_check.py``): one launch wrapper
-for the multi-process tests, timeouts that stretch with the machine's load, a store that counts what each caller
-moves, and the answers collectives must give along a group (an oracle computed from the group's ranks alone)."""
+for the multi-process tests, timeouts that stretch with the machine's load, the leak check of the failure guide's
+scenarios (:func:`nothing_left_behind`), a store that counts what each caller moves, and the answers collectives must
+give along a group (an oracle computed from the group's ranks alone)."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
 import os
 import pathlib
 import pickle
@@ -15,10 +17,11 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import pytest
 import strict_nccl
 import torch
 import torch.distributed as dist
@@ -57,6 +60,46 @@ def launch(fn: Callable[[Context], Any], world: int, timeout: float = 60, contex
     context = {"timeout": patience(60, world) if context_timeout is None else context_timeout, **options}
     return fmesh.launch(fn, world, timeout=bound, context_options=context, return_exceptions=True,
                         on_rank_loss=on_rank_loss)
+
+
+def open_fds() -> int:
+    """How many file descriptors this process holds open."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def world_size(ctx: Context) -> int:
+    return ctx.world_size
+
+
+@pytest.fixture(scope="session")
+def launched_once() -> None:
+    """A first launch opens a pipe that multiprocessing keeps for the process's life: not a scenario's leak."""
+    assert fmesh.launch(world_size, 1, timeout=60) == [1]
+
+
+@pytest.fixture
+def nothing_left_behind(launched_once: None) -> Iterator[None]:
+    """After a scenario: no child process, no extra thread, no extra file descriptor in the test process
+    (docs/guides/failures.md says so of every scenario). A module of the guide's scenarios asks for it with
+    ``pytestmark = pytest.mark.usefixtures("nothing_left_behind")``; conftest.py makes it visible to every module."""
+    threads, fds = threading.active_count(), open_fds()
+    yield
+    deadline = time.monotonic() + 5  # a queue's feeder thread takes a moment to finish
+    while time.monotonic() < deadline and (threading.active_count() > threads or open_fds() > fds
+                                           or multiprocessing.active_children()):
+        time.sleep(0.05)
+    assert not multiprocessing.active_children(), multiprocessing.active_children()
+    assert threading.active_count() <= threads, [t.name for t in threading.enumerate()]
+    assert open_fds() <= fds, (fds, open_fds(), sorted(os.listdir("/proc/self/fd")))
 
 
 def succeeded(results: list[Any]) -> list[Any]:

@@ -215,6 +215,8 @@ def unloadable_on_rank_1(ctx: Context) -> dict[str, tuple[str, str]]:
     return seen
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("nothing_left_behind")  # a scenario of docs/guides/failures.md: nothing left behind
 def test_an_object_one_member_cannot_unpickle_is_one_error_on_every_member() -> None:
     results = launch(unloadable_on_rank_1, 2, timeout=60)
     for rank, seen in enumerate(results):

@@ -26,6 +26,8 @@ from fmesh.context.recovery import check_lost, new_world
 from fmesh.plan.jobs import job_requests
 from fmesh.plan.recovery import recover_job
 
+pytestmark = pytest.mark.usefixtures("nothing_left_behind")  # tests/support.py: nothing left behind
+
 # ------------------------------------------------------------------------------------- pure choices
 
 
@@ -166,8 +168,11 @@ def keeps_the_group_that_lost_nobody(ctx: Context) -> Any:
     ctx.all_reduce(torch.ones(1), mesh, ("dp", "tp"))
     if ctx.rank == 3:
         os._exit(3)
+    started = time.monotonic()
     with pytest.raises(fmesh.RankLostError, match=r"the launcher saw the processes of ranks \[3\] end"):
         ctx.all_reduce(torch.ones(1), mesh, ("dp", "tp"))
+    # the launcher looks every second; the roll call ends when it has (docs/guides/failures.md: about 1 s)
+    assert time.monotonic() - started < 3, time.monotonic() - started
     smaller = fmesh.without(mesh, [3], "dp")
     hooks = ExitHooks()
     with hooks:

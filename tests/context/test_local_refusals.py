@@ -66,6 +66,8 @@ GROUPS = [
     OSError("Broken pipe"),
 ]
 
+pytestmark = pytest.mark.usefixtures("nothing_left_behind")  # tests/support.py: nothing left behind
+
 
 def test_the_rule_over_a_table_of_errors() -> None:
     rule = collectives.callers_error
@@ -112,6 +114,7 @@ def every_rank_refuses(ctx: Context) -> Any:
         seen.append(("complex max", type(caught).__name__, str(caught), True))
     seen.append(("after complex max", "sum", str(ctx.all_reduce(torch.tensor([ctx.rank + 1.0]), MESH, "dp").item()),
                  True))
+    took = []
     for name, owner, attribute, call, error in refusals():
         original = getattr(owner, attribute)
 
@@ -119,20 +122,24 @@ def every_rank_refuses(ctx: Context) -> Any:
             raise error
 
         setattr(owner, attribute, refuse)
+        started = time.monotonic()
         try:
             call(ctx)
         except Exception as caught:
             seen.append((name, type(caught).__name__, str(caught), caught is error))
         finally:
+            took.append(time.monotonic() - started)
             setattr(owner, attribute, original)
         # the next collective on the same group, on every rank
         seen.append((f"after {name}", "sum", str(ctx.all_reduce(torch.tensor([ctx.rank + 1.0]), MESH, "dp").item()),
                      True))
     assert ctx._agreement is not None
-    states = {rank: status.get("state") for rank, status in ctx._agreement.statuses([0, 1]).items()}
+    # as a watcher reads them (an agreement leaves a status at "waiting" on a group since made: running, after it)
+    statuses = ctx._agreement.current(ctx._agreement.statuses([0, 1]))
+    states = {rank: status.get("state") for rank, status in statuses.items()}
     gathered = ctx.all_gather(torch.tensor([ctx.rank]), MESH, "dp").tolist()
     other = ctx.all_reduce(torch.tensor([ctx.rank + 1.0]), REVERSED, "dp").item()  # a new group: nobody failed
-    return seen, states, gathered, other, ctx.stats()["groups_created"], summed + sent
+    return seen, states, gathered, other, ctx.stats()["groups_created"], summed + sent, max(took)
 
 
 @pytest.mark.slow
@@ -142,7 +149,9 @@ def test_a_refusal_on_every_rank_is_each_callers_error_and_the_group_stays_healt
     # (tests/strict_nccl.py) too: a complex tensor reaches NCCL as real pairs, which NCCL takes
     complex_kind, complex_says = "ValueError", "complex tensors"
     expected = [("complex max", complex_kind)] + [(n, type(e).__name__) for n, _, _, _, e in refusals()]
-    for rank, (seen, states, gathered, other, created, complexes) in enumerate(results):
+    for rank, (seen, states, gathered, other, created, complexes, longest) in enumerate(results):
+        # each refusal's roll call ends once every member answered, within its 2 s (REFUSAL_GRACE_SECONDS)
+        assert longest < collectives.REFUSAL_GRACE_SECONDS + 0.5, (rank, longest)
         assert complexes == [3 + 6j, 3 + 6j, 1 + 1j, 1 + 1j], (rank, complexes)
         refused = seen[0::2]
         assert [(name, kind) for name, kind, _, _ in refused] == expected, (rank, seen)

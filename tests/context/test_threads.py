@@ -4,13 +4,18 @@ checkpoint on a group of its own), as torch allows; two threads on one group get
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
+import pytest
 import torch
 from support import launch
 
 import fmesh
 from fmesh import Context
+from fmesh.context import AxisOptions
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("nothing_left_behind")]  # multi-process; nothing left
 
 ROUNDS = 1000
 
@@ -54,22 +59,61 @@ def one_group_two_threads(ctx: Context) -> Any:
     mesh = fmesh.make_mesh((2,), ("dp",))
     ctx.all_reduce(torch.ones(1), mesh, "dp")
     refused: list[str] = []
+    took: list[float] = []
 
     def other() -> None:
+        started = time.monotonic()
         try:
             ctx.all_reduce(torch.ones(1), mesh, "dp")
         except RuntimeError as error:
             refused.append(str(error))
+        took.append(time.monotonic() - started)
 
     thread = threading.Thread(target=other, name="checkpointer")
     thread.start()
     thread.join(timeout=30)
-    return refused, ctx.all_reduce(torch.ones(1), mesh, "dp").item()
+    return refused, took, ctx.all_reduce(torch.ones(1), mesh, "dp").item()
 
 
 def test_a_second_thread_on_a_group_in_use_is_refused_and_the_group_stays_healthy() -> None:
     for result in launch(one_group_two_threads, 2, timeout=60):
-        refused, total = result
+        refused, took, total = result
         assert len(refused) == 1 and "is used by thread 'MainThread'" in refused[0], refused
         assert "thread 'checkpointer' asked for a collective on it" in refused[0], refused
+        assert "belong to one thread" in refused[0] and took[0] < 0.5, (refused, took)  # at once, nothing sent
         assert total == 2.0
+
+
+def a_new_group_while_another_is_created(ctx: Context) -> Any:
+    """Rank 0's main thread creates the group along "a", waiting for rank 1 (2 s late); meanwhile a second thread
+    of rank 0 asks for the group along "b" (another group: another timeout), which does not exist yet."""
+    if ctx.rank == 1:
+        time.sleep(2)
+        return ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("a",)), "a").item()
+    asked: list[tuple[str, float]] = []
+
+    def other() -> None:
+        time.sleep(0.5)  # the main thread is creating "a" by now
+        started = time.monotonic()
+        try:
+            ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("b",)), "b")
+            asked.append(("no error", time.monotonic() - started))
+        except RuntimeError as error:
+            asked.append((str(error), time.monotonic() - started))
+
+    thread = threading.Thread(target=other, name="loader")
+    thread.start()
+    total = ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("a",)), "a").item()
+    thread.join(timeout=30)
+    return total, asked, ctx.stats()["groups_created"]
+
+
+def test_a_thread_asking_for_a_new_group_while_another_creates_one_is_refused_at_once() -> None:
+    zero, one = launch(a_new_group_while_another_is_created, 2, timeout=60, axis_options={"b": AxisOptions(timeout=21)})
+    assert one == 2.0, one
+    total, asked, created = zero
+    assert total == 2.0 and created == 1, zero  # "a" made; "b" never started
+    (message, took), = asked
+    assert "thread 'loader' asked for" in message and "while thread 'MainThread' creates another group" in message, (
+        message)
+    assert "ctx.materialize(mesh)" in message and took < 0.5, (message, took)

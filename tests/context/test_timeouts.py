@@ -16,6 +16,8 @@ from fmesh import Context
 
 CREATION, LATE = 2.0, 6.0  # a peer late by three creation timeouts, well within the group's timeout (60 s)
 
+pytestmark = pytest.mark.usefixtures("nothing_left_behind")  # tests/support.py: nothing left behind
+
 
 def late_peer(ctx: Context) -> Any:
     mesh = fmesh.make_mesh((2,), ("pp",))
