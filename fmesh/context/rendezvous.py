@@ -54,9 +54,11 @@ ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 REPORT_CONNECT_SECONDS = 3.0  # how long a bad rank tries to reach the store to report (then it only raises)
 WATCH_SECONDS = 0.1  # when the first rank to arrive first looks for a report (then at doubling intervals)
 HOST_LINGER_SECONDS = 3.0  # how long a store host that is about to fail waits for its peers to read why
-# How long a store client may take to connect once something listens at MASTER_ADDR:MASTER_PORT: a store answers
-# in milliseconds, and torch's client waits forever (past its own timeout) on another program's port.
-HANDSHAKE_SECONDS = 5.0
+# How long a store client may take to connect once something listens at MASTER_ADDR:MASTER_PORT: torch's client
+# waits forever (past its own timeout) on another program's port. A store answers in milliseconds, but torch's client
+# looks up its peer's name as it connects, and where DNS does not answer that waits out the resolver (5 s a try,
+# two tries by default): 5 s here failed 16-process launches on such a machine (6 of 16 clients took 5.0 s).
+HANDSHAKE_SECONDS = 30.0
 CLAIMS = f"{START}/claims"  # which process claimed each RANK (a second process with the same RANK is told so)
 
 

@@ -213,6 +213,7 @@ def test_two_processes_started_with_rank_0_are_told_which_rank_read_what_in_seco
     assert f"MASTER_PORT={port} is in use" in first and seconds_of(first) < 15, first
 
 
+@pytest.mark.slow  # rank 1 waits out HANDSHAKE_SECONDS (30 s)
 def test_a_master_port_held_by_another_program_is_named_on_every_rank_in_seconds() -> None:
     # It was a raw DistNetworkError (EADDRINUSE) on rank 0, and rank 1 hung (90 s and more).
     import socket
@@ -225,4 +226,5 @@ def test_a_master_port_held_by_another_program_is_named_on_every_rank_in_seconds
     assert rank0.startswith("LaunchError") and f"MASTER_PORT={port} is in use" in rank0, rank0
     assert "another program holds it" in rank0 and seconds_of(rank0) < 15, rank0
     assert rank1.startswith("LaunchError") and "another program holds MASTER_PORT" in rank1, rank1
-    assert f"(127.0.0.1:{port})" in rank1 and seconds_of(rank1) < 15, rank1
+    # HANDSHAKE_SECONDS (30 s: a client whose DNS does not answer takes 5-10 s to connect to a real store).
+    assert f"(127.0.0.1:{port})" in rank1 and seconds_of(rank1) < 45, rank1
