@@ -425,8 +425,11 @@ class Agreement:
 
         def block() -> None:
             try:
-                waiting = self.waiting_store()
-                waiting.set_timeout(timedelta(seconds=max(seconds, 0.001)))  # the client's own: no store operation
+                waiting, limit = self.waiting_store(), timedelta(seconds=max(seconds, 0.001))
+                if waiting is self.store:  # no connection of its own (an in-process store): its timeout left alone
+                    waiting.wait([key], limit)
+                else:
+                    waiting.set_timeout(limit)  # this connection's own: no store operation
                 outcome.append(bytes(waiting.get(key)))
             except Exception:  # the store's timeout (it logs its own warning), or the store is gone
                 outcome.append(None)
@@ -451,9 +454,10 @@ class Agreement:
         """This rank's second connection to the store, for blocking waits (made at the first, then kept)."""
         if not self.waiter:
             try:
-                self.waiter.append(self.store.clone())
+                clone = self.store.clone()
             except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone: shared
-                self.waiter.append(self.store)
+                clone = self.store
+            self.waiter.append(clone)
         return self.waiter[0]
 
     def _wait(self, base: str, key: str, members: Sequence[int], what: str, watcher: bool, description: str) -> None:
