@@ -775,14 +775,18 @@ class Agreement:
             self._fence(sorted(lost), done)
         cut: set[str] = set()  # the groups this rank cut while it waited
         arrived = time.monotonic()
+        looked: list[bool] = []  # whether this watcher looked before (then the list of finals exists)
 
         def look() -> bool:  # every survivor frees those blocked with it; the first two watch for those that ended
             if held and time.monotonic() - arrived >= SEVER_GRACE_SECONDS:
                 self._cut_kept_away(survivors, held, cut)
             if count > WATCHERS:
                 return False
-            missing = self._not_come(survivors)  # two or three store operations a look, whatever the world size
-            final = self.finals().intersection(missing) if missing else set()
+            # Two store operations a look (three the first time), whatever the world size.
+            came_here, finals = self._came_and_finals(both_exist=bool(looked))
+            looked.append(True)
+            missing = [m for m in survivors if m not in came_here]
+            final = finals.intersection(missing)
             # A survivor that failed (its collective raised) is on its way here, or came since the first read; one
             # that closed or exited will never come.
             statuses = self.statuses(sorted(final)) if final else {}
@@ -917,6 +921,16 @@ class Agreement:
         else:
             cut = self._close_cuts()  # what the survivors cut while they waited, fixed now, goes with the verdict
             self.store.compare_set(done, "", f"{OK}\n{cut}" if cut else OK)
+
+    def _came_and_finals(self, both_exist: bool) -> tuple[set[int], set[int]]:
+        """The survivors that came to recover, and the ranks whose status is final (:meth:`finals`): in one store
+        operation where ``both_exist`` (a ``multi_get`` waits for a missing key), in two the first time (reading the
+        finals makes their list)."""
+        came = f"{self.prefix}/recovery-agreement/called"
+        if not both_exist:
+            return _ranks(self.store.get(came)), self.finals()
+        called, finals = self.store.multi_get([came, f"{self.prefix}/finals"])
+        return _ranks(called), _ranks(finals)
 
     def _not_come(self, ranks: Sequence[int]) -> list[int]:
         """Those of ``ranks`` that have not come to recover (one store operation)."""

@@ -55,8 +55,9 @@ def tcp_store() -> dist.TCPStore:
 
 def costs(size: int, late: float, step: Callable[[Agreement, int], object]) -> dict[int, int]:
     """Each member's store operations for ``step`` (on its own Agreement) with ``size`` members, the last of
-    them ``late`` seconds late."""
-    server, counts = tcp_store(), {}
+    them ``late`` seconds late. Each member also has the launcher's store (as under ``fmesh.launch``, where a
+    watcher's look reads which processes the launcher saw end): its operations count for the member too."""
+    server, launcher, counts = tcp_store(), tcp_store(), {}
     for rank in range(size):  # as every Context does at its start: its status is there before any wait
         Agreement(server, "ops", rank, timedelta(seconds=120)).post("running")
 
@@ -64,7 +65,9 @@ def costs(size: int, late: float, step: Callable[[Agreement, int], object]) -> d
         store = MemberStore(server.clone(), counts, rank)
         if rank == size - 1:
             time.sleep(late)
-        step(Agreement(store, "ops", rank, timedelta(seconds=120), grace=1.0), rank)  # type: ignore[arg-type]
+        ended = MemberStore(launcher.clone(), counts, rank)
+        step(Agreement(store, "ops", rank, timedelta(seconds=120), grace=1.0,  # type: ignore[arg-type]
+                       launcher_store=ended), rank)  # type: ignore[arg-type]
 
     started = time.monotonic()
     in_threads(member, list(range(size)), timeout=300 + late)
