@@ -266,18 +266,23 @@ class Agreement:
         costs the same whatever the number of members it waits for."""
         return read_list(self.store, f"{self.prefix}/finals")
 
-    def statuses(self, ranks: Sequence[int]) -> dict[int, dict[str, Any]]:
+    def statuses(self, ranks: Sequence[int], posted_before: set[int] | None = None) -> dict[int, dict[str, Any]]:
         """The statuses of ``ranks`` (two round trips when all posted one; ranks that never did are ``missing``,
-        found by halving the ranks checked: a few checks per missing rank, then one ``multi_get``)."""
+        found by halving the ranks checked: a few checks per missing rank, then one ``multi_get``).
+        ``posted_before``: ranks known to have posted (a status is never taken back), not checked again, and updated
+        with those found now: a watcher's later looks read its members' statuses in one round trip."""
         keys = {rank: self._status_key(rank) for rank in ranks}
-        posted: list[int] = []
-        pending = [list(ranks)] if ranks else []
+        known = posted_before if posted_before is not None else set()
+        posted = [rank for rank in ranks if rank in known]
+        unknown = [rank for rank in ranks if rank not in known]
+        pending = [unknown] if unknown else []
         while pending:
             part = pending.pop()
             if self.store.check([keys[rank] for rank in part]):
                 posted += part
             elif len(part) > 1:
                 pending += [part[:len(part) // 2], part[len(part) // 2:]]
+        known.update(posted)
         read = dict(zip(posted, self.store.multi_get([keys[rank] for rank in posted]), strict=True)) if posted else {}
         return {rank: _loads(read[rank]) if rank in read else {"state": "missing"} for rank in ranks}
 
@@ -469,12 +474,14 @@ class Agreement:
         done = f"{base}/done"
 
         looks: list[dict[int, tuple[Any, Any]]] = []  # what each look saw: every member's state and key
+        posted: set[int] = set()  # the members whose status a look found (later looks need not check them again)
 
         def look() -> bool:
             # A cycle never moves: it is looked for only when the members stand where the previous look saw them.
-            # While they move (a slow start, where each member works through its agreements), a look costs one read.
+            # While they move (a slow start, where each member works through its agreements), a look costs two reads
+            # (the members' statuses, and the launcher's list of processes that ended).
             seen = self._diagnose(key, members, description, publish=not looks,
-                                  search=lambda now: bool(looks) and now == looks[-1])
+                                  search=lambda now: bool(looks) and now == looks[-1], posted=posted)
             looks.append(seen)
             return False
 
@@ -551,14 +558,16 @@ class Agreement:
     # ------------------------------------------------------------- diagnosis
 
     def _diagnose(self, key: str, members: Sequence[int], description: str, publish: bool = True,
-                  search: Callable[[dict[int, tuple[Any, Any]]], bool] | None = None) -> dict[int, tuple[Any, Any]]:
+                  search: Callable[[dict[int, tuple[Any, Any]]], bool] | None = None,
+                  posted: set[int] | None = None) -> dict[int, tuple[Any, Any]]:
         """The slow path: publish this group's members (at the first look), then look for a member that failed
         or a cycle (only where ``search``, given each member's state and key now, says so; always without it).
-        Each member's state and key, as read. ``description``: what this rank means by the group."""
+        Each member's state and key, as read. ``description``: what this rank means by the group; ``posted``: the
+        members known to have posted a status (:meth:`statuses`)."""
         base = f"{self.prefix}/agree/{key}"
         if publish:
             self.store.set(f"{base}/members", json.dumps(list(members)))
-        statuses = self.statuses(members)
+        statuses = self.statuses(members, posted)
         seen = {member: (status.get("state"), status.get("at")) for member, status in statuses.items()}
         for member in members:
             status = statuses[member]
