@@ -77,6 +77,10 @@ def test_a_hang_ends_at_the_timeout_and_leaves_no_process() -> None:
 
 def test_return_exceptions_keeps_every_ranks_outcome() -> None:
     def body(ctx: fmesh.Context) -> int:
+        # Every rank connected first: a rank that leaves while another is still connecting the default gloo group
+        # breaks that connection (gloo's connectFullMesh fails on rank 0, seen once with both cores busy). That
+        # start race is the backend's, not what this test is about (the closing note of 2026-11-26 names it).
+        ctx.barrier()
         if ctx.rank == 1:
             raise KeyError(f"no batch for rank {ctx.rank}")
         return 10 * ctx.rank
