@@ -104,6 +104,16 @@ def nothing_left_behind(launched_once: None) -> Iterator[None]:
     assert open_fds() <= fds, (fds, open_fds(), sorted(os.listdir("/proc/self/fd")))
 
 
+def timed(call: Callable[[], Any]) -> tuple[str, float, str]:
+    """What ``call()`` raised (or ``ok``), after how many seconds, and its message (a scenario's outcome)."""
+    started = time.monotonic()
+    try:
+        result = call()
+    except Exception as error:
+        return type(error).__name__, time.monotonic() - started, str(error)
+    return "ok", time.monotonic() - started, repr(result)
+
+
 def succeeded(results: list[Any]) -> list[Any]:
     """``results``, once no rank failed (a failure is raised with its rank's traceback)."""
     for result in results:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from support import launch
+from support import launch, timed
 
 import fmesh
 from fmesh import Context
@@ -22,16 +22,6 @@ from fmesh import Context
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("nothing_left_behind")]
 
 # ------------------------------------------------------------------------------------------- disagreement
-
-
-def timed(call: Any) -> tuple[str, float, str]:
-    """What ``call()`` raised (or ``ok``), after how many seconds, and its message."""
-    started = time.monotonic()
-    try:
-        result = call()
-    except Exception as error:
-        return type(error).__name__, time.monotonic() - started, str(error)
-    return "ok", time.monotonic() - started, repr(result)
 
 
 def together(ctx: Context) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from support import open_fds, patience, running
+from support import open_fds, patience, running, timed
 
 import fmesh
 from fmesh import Context
@@ -37,16 +37,6 @@ from fmesh.errors import FileDescriptorWarning
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")  # tests/support.py: no process, thread or fd left
 
 Outcome = tuple[str, float, str]  # (what happened: an error's class name or "ok", seconds it took, message)
-
-
-def timed(call: Callable[[], Any]) -> Outcome:
-    """What ``call()`` raised (or ``ok``), after how many seconds, and its message."""
-    started = time.monotonic()
-    try:
-        result = call()
-    except Exception as error:
-        return type(error).__name__, time.monotonic() - started, str(error)
-    return "ok", time.monotonic() - started, repr(result)
 
 
 def launch(fn: Callable[[Context], Any], world: int, timeout: float = 40, **options: Any) -> list[Any]:
