@@ -19,7 +19,7 @@ a constant number of store operations and bytes, whatever the group size:
 Four operations per member (five for the last to arrive). The status is not set back to ``running`` after the
 agreement: a status "waiting at K" whose ``K/done`` is written means the rank went on past K, and the slow paths that
 read statuses (a watcher's look for a cycle, a timeout's account of the missing members) check ``done`` before
-they believe it (:meth:`Agreement.waits_at`).
+they believe it (:meth:`Agreement.current`).
 
 Full descriptions are read only to write an error (the first member's comes back with the digest). Past a grace
 period, two waiters (the first two to arrive, known from their ``add``: two, so that the watch survives the death
@@ -411,7 +411,8 @@ class Agreement:
                  doing: str = "waiting") -> bytes | None:
         """Wait up to ``seconds`` for ``key`` to be set, and read it, in ONE blocking store operation (a ``get``,
         which waits for its key up to the connection's timeout): a constant number of operations, however long, and
-        nothing logged when it comes. Its value, or None where it did not come.
+        nothing logged when it comes. Its value, or None where it did not come (then no one wrote it yet: the caller
+        may write its own outcome with ``compare_set`` and read whichever came first).
 
         The wait runs on a thread of its own over a connection of its own (:meth:`waiting_store`: a store
         client serves one call at a time, and this one blocks), while the caller's thread waits on an event,
@@ -453,16 +454,18 @@ class Agreement:
                 look_every = min(look_every * 2, MAX_POLL_SECONDS)
                 look_at = time.monotonic() + look_every
         came.wait(POLL_MAX_SECONDS)  # a look that ended the wait wrote the key: the blocked thread returns now
-        return outcome[0] if outcome else None
+        if outcome and outcome[0] is not None:
+            return outcome[0]
+        # The blocked thread timed out, or has not returned yet from a key a look wrote: read it here.
+        return self.store.get(key) if self.store.check([key]) else None
 
     def waiting_store(self) -> dist.Store:
         """This rank's second connection to the store, for blocking waits (made at the first, then kept)."""
         if not self.waiter:
             try:
-                clone = self.store.clone()
+                self.waiter.append(self.store.clone())
             except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone: shared
-                clone = self.store
-            self.waiter.append(clone)
+                self.waiter.append(self.store)
         return self.waiter[0]
 
     def _wait(self, base: str, key: str, members: Sequence[int], what: str, watcher: bool, description: str) -> None:
@@ -493,8 +496,8 @@ class Agreement:
                 self.store.compare_set(done, "", f"{LOST}\nrank {self.rank} aborted its context while waiting "
                                        "to create this group (a member of it)")
             raise
-        if came is None and not self.store.check([done]):
-            self._write_timeout(base, key, members, what, started)
+        if came is None:
+            self._write_timeout(base, key, members, what, started)  # unless an outcome came meanwhile
         verdict = (came if came is not None else self.store.get(done)).decode()
         if verdict == OK:
             return
@@ -701,7 +704,7 @@ class Agreement:
         watcher = count <= WATCHERS
         came = self.wait_for(done, seconds if watcher else seconds + 2 * POLL_MAX_SECONDS,
                              look if watcher else None, f"calling the roll of {label}")
-        if came is None and not self.store.check([done]):  # the deadline: the watcher writes who is silent
+        if came is None:  # the deadline: the watcher writes who is silent (unless an outcome came meanwhile)
             self.store.compare_set(done, "", json.dumps(silent()))
         return [int(m) for m in json.loads((came if came is not None else self.store.get(done)).decode())]
 
@@ -809,7 +812,7 @@ class Agreement:
             return bool(gone)
 
         came = self.wait_for(done, self.creation_timeout.total_seconds(), look, doing="agreeing on the ranks lost")
-        if came is None and not self.store.check([done]):
+        if came is None:  # the timeout, unless an outcome came meanwhile
             missing = self._not_come(survivors)
             doing = "; ".join(describe_status(m, s) for m, s in self.current(self.statuses(missing[:8])).items())
             self.store.compare_set(done, "", json.dumps({"gone": missing, "doing": doing, "timeout": True}))
@@ -943,7 +946,7 @@ class Agreement:
 
     def _not_come(self, ranks: Sequence[int]) -> list[int]:
         """Those of ``ranks`` that have not come to recover (one store operation)."""
-        called = {int(r) for r in self.store.get(f"{self.prefix}/recovery-agreement/called").decode().split(",") if r}
+        called = _ranks(self.store.get(f"{self.prefix}/recovery-agreement/called"))
         return [rank for rank in ranks if rank not in called]
 
     def _raise_disagreement(self, mine: list[int], outcome: dict[str, Any] | None = None) -> None:

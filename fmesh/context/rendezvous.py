@@ -183,8 +183,7 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     try:
         came = waiting.wait_for(all_came, timeout.total_seconds(), look if arrived <= WATCHERS else None,
                                 "waiting for the job's processes to start")
-        raw = came if came is not None else store.get(all_came) if store.check([all_came]) else None
-        outcome = raw.decode() if raw is not None else None
+        outcome = came.decode() if came is not None else None
         if outcome == "failed" or (outcome is None and store.check([FAILED])):
             raise _reported(store, rank, world_size, hosts)
         if outcome is not None and outcome.startswith(ENDED):
