@@ -136,6 +136,15 @@ def compiling() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
+def contiguous_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` that NCCL takes (contiguous); the plain clone, cheaper, where it already is.
+
+    >>> contiguous_copy(torch.ones(2, 3).t()).is_contiguous()
+    True
+    """
+    return tensor.clone() if tensor.is_contiguous() else tensor.clone(memory_format=torch.contiguous_format)
+
+
 def _traced_reduce(tensor: torch.Tensor, op: str, reduce: Callable[[torch.Tensor, str], torch.Tensor],
                    size: int) -> torch.Tensor:
     # avg as a sum and a division on every backend: gloo has no AVG, and the result is the same.
@@ -265,7 +274,8 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     known_gone = sorted({*ended, *(m for m in missing if statuses.get(m, {}).get("state") in FINAL_STATES)})
     blocked = [m for m in missing if m not in known_gone and m != agreement.rank]  # this rank answered, if late
     recovering = [m for m in missing if statuses.get(m, {}).get("state") == RECOVERING]
-    mismatch = next((m for m in missing if statuses.get(m, {}).get("kind") == "MeshMismatchError"), None)
+    mismatch = next((m for m in missing if statuses.get(m, {}).get("kind") in ("MeshMismatchError",
+                                                                             "TensorMismatchError")), None)
     refused = next((m for m in missing if statuses.get(m, {}).get("refused")), None)
     explained: Exception
     if refused is not None:
@@ -275,9 +285,10 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
             f"every member to pass a tensor the backend takes, of the same shape and dtype; see rank {refused}'s "
             "error first")
     elif mismatch is not None:
-        explained = MeshMismatchError(
-            f"on rank {agreement.rank}: {what} along {where} could not complete because rank {mismatch} disagrees "
-            f"about a mesh: {statuses[mismatch].get('error')}")
+        about, kind = (("a mesh", MeshMismatchError) if statuses[mismatch].get("kind") == "MeshMismatchError" else
+                       ("the calls made on this group", TensorMismatchError))
+        explained = kind(f"on rank {agreement.rank}: {what} along {where} could not complete because rank {mismatch} "
+                         f"disagrees about {about}: {statuses[mismatch].get('error')}")
     elif recovering:  # alive: they came to recover without ranks lost elsewhere, and wait for this rank to come
         lost = statuses[recovering[0]].get("lost", "?")
         together: list[int] = recovering
@@ -365,7 +376,7 @@ def all_reduce(route: Route, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor
         return tensor.clone()
     if compiling():
         return _traced_reduce(tensor, op, lambda t, o: _torch.traced_all_reduce(t, o, process_group), target.size)
-    result = tensor.clone(memory_format=torch.contiguous_format)  # NCCL refuses a non-contiguous tensor
+    result = contiguous_copy(tensor)
     # The hot path: no closure, and a string compare rather than ReduceOp's (slower) __eq__.
     started = time.monotonic()
     try:
@@ -425,7 +436,7 @@ def broadcast(route: Route, tensor: torch.Tensor, src: int) -> torch.Tensor:
     target, process_group = route.target, route.group
     if process_group is not None and compiling():
         return _torch.traced_broadcast(tensor.contiguous(), src, process_group)
-    result = tensor.clone(memory_format=torch.contiguous_format)  # NCCL refuses a non-contiguous tensor
+    result = contiguous_copy(tensor)
     if process_group is not None:
         run("broadcast", route, lambda: dist.broadcast(result, src=target.ranks[src], group=process_group))
     return result

@@ -36,12 +36,13 @@ import torch.distributed as dist
 
 from fmesh.context import _torch, autograd, collectives, objects, permute, recovery
 from fmesh.context.agreement import Agreement
+from fmesh.context.call_checks import CallChecks
 from fmesh.context.collectives import ReduceOp
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, materialize, plan_groups
 from fmesh.context.groups import GroupRegistry, Target
 from fmesh.context.options import AxisOptions, GroupSettings
-from fmesh.context.tensors import TensorChecks, check_tensor
+from fmesh.context.tensors import check_tensor
 from fmesh.context.world import World
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
@@ -80,27 +81,27 @@ class Context:
         name: str = "fmesh",
         simulated: bool = False,
         creation_timeout: timedelta | float | None = None,
-        check_tensors: bool = True,
+        check_tensors: bool | Literal["every-call"] | None = None,
     ) -> None:
         # Every argument is checked before any group is touched.
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
-        tensors = TensorChecks.of(check_tensors)
+        tensors = CallChecks.of(check_tensors)
         world = World.start(backend=backend, rank=rank, world_size=world_size, store=store, init_method=init_method,
                             timeout=settings.timeout, device=device, gpus_per_node=gpus_per_node, name=name)
         self._own(world, settings, tensors, simulated)
 
     @classmethod
-    def _made(cls, world: World, settings: GroupSettings, tensors: TensorChecks, simulated: bool = False) -> Context:
+    def _made(cls, world: World, settings: GroupSettings, tensors: CallChecks, simulated: bool = False) -> Context:
         """The one private constructor, for the ways a Context is made besides ``__init__`` (``from_env``,
         ``recover``): the rooms on a world whose arguments are checked already."""
         context = cls.__new__(cls)
         context._own(world, settings, tensors, simulated)
         return context
 
-    def _own(self, world: World, settings: GroupSettings, tensors: TensorChecks, simulated: bool = False) -> None:
+    def _own(self, world: World, settings: GroupSettings, tensors: CallChecks, simulated: bool = False) -> None:
         self._world = world
         self._simulated = simulated
-        self._tensors = tensors  # the members' check of their tensors before each collective (fmesh.context.tensors)
+        self._tensors = tensors  # the members' check of their calls before each collective (fmesh.context.call_checks)
         self._settings = attrs.evolve(settings, backend=world.backend)
         self._agreement: Agreement | None = None
         if not world.fake:  # the fake backend's store cannot be used
@@ -126,7 +127,7 @@ class Context:
         gpus_per_node: int | None = None,
         name: str = "fmesh",
         creation_timeout: timedelta | float | None = None,
-        check_tensors: bool = True,
+        check_tensors: bool | Literal["every-call"] | None = None,
     ) -> Context:
         """Under ``torchrun`` (any ``env://`` launch): init the default group if needed, NCCL with
         CUDA else gloo, and bind ``cuda:LOCAL_RANK``. With none of the launcher's variables (``RANK``,
@@ -142,7 +143,7 @@ class Context:
         >>> os.environ.update(launcher)
         """
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
-        tensors = TensorChecks.of(check_tensors)  # every argument checked before the default group is made
+        tensors = CallChecks.of(check_tensors)  # every argument checked before the default group is made
         world = World.from_env(backend=backend, timeout=settings.timeout, gpus_per_node=gpus_per_node, name=name)
         return cls._made(world, settings, tensors)
 
@@ -597,7 +598,7 @@ class Context:
         if self.rank not in renumber:
             return None
         started = old.renewed(world, gone, store, self._settings.timeout, self._settings.creation_timeout, ended)
-        renewed = Context._made(started, self._settings, TensorChecks(self._tensors.enabled), self._simulated)
+        renewed = Context._made(started, self._settings, CallChecks(self._tensors.mode), self._simulated)
         renewed._groups.adopt_all(taken)
         return renewed
 
@@ -609,6 +610,7 @@ class Context:
             return
         if how == "abort":  # first, before any store operation: ends this rank's waits and frees the peers blocked
             self._groups.halt()
+        self._tensors.close()
         if self._agreement is not None:  # the exit hook withdrawn, and peers waiting for this rank told why
             self._agreement.leave(aborted=how != "close", error=error)
         self._exports.clear()

@@ -1,36 +1,15 @@
-"""Tensors checked at the door of a collective, before any group is touched; and the check, on by default,
-that every member of the group passes a tensor of the same shape and dtype to the same call.
-
-The door (:func:`check_tensor`) costs a type check and a device comparison. The members' check
-(:class:`TensorChecks`, ``Context(check_tensors=True)``, the default) runs on the collective's own group just
-before it: one all_reduce (max) of two 64-bit integers, a signature of the call (:func:`signature`: the collective,
-its arguments, the tensor's shape and dtype) and its negation, so every member learns the largest and the smallest
-signature in one step, and they are equal exactly when every member made the same call. Only then does the
-collective send any of the caller's data: a mismatch (gloo aborts such a call, NCCL hangs or returns garbage, and
-an all_gather of unequal sizes returned another rank's bytes on gloo) is a
-:class:`~fmesh.TensorMismatchError` on every member, naming the odd rank and its tensor, and the group stays
-healthy. It costs one small collective per eager collective (``bench/collectives.py``); ``check_tensors=False``
-turns it off, and then it costs nothing. Inside ``torch.compile`` it does not run (the check reads its result on
-the host, which would break the graph): check a compiled program eagerly once.
+"""Tensors checked at the door of a collective, before any group is touched: a type check and a device comparison
+(:func:`check_tensor`); and what members must agree on about a tensor (:func:`describe`, :func:`signature`), which
+the members' check of their calls (:mod:`fmesh.context.call_checks`) compares.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from fmesh.context import collectives
-from fmesh.context.agreement import Agreement
-from fmesh.context.groups import Route, Target
-from fmesh.context.options import GroupSpec
-from fmesh.errors import TensorMismatchError
-
-# How long a member that saw a mismatch waits for the others' descriptions, to name the odd one.
 DESCRIPTIONS_SECONDS = 5.0
 
 
@@ -93,68 +72,3 @@ def signature(call: str) -> int:
     True
     """
     return int.from_bytes(hashlib.blake2b(call.encode(), digest_size=7).digest(), "big")
-
-
-def _odd_ones(agreement: Agreement, key: str, target: Target, what: str, mine: str) -> str:
-    """The message naming the members whose call differs from most members' (each member posts its own under
-    ``key`` and reads the others')."""
-    agreement.store.set(f"{agreement.prefix}/{key}/{agreement.rank}", mine)
-    keys = [f"{agreement.prefix}/{key}/{rank}" for rank in target.ranks]
-    try:
-        agreement.store.wait(keys, timedelta(seconds=DESCRIPTIONS_SECONDS))
-        held = dict(zip(target.ranks, (raw.decode() for raw in agreement.store.multi_get(keys)), strict=True))
-    except Exception:  # a member never came: say what this rank knows
-        held = {agreement.rank: mine}
-    usual, times = Counter(held.values()).most_common(1)[0]
-    if 2 * times <= len(held):  # no majority (two members, say): every member's own, none called odd
-        found = "; ".join(f"rank {rank} holds a tensor of {text}" for rank, text in sorted(held.items()))
-    else:
-        odd = {rank: text for rank, text in held.items() if text != usual}
-        others = sorted(rank for rank in held if rank not in odd)
-        named = "; ".join(f"rank {rank} holds a tensor of {text}" for rank, text in sorted(odd.items()))
-        found = f"{named}, while ranks {others} hold {usual}"
-    return (f"on rank {agreement.rank}: {what} along {target.label()}: members hold different tensors: {found}. "
-            "Expected every member of the group to pass a tensor of the same shape and dtype to the same collective "
-            "(nothing was sent: the group is healthy; Context(check_tensors=False) turns this check off)")
-
-
-class TensorChecks:
-    """The members' check of their tensors before each eager collective (``Context(check_tensors=...)``, on by
-    default) and its one piece of state: how many checked collectives each group has run, which names the place
-    in the store where the members describe their tensors when the check fails."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._counts: dict[GroupSpec, int] = {}
-
-    @classmethod
-    def of(cls, check_tensors: object) -> TensorChecks:
-        """The check as ``Context(check_tensors=...)`` asks for it: ``TypeError`` unless True or False.
-
-        >>> TensorChecks.of(True).enabled
-        True
-        """
-        if not isinstance(check_tensors, bool):
-            raise TypeError(f"check_tensors: expected True or False, but got {check_tensors!r}")
-        return cls(check_tensors)
-
-    def check(self, what: str, route: Route, tensor: torch.Tensor, arguments: tuple[object, ...] = ()) -> None:
-        """When enabled (eager, a real group of several members), the members of ``route`` compare their call
-        (``what`` with ``arguments``, the tensor's shape and dtype) in one small all_reduce on the group, before
-        any of the tensor is sent: :class:`~fmesh.TensorMismatchError` on every member when one differs."""
-        process_group = route.group
-        if (not self.enabled or route.agreement is None or process_group is None or route.target.size == 1
-                or torch.compiler.is_compiling()):
-            return
-        spec = route.target.spec  # hashed once (cache_hash); its digest, O(group size), only on a mismatch
-        count = self._counts[spec] = self._counts.get(spec, 0) + 1
-        mine = f"{describe(tensor)} in {what}({', '.join(map(repr, arguments))})"
-        code = signature(mine)
-        bounds = torch.tensor([code, -code], dtype=torch.int64, device=tensor.device)
-        collectives.run(f"{what} (the members' check of their tensors)", route,
-                        lambda: dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=process_group))
-        highest, negated_lowest = bounds.tolist()
-        if highest == code == -negated_lowest:
-            return
-        raise TensorMismatchError(_odd_ones(route.agreement, f"tensor/{spec.digest()}/{count}", route.target, what,
-                                            mine))

@@ -13,6 +13,7 @@ from support import launch, succeeded
 
 import fmesh
 from fmesh import Context
+from fmesh.context.call_checks import CHECKPOINT, check_mode
 
 MESH = fmesh.make_mesh((2, 2), ("dp", "tp"))
 
@@ -73,9 +74,21 @@ def test_avg_of_an_integer_tensor_is_a_clear_error(what: str) -> None:
         assert call(torch.arange(4), MESH, "tp", op="sum").dtype == torch.int64  # sum of integers is fine
 
 
-def test_check_tensors_must_be_a_bool() -> None:
-    with pytest.raises(TypeError, match=r"^check_tensors: expected True or False, but got 'yes'$"):
+def test_check_tensors_must_be_true_false_or_every_call() -> None:
+    with pytest.raises(TypeError, match=r"^check_tensors: expected True, False or 'every-call', but got 'yes'$"):
         Context.fake(2, check_tensors="yes")
+    with pytest.raises(TypeError, match=r"but got 1$"):  # 1 == True, but not what the option means
+        Context.fake(2, check_tensors=1)
+
+
+def test_the_environment_chooses_the_check_when_the_context_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert check_mode(None) == "steady"
+    monkeypatch.setenv("FMESH_CHECK_TENSORS", "every-call")
+    assert (check_mode(None), check_mode(True), check_mode(False)) == ("every-call", "steady", "off")
+    monkeypatch.setenv("FMESH_CHECK_TENSORS", "sometimes")
+    with pytest.raises(ValueError, match=r"^FMESH_CHECK_TENSORS: expected one of \['0', '1', 'every-call', 'off', "
+                                         r"'on'\], but got 'sometimes'$"):
+        Context.fake(2)
 
 
 def odd_tensors(ctx: Context) -> dict[str, Any]:
@@ -162,6 +175,147 @@ def counted_all_reduces(ctx: Context) -> int:
 
 
 @pytest.mark.slow
-def test_the_check_is_one_small_all_reduce_and_off_costs_nothing() -> None:
-    assert succeeded(launch(counted_all_reduces, 2)) == [2, 2]
-    assert succeeded(launch(counted_all_reduces, 2, check_tensors=False)) == [1, 1]
+@pytest.mark.parametrize("check", [True, "every-call", False])
+def test_the_check_sends_no_collective_of_its_own(check: Any) -> None:
+    # Before: one all_reduce of two int64 on the group before each collective (2 here), read back on the host.
+    assert succeeded(launch(counted_all_reduces, 2, check_tensors=check)) == [1, 1]
+
+
+# --------------------------------------------------------------------------------------------- steady state
+
+STEPS = 6  # steps of a loop before the odd one: every window of the loop is known by then
+
+
+def step_calls(ctx: Context, mesh: fmesh.Mesh, odd: str | None) -> None:
+    """One step of a loop of three collectives on ``mesh``'s dp group; ``odd`` makes this rank's step differ."""
+    ctx.all_reduce(torch.ones(4, dtype=torch.int32 if odd == "dtype" else torch.float32), mesh)
+    if odd != "count":
+        (ctx.all_reduce if odd == "collective" else ctx.all_gather)(torch.ones(2), mesh)
+    ctx.all_reduce(torch.ones(5 if odd == "shape" else 3), mesh)
+
+
+def odd_step(kind: str, ranks: int = 2) -> Callable[[Context], dict[str, Any]]:
+    def body(ctx: Context) -> dict[str, Any]:
+        mesh = fmesh.make_mesh((ranks,), ("dp",))
+        seen: dict[str, Any] = {"steps": 0}
+        try:
+            for step in range(STEPS + 2):
+                step_calls(ctx, mesh, kind if step == STEPS and ctx.rank == ranks - 1 else None)
+                seen["steps"] += 1
+            seen["error"] = ("no error", "")
+        except Exception as error:
+            seen["error"] = (type(error).__name__, str(error))
+        return seen
+    return body
+
+
+THE_ODD_CALL = {
+    "shape": "shape (5,) dtype torch.float32 in all_reduce('sum')",
+    "dtype": "shape (4,) dtype torch.int32 in all_reduce('sum')",
+    "collective": "shape (2,) dtype torch.float32 in all_reduce('sum')",
+    "count": "shape (3,) dtype torch.float32 in all_reduce('sum')",
+}
+THE_USUAL_CALL = {
+    "shape": "shape (3,) dtype torch.float32 in all_reduce('sum')",
+    "dtype": "shape (4,) dtype torch.float32 in all_reduce('sum')",
+    "collective": "shape (2,) dtype torch.float32 in all_gather(0)",
+    "count": "shape (2,) dtype torch.float32 in all_gather(0)",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(THE_ODD_CALL))
+def test_in_steady_state_a_call_that_differs_is_named_on_every_rank_before_it_is_sent(kind: str) -> None:
+    # The loop's windows are known after a few steps: the usual calls go without a meeting. The odd rank's call
+    # makes a window never agreed, so it meets; its peer, on the known path, blocks in the collective until its watch
+    # posts the call it is blocked in; the odd rank names both, sends nothing, and cuts the group, which frees its peer
+    # with the same error. Before: one all_reduce per call (2.4x a small collective's cost), no such path.
+    odd, usual = launch(odd_step(kind), 2, timeout=120)[::-1]
+    for seen in (odd, usual):
+        assert seen["error"][0] == "TensorMismatchError", seen
+        assert seen["steps"] == STEPS, seen  # found at the odd step, not later
+    assert THE_ODD_CALL[kind] in odd["error"][1] and THE_USUAL_CALL[kind] in odd["error"][1], odd
+    assert "rank 0 is blocked in" in odd["error"][1] and "Nothing of this rank's tensor was sent" in odd["error"][1]
+    assert "rank 1 refused it on itself" in usual["error"][1] and THE_ODD_CALL[kind] in usual["error"][1], usual
+
+
+def swapped_phases(ctx: Context) -> dict[str, Any]:
+    """Two phases of the same shapes, training (sum, sum) and evaluation (max, max); rank 1 starts evaluating one step
+    early. Every window either rank makes is one both made before: only the checkpoint can tell."""
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    seen: dict[str, Any] = {"calls": 0}
+    try:
+        for phase in range(8):
+            for step in range(10):
+                early = phase == 4 and step == 9 and ctx.rank == 1
+                op = "max" if phase % 2 or early else "sum"
+                for _ in range(2):
+                    ctx.all_reduce(torch.ones(4), mesh, op=op)
+                    seen["calls"] += 1
+        seen["error"] = ("no error", "")
+    except Exception as error:
+        seen["error"] = (type(error).__name__, str(error))
+    try:
+        seen["after"] = ctx.all_reduce(torch.ones(2), mesh).tolist()
+    except Exception as error:
+        seen["after"] = type(error).__name__
+    return seen
+
+
+@pytest.mark.slow
+def test_by_default_a_divergence_between_known_calls_is_found_at_the_next_checkpoint() -> None:
+    first, second = launch(swapped_phases, 2, timeout=120)
+    for seen in (first, second):
+        assert seen["error"][0] == "TensorMismatchError", seen
+        assert seen["calls"] <= 2 * CHECKPOINT, seen  # within CHECKPOINT calls of call #100, the odd one
+        assert seen["after"] == "RankLostError", seen  # the mismatched call ran: the group is cut
+    # The member that arrives second at the checkpoint finds the difference and names its own calls of the first
+    # block that differs (either rank may); the other member passes its error on.
+    found = next(rank for rank, seen in enumerate((first, second)) if seen["error"][1].startswith(
+        f"on rank {rank}: all_reduce along the group [0, 1] along axes ('dp',) of Mesh(dp=2; world=2): members made "
+        "different calls on this group, found after they ran: among calls #97-#104"))
+    told, other = (first, second)[found]["error"][1], (second, first)[found]["error"][1]
+    assert f"#99 shape (4,) dtype torch.float32 in all_reduce('{'max' if found else 'sum'}')" in told, told
+    assert f"rank {1 - found} made others" in told, told
+    assert f"rank {found} disagrees about the calls made on this group" in other, other
+
+
+@pytest.mark.slow
+def test_every_call_stops_before_the_first_call_that_differs_and_the_group_stays_healthy() -> None:
+    for rank, seen in enumerate(launch(swapped_phases, 2, timeout=120, check_tensors="every-call")):
+        assert seen["error"][0] == "TensorMismatchError", seen
+        assert seen["calls"] == 98, seen  # calls #99, rank 1's first evaluation call, was never sent
+        assert ("rank 0 holds a tensor of shape (4,) dtype torch.float32 in all_reduce('sum'); rank 1 holds a tensor "
+                "of shape (4,) dtype torch.float32 in all_reduce('max')") in seen["error"][1], seen
+        assert seen["after"] == [2.0, 2.0], (rank, seen)
+
+
+def host_reads(check: Any) -> Callable[[Context], int]:
+    def body(ctx: Context) -> int:
+        """How often the host read a tensor's value (``.item()``, ``.tolist()``: on a GPU, a device synchronisation)
+        in 200 steady-state collectives."""
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Reads(TorchDispatchMode):
+            count = 0
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                if func is torch.ops.aten._local_scalar_dense.default:
+                    Reads.count += 1
+                return func(*args, **(kwargs or {}))
+
+        mesh = fmesh.make_mesh((2,), ("dp",))
+        for _ in range(8):  # the first calls meet: every window known afterwards
+            ctx.all_reduce(torch.ones(4), mesh)
+        with Reads():
+            for _ in range(200):
+                ctx.all_reduce(torch.ones(4), mesh)
+        return Reads.count
+    return body
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", [True, "every-call"])
+def test_the_check_never_reads_a_tensor_on_the_host(check: Any) -> None:
+    # Under NCCL's rules (tests/strict_nccl.py). Before: one .tolist() per collective, a device synchronisation on NCCL.
+    assert succeeded(launch(host_reads(check), 2, timeout=120, check_tensors=check)) == [0, 0]

@@ -1,0 +1,362 @@
+"""The members' check of their calls: every member of a group passes a tensor of the same shape and dtype to the
+same collective, in the same order. Checked out of band (through the store, never a collective of its own, never a
+read of the device), so that in steady state it costs a few dictionary operations per call.
+
+Each member keeps a :class:`Ledger` per group: how many checked calls it made there, the *window* of its last
+:data:`WINDOW` calls (each call a signature: the collective, its arguments, the tensor's shape and dtype), a rolling
+hash of all of them, and its recent calls, to name them. Then, per call:
+
+* **A window the members agreed on before is known**: every member made these same :data:`WINDOW` calls at this
+  place before, so this call is what the program always does here; it goes at once.
+* **A new window is agreed before any byte is sent** (:meth:`CallChecks.meet`): the first calls on a group, a new
+  shape, a call added, skipped or reordered. The members meet in the store (three operations and one blocking read
+  each, whatever the group size). A difference is a :class:`~fmesh.TensorMismatchError` on every member, naming
+  the calls that differ; nothing was sent, and the group stays healthy.
+* **A member that took the known path while another meets** is blocked in the collective, waiting for a member that
+  will not come. After :data:`BLOCKED_SECONDS` this process's watch (:class:`Watch`, a thread) posts the call it is
+  blocked in; the meeting members read it, raise :class:`~fmesh.TensorMismatchError` (nothing of theirs was sent)
+  and cut the group, which frees the blocked member with the same error (``collectives.failed``).
+* **Every** :data:`CHECKPOINT` **calls** each member compares its rolling hash with the first member's (one
+  ``compare_set``, one ``check``): what is left, a divergence between two histories both agreed before, is found
+  after the fact, within :data:`CHECKPOINT` calls; the group is then cut (a mismatched call ran) and every member
+  raises :class:`~fmesh.TensorMismatchError`.
+
+``Context(check_tensors="every-call")`` (or ``FMESH_CHECK_TENSORS=every-call``) meets at every call: nothing is ever
+sent after a mismatch, at the price of one meeting per call (the debugging mode). ``check_tensors=False`` turns the
+check off. Inside ``torch.compile`` the check does not run (a compiled graph's calls are not counted). Why this
+design, and what each path costs: ``docs/guides/gradients-and-compile.md``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from fmesh.context import _torch
+from fmesh.context.agreement import Agreement
+from fmesh.context.groups import Route, usable
+from fmesh.context.tensors import signature
+from fmesh.errors import GroupTimeoutError, RankLostError, TensorMismatchError
+
+CheckMode = Literal["off", "steady", "every-call"]
+"""``off``: no check; ``steady`` (the default): new windows met, known ones checked every :data:`CHECKPOINT` calls;
+``every-call``: every call met before it is sent."""
+MODES: dict[object, CheckMode] = {True: "steady", False: "off", "every-call": "every-call"}
+ENVIRONMENT = "FMESH_CHECK_TENSORS"  # read when check_tensors is left out: on, off, every-call
+_FROM_ENVIRONMENT: dict[str, CheckMode] = {"on": "steady", "1": "steady", "off": "off", "0": "off",
+                                           "every-call": "every-call"}
+WINDOW = 4  # the calls a window holds: a call added, skipped or reordered makes the next WINDOW windows new
+CHECKPOINT = 64  # a member compares its rolling hash every this many calls on a group
+BLOCK = 8  # a checkpoint carries the rolling hash after each block of this many calls: a difference is named to a block
+KNOWN_LIMIT = 4096  # windows remembered per group; past it they are forgotten together (on every member alike)
+BLOCKED_SECONDS = 1.0  # how long a call blocked in a collective waits before its watch posts it
+WATCH_SECONDS = 0.25  # how often the watch looks
+DESCRIPTIONS_SECONDS = 5.0  # how long a member that saw a difference waits for the others' calls, to name them
+OK, MISMATCH, BLOCKED, LOST, TIMEOUT = "ok", "mismatch", "blocked", "lost", "timeout"
+
+Call = tuple[str, torch.dtype, torch.Size, tuple[object, ...]]
+"""One call as a member makes it: the collective's name, the tensor's dtype and shape, the arguments."""
+
+
+def check_mode(check_tensors: object) -> CheckMode:
+    """The mode ``Context(check_tensors=...)`` asks for: True (the default), False or ``"every-call"``; ``None``
+    reads ``FMESH_CHECK_TENSORS`` (on, off, every-call), and is True without it.
+
+    >>> check_mode(True), check_mode(False), check_mode("every-call")
+    ('steady', 'off', 'every-call')
+    >>> check_mode("yes")
+    Traceback (most recent call last):
+    ...
+    TypeError: check_tensors: expected True, False or 'every-call', but got 'yes'
+    """
+    if check_tensors is None:
+        raw = os.environ.get(ENVIRONMENT, "on").strip().lower()
+        if raw not in _FROM_ENVIRONMENT:
+            raise ValueError(f"{ENVIRONMENT}: expected one of {sorted(_FROM_ENVIRONMENT)}, but got {raw!r}")
+        return _FROM_ENVIRONMENT[raw]
+    if check_tensors.__class__ not in (bool, str) or check_tensors not in MODES:
+        raise TypeError(f"check_tensors: expected True, False or 'every-call', but got {check_tensors!r}")
+    return MODES[check_tensors]
+
+
+def describe_call(call: Call) -> str:
+    """What members must agree on about one call, as errors name it.
+
+    >>> describe_call(("all_reduce", torch.float32, torch.Size([2, 3]), ("sum",)))
+    "shape (2, 3) dtype torch.float32 in all_reduce('sum')"
+    """
+    what, dtype, shape, arguments = call
+    return f"shape {tuple(shape)} dtype {dtype} in {what}({', '.join(map(repr, arguments))})"
+
+
+class Ledger:
+    """One group's calls on this member: see the module docstring. Every member's ledger of a group changes alike
+    while the members agree, which is what lets each decide alone whether a window is known."""
+
+    __slots__ = ("count", "digest", "known", "last", "marks", "meetings", "recent", "rolling")
+
+    def __init__(self, digest: str) -> None:
+        self.digest = digest  # the group's name in the store
+        self.count = 0  # checked calls made
+        self.last: tuple[int, ...] = (0,) * (WINDOW - 1)  # the signatures of the calls before this one
+        self.rolling = 0  # a hash of every signature, in order
+        self.known: set[tuple[int, ...]] = set()  # windows the members agreed on
+        self.meetings = 0  # meetings held (each has keys of its own in the store)
+        self.recent: collections.deque[Call] = collections.deque(maxlen=CHECKPOINT)
+        self.marks: collections.deque[int] = collections.deque(maxlen=CHECKPOINT // BLOCK)  # rolling, every BLOCK
+
+
+class CallChecks:
+    """The members' check of their calls before each eager collective (``Context(check_tensors=...)``), and its
+    state: a :class:`Ledger` per group, the signatures computed so far, and the :class:`Watch`."""
+
+    def __init__(self, mode: CheckMode) -> None:
+        self.mode = mode
+        self.entered: Ledger | None = None  # the group of the last call sent (the watch reads its count)
+        self._ledgers: dict[dist.ProcessGroup, Ledger] = {}
+        self._signatures: dict[Call, int] = {}
+        self._watch: Watch | None = None
+
+    @classmethod
+    def of(cls, check_tensors: object) -> CallChecks:
+        """The check as ``Context(check_tensors=...)`` asks for it (:func:`check_mode`).
+
+        >>> CallChecks.of("every-call").mode
+        'every-call'
+        """
+        return cls(check_mode(check_tensors))
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any check runs."""
+        return self.mode != "off"
+
+    def check(self, what: str, route: Route, tensor: torch.Tensor, arguments: tuple[object, ...] = ()) -> None:
+        """Before the collective ``what`` of ``tensor`` with ``arguments`` along ``route`` (eager, a real group of
+        several members): see the module docstring. Raises :class:`~fmesh.TensorMismatchError` on a difference."""
+        if self.mode == "off":
+            return
+        agreement, group = route.agreement, route.group
+        if agreement is None or group is None or torch.compiler.is_compiling():  # None: a group of one
+            return
+        ledger = self._ledgers.get(group)
+        if ledger is None:
+            ledger = self._ledgers[group] = Ledger(route.target.spec.digest())
+        call: Call = (what, tensor.dtype, tensor.shape, arguments)
+        code = self._signatures.get(call)
+        if code is None:
+            code = self._signature(call)
+        window = (*ledger.last, code)
+        if self.mode == "every-call" or window not in ledger.known:
+            if not usable(group, agreement):  # cut by an earlier failure: the collective says so at once
+                return
+            self.meet(route, agreement, ledger, window, call)
+            if self._watch is None:
+                self._watch = Watch(self, agreement)
+        ledger.last = window[1:]
+        ledger.rolling = hash((ledger.rolling, code))  # a tuple of ints hashes alike in every process
+        ledger.recent.append(call)
+        ledger.count = count = ledger.count + 1
+        if not count % BLOCK:
+            ledger.marks.append(ledger.rolling)
+            if not count % CHECKPOINT:
+                self.checkpoint(route, agreement, ledger)
+        self.entered = ledger
+
+    def _signature(self, call: Call) -> int:
+        if len(self._signatures) >= KNOWN_LIMIT:
+            self._signatures.clear()
+        code = self._signatures[call] = signature(describe_call(call))
+        return code
+
+    def close(self) -> None:
+        """Stop the watch (the context ends)."""
+        if self._watch is not None:
+            self._watch.stop()
+
+    # ------------------------------------------------------------------ meeting
+
+    def meet(self, route: Route, agreement: Agreement, ledger: Ledger, window: tuple[int, ...], call: Call) -> None:
+        """Agree on a new ``window`` with every member before any byte is sent: post it (the first member's stays),
+        count the arrival, and read the verdict in one blocking read; the last to arrive writes it. A member whose
+        window differs writes ``mismatch``; a member found blocked in the collective by the known path (its watch
+        posted it), ``blocked``."""
+        target, store = route.target, agreement.store
+        ledger.meetings += 1
+        base = f"{agreement.prefix}/calls/{ledger.digest}/meet/{ledger.meetings}"
+        done = f"{base}/done"
+        mine = f"{hash(window):x}"  # a tuple of ints hashes alike in every process
+        if store.compare_set(f"{base}/window", "", mine).decode() != mine:
+            store.compare_set(done, "", MISMATCH)
+        elif int(store.add(f"{base}/arrived", 1)) == target.size:
+            store.compare_set(done, "", OK)
+        blocked = f"{agreement.prefix}/calls/{ledger.digest}/{ledger.count + 1}/blocked"
+
+        def look() -> bool:  # a member blocked in the collective, or gone, never comes: say so and stop waiting
+            if store.check([blocked]):
+                store.compare_set(done, "", f"{BLOCKED}\n{store.get(blocked).decode()}")
+                return True
+            gone = agreement.ended(target.ranks)
+            if gone:
+                store.compare_set(done, "", f"{LOST}\n{gone}")
+            return bool(gone)
+
+        seconds = target.spec.timeout.total_seconds()
+        came = agreement.wait_for(done, seconds, look, f"checking {call[0]} along {target.label()}")
+        if came is None:
+            store.compare_set(done, "", f"{TIMEOUT}\n{int(store.add(f'{base}/arrived', 0))}")
+            came = store.get(done)
+        verdict, _, detail = came.decode().partition("\n")
+        if verdict == OK:
+            if len(ledger.known) >= KNOWN_LIMIT:
+                ledger.known.clear()
+            ledger.known.add(window)
+            return
+        what = f"on rank {agreement.rank}: {call[0]} along {target.label()}"
+        if verdict == MISMATCH:
+            raise TensorMismatchError(self._named(agreement, f"{base}/calls", target.ranks, ledger, call, what))
+        if verdict == BLOCKED:  # that member's data went; this rank's did not: cut the group to free it
+            rank, _, theirs = detail.partition("\n")
+            error = TensorMismatchError(
+                f"{what}: members made different calls: rank {rank} is blocked in {theirs}, a call the members "
+                f"made at this place before, while this rank made {describe_call(call)}, which they never made "
+                f"here (its calls before it on this group: {self._trail(ledger, WINDOW - 1)}). Nothing of this "
+                "rank's tensor was sent, but the group is cut to free rank " + rank + ": check the order of "
+                "collectives on the ranks named here")
+            self._cut(route, agreement, error, refused=True)
+            raise error
+        if verdict == LOST:
+            raise RankLostError(f"{what}: ranks {detail} of the group are gone (the launcher saw their processes "
+                                "end) while this rank waited for them to check their calls")
+        raise GroupTimeoutError(
+            f"{what}: only {detail} of the {target.size} members came to check their calls within {seconds:g}s "
+            "(the group's timeout): the others are slow, stuck elsewhere, or made fewer calls on this group")
+
+    def _named(self, agreement: Agreement, key: str, ranks: Sequence[int], ledger: Ledger, call: Call,
+               what: str) -> str:
+        """The message naming the members whose calls differ from most members' (each member posts its last calls
+        under ``key`` and reads the others'); the first place where they differ is named."""
+        store = agreement.store
+        mine = [describe_call(made) for made in [*list(ledger.recent)[-(WINDOW - 1):], call]]
+        store.set(f"{key}/{agreement.rank}", "\n".join(mine))
+        keys = [f"{key}/{rank}" for rank in ranks]
+        try:
+            store.wait(keys, timedelta(seconds=DESCRIPTIONS_SECONDS))
+            held = {rank: raw.decode().split("\n") for rank, raw in zip(ranks, store.multi_get(keys), strict=True)}
+        except Exception:  # a member never came: say what this rank knows
+            held = {agreement.rank: mine}
+
+        def made(back: int) -> dict[int, str]:  # each member's call ``back`` calls ago (1: this one)
+            return {rank: calls[-back] if len(calls) >= back else "no call" for rank, calls in held.items()}
+
+        back = next((back for back in range(1, WINDOW + 1) if len(set(made(back).values())) > 1), 1)
+        at = made(back)
+        earlier = "" if back == 1 else f" {back - 1} calls before this one ({mine[-1]}, alike on every member)"
+        usual, times = collections.Counter(at.values()).most_common(1)[0]
+        if 2 * times <= len(at):  # no majority (two members, say): every member's own, none called odd
+            found = "; ".join(f"rank {rank} holds a tensor of {text}" for rank, text in sorted(at.items()))
+        else:
+            odd = {rank: text for rank, text in at.items() if text != usual}
+            others = sorted(rank for rank in at if rank not in odd)
+            named = "; ".join(f"rank {rank} holds a tensor of {text}" for rank, text in sorted(odd.items()))
+            found = f"{named}, while ranks {others} hold {usual}"
+        return (f"{what}: members hold different tensors{earlier}: {found}. Expected every member of the group to "
+                "pass a tensor of the same shape and dtype to the same collective, in the same order (nothing was "
+                "sent: the group is healthy; Context(check_tensors=False) turns this check off)")
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def checkpoint(self, route: Route, agreement: Agreement, ledger: Ledger) -> None:
+        """Compare this member's rolling hash with the first member's at this count (two store operations): a
+        difference is a mismatched call that ran since the last checkpoint; the group is cut."""
+        store, target = agreement.store, route.target
+        base = f"{agreement.prefix}/calls/{ledger.digest}"
+        mine = ",".join(f"{mark:x}" for mark in ledger.marks)
+        first, _, rank = store.compare_set(f"{base}/checkpoint/{ledger.count}", "",
+                                           f"{mine}\n{agreement.rank}").decode().partition("\n")
+        broken = store.check([f"{base}/broken"])
+        if first == mine and not broken:
+            return
+        what = f"on rank {agreement.rank}: {ledger.recent[-1][0]} along {target.label()}"
+        if broken:
+            told = store.get(f"{base}/broken").decode()
+            error = TensorMismatchError(f"{what}: {told}; this rank's last calls on this group: "
+                                        f"{self._trail(ledger, BLOCK)}")
+        else:  # the first block whose hash differs holds the first call that differs
+            block = next(i for i, (a, b) in enumerate(zip(mine.split(","), first.split(","), strict=False)) if a != b)
+            end = ledger.count - CHECKPOINT + (block + 1) * BLOCK
+            told = (f"members made different calls on this group, found after they ran: among calls "
+                    f"#{end - BLOCK + 1}-#{end} rank {agreement.rank} made {self._trail(ledger, BLOCK, end)}, and rank "
+                    f"{rank} made others (its hash of them differs). The group is cut. Expected every member to make "
+                    "the same collectives in the same order; Context(check_tensors='every-call') stops before the "
+                    "first call that differs and names both")
+            store.compare_set(f"{base}/broken", "", told)
+            error = TensorMismatchError(f"{what}: {told}")
+        self._cut(route, agreement, error, refused=False)
+        raise error
+
+    # ------------------------------------------------------------------ shared
+
+    @staticmethod
+    def _trail(ledger: Ledger, calls: int, end: int | None = None) -> str:
+        """This member's ``calls`` calls on the group up to call ``end`` (default: its last), numbered."""
+        end = ledger.count if end is None else end
+        recent = list(ledger.recent)
+        kept = recent[max(0, len(recent) - (ledger.count - end) - calls):len(recent) - (ledger.count - end)]
+        return "; ".join(f"#{end - len(kept) + 1 + i} {describe_call(call)}" for i, call in enumerate(kept))
+
+    def _cut(self, route: Route, agreement: Agreement, error: TensorMismatchError, refused: bool) -> None:
+        """Post ``error`` as this rank's failure (a member blocked in the group names it; ``refused``: nothing of
+        this rank's was sent) and cut the group."""
+        if route.group is not None:
+            self._ledgers.pop(route.group, None)
+        agreement.failed(error, refused=refused)
+        if route.group is not None:
+            agreement.connections.sever(route.group.group_name)
+            _torch.abort_group(route.group)
+
+
+class Watch:
+    """A thread that posts the call this process has been blocked in, through the known path, for longer than
+    :data:`BLOCKED_SECONDS` (once per call), over a store connection of its own: a member meeting for that call
+    reads it (:meth:`CallChecks.meet`). It reads one attribute every :data:`WATCH_SECONDS`; it writes to the store
+    only for a call blocked that long."""
+
+    def __init__(self, checks: CallChecks, agreement: Agreement) -> None:
+        self._checks, self._agreement = checks, agreement
+        self._stopped = threading.Event()
+        self._store: dist.Store | None = None
+        threading.Thread(target=self._run, name=f"fmesh-call-watch-{agreement.rank}", daemon=True).start()
+
+    def stop(self) -> None:
+        """End the thread at its next look."""
+        self._stopped.set()
+
+    def _run(self) -> None:
+        seen: tuple[Ledger | None, int] = (None, 0)
+        since, posted = 0.0, seen
+        while not self._stopped.wait(WATCH_SECONDS):
+            ledger, now = self._checks.entered, time.monotonic()
+            entered = (ledger, -1 if ledger is None else ledger.count)
+            if entered != seen:
+                seen, since = entered, now
+            elif ledger is not None and entered != posted and now - since >= BLOCKED_SECONDS:
+                posted = entered
+                with contextlib.suppress(Exception):  # a store that is gone is the failure path's to explain
+                    self._post(ledger, entered[1], ledger.recent[-1])
+
+    def _post(self, ledger: Ledger, count: int, call: Call) -> None:
+        agreement = self._agreement
+        if self._store is None:
+            self._store = agreement.store.clone()
+        self._store.compare_set(f"{agreement.prefix}/calls/{ledger.digest}/{count}/blocked", "",
+                                f"{agreement.rank}\n{describe_call(call)} (call #{count} on this group)")
