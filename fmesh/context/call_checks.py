@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Literal
 
+import attrs
 import torch
 import torch.distributed as dist
 
@@ -115,6 +116,18 @@ class Ledger:
         self.marks: collections.deque[int] = collections.deque(maxlen=CHECKPOINT // BLOCK)  # rolling, every BLOCK
 
 
+@attrs.frozen
+class Checkpoint:
+    """What a member compares at a checkpoint: its hashes after each block of calls (``marks``) up to call ``count``
+    of a group, and its calls then (to name them)."""
+
+    route: Route
+    ledger: Ledger
+    count: int
+    marks: str
+    calls: tuple[Call, ...]
+
+
 class CallChecks:
     """The members' check of their calls before each eager collective (``Context(check_tensors=...)``), and its
     state: a :class:`Ledger` per group, the signatures computed so far, and the :class:`Watch`."""
@@ -122,6 +135,8 @@ class CallChecks:
     def __init__(self, mode: CheckMode) -> None:
         self.mode = mode
         self.entered: Ledger | None = None  # the group of the last call sent (the watch reads its count)
+        self.checkpoints: collections.deque[Checkpoint] = collections.deque()  # for the watch to compare
+        self.found: list[tuple[Checkpoint, TensorMismatchError]] = []  # what the watch found, raised at the next call
         self._ledgers: dict[dist.ProcessGroup, Ledger] = {}
         self._signatures: dict[Call, int] = {}
         self._watch: Watch | None = None
@@ -145,6 +160,8 @@ class CallChecks:
         several members): see the module docstring. Raises :class:`~fmesh.TensorMismatchError` on a difference."""
         if self.mode == "off":
             return
+        if self.found:
+            self._raise_found()
         agreement, group = route.agreement, route.group
         if agreement is None or group is None or torch.compiler.is_compiling():  # None: a group of one
             return
@@ -168,8 +185,10 @@ class CallChecks:
         ledger.count = count = ledger.count + 1
         if not count % BLOCK:
             ledger.marks.append(ledger.rolling)
-            if not count % CHECKPOINT:
-                self.checkpoint(route, agreement, ledger)
+            if not count % CHECKPOINT and self._watch is not None and self.mode == "steady":
+                self.checkpoints.append(Checkpoint(route, ledger, count, ",".join(f"{m:x}" for m in ledger.marks),
+                                                   tuple(ledger.recent)))
+                self._watch.wake.set()  # compared on the watch's thread: this one goes on
         self.entered = ledger
 
     def _signature(self, call: Call) -> int:
@@ -275,33 +294,44 @@ class CallChecks:
 
     # ------------------------------------------------------------------ checkpoint
 
-    def checkpoint(self, route: Route, agreement: Agreement, ledger: Ledger) -> None:
-        """Compare this member's rolling hash with the first member's at this count (two store operations): a
-        difference is a mismatched call that ran since the last checkpoint; the group is cut."""
-        store, target = agreement.store, route.target
+    def compare(self, checkpoint: Checkpoint, store: dist.Store) -> TensorMismatchError | None:
+        """Compare this member's hashes at ``checkpoint`` with the first member's (two store operations, on the
+        watch's connection): the error to raise when they differ, or when another member found a difference."""
+        ledger, agreement = checkpoint.ledger, self._agreement_of(checkpoint)
         base = f"{agreement.prefix}/calls/{ledger.digest}"
-        mine = ",".join(f"{mark:x}" for mark in ledger.marks)
-        first, _, rank = store.compare_set(f"{base}/checkpoint/{ledger.count}", "",
-                                           f"{mine}\n{agreement.rank}").decode().partition("\n")
+        first, _, rank = store.compare_set(f"{base}/checkpoint/{checkpoint.count}", "",
+                                           f"{checkpoint.marks}\n{agreement.rank}").decode().partition("\n")
         broken = store.check([f"{base}/broken"])
-        if first == mine and not broken:
-            return
-        what = f"on rank {agreement.rank}: {ledger.recent[-1][0]} along {target.label()}"
+        if first == checkpoint.marks and not broken:
+            return None
+        what = f"on rank {agreement.rank}: {checkpoint.calls[-1][0]} along {checkpoint.route.target.label()}"
         if broken:
-            told = store.get(f"{base}/broken").decode()
-            error = TensorMismatchError(f"{what}: {told}; this rank's last calls on this group: "
-                                        f"{self._trail(ledger, BLOCK)}")
-        else:  # the first block whose hash differs holds the first call that differs
-            block = next(i for i, (a, b) in enumerate(zip(mine.split(","), first.split(","), strict=False)) if a != b)
-            end = ledger.count - CHECKPOINT + (block + 1) * BLOCK
-            told = (f"members made different calls on this group, found after they ran: among calls "
-                    f"#{end - BLOCK + 1}-#{end} rank {agreement.rank} made {self._trail(ledger, BLOCK, end)}, and rank "
-                    f"{rank} made others (its hash of them differs). The group is cut. Expected every member to make "
-                    "the same collectives in the same order; Context(check_tensors='every-call') stops before the "
-                    "first call that differs and names both")
-            store.compare_set(f"{base}/broken", "", told)
-            error = TensorMismatchError(f"{what}: {told}")
-        self._cut(route, agreement, error, refused=False)
+            return TensorMismatchError(f"{what}: {store.get(f'{base}/broken').decode()}")
+        # The first block whose hash differs holds the first call that differs.
+        block = next(i for i, (a, b) in enumerate(zip(checkpoint.marks.split(","), first.split(","), strict=False))
+                     if a != b)
+        end = checkpoint.count - CHECKPOINT + (block + 1) * BLOCK
+        made = "; ".join(f"#{end - BLOCK + 1 + i} {describe_call(call)}"
+                         for i, call in enumerate(checkpoint.calls[len(checkpoint.calls) - (checkpoint.count - end)
+                                                                   - BLOCK:len(checkpoint.calls)
+                                                                   - (checkpoint.count - end)]))
+        told = (f"members made different calls on this group, found after they ran: among calls #{end - BLOCK + 1}-"
+                f"#{end} rank {agreement.rank} made {made}, and rank {rank} made others (its hash of them differs). "
+                "The group is cut. Expected every member to make the same collectives in the same order; "
+                "Context(check_tensors='every-call') stops before the first call that differs and names both")
+        store.compare_set(f"{base}/broken", "", told)
+        return TensorMismatchError(f"{what}: {told}")
+
+    @staticmethod
+    def _agreement_of(checkpoint: Checkpoint) -> Agreement:
+        agreement = checkpoint.route.agreement
+        assert agreement is not None  # a checkpoint is made only on a group with an agreement
+        return agreement
+
+    def _raise_found(self) -> None:
+        """Raise what the watch found at a checkpoint, after cutting that group."""
+        checkpoint, error = self.found.pop()
+        self._cut(checkpoint.route, self._agreement_of(checkpoint), error, refused=False)
         raise error
 
     # ------------------------------------------------------------------ shared
@@ -333,30 +363,47 @@ class Watch:
 
     def __init__(self, checks: CallChecks, agreement: Agreement) -> None:
         self._checks, self._agreement = checks, agreement
-        self._stopped = threading.Event()
+        self._stopped = False
+        self.wake = threading.Event()  # set by the caller's thread when it leaves a checkpoint to compare
         self._store: dist.Store | None = None
         threading.Thread(target=self._run, name=f"fmesh-call-watch-{agreement.rank}", daemon=True).start()
 
     def stop(self) -> None:
         """End the thread at its next look."""
-        self._stopped.set()
+        self._stopped = True
+        self.wake.set()
 
     def _run(self) -> None:
         seen: tuple[Ledger | None, int] = (None, 0)
         since, posted = 0.0, seen
-        while not self._stopped.wait(WATCH_SECONDS):
-            ledger, now = self._checks.entered, time.monotonic()
+        while True:
+            self.wake.wait(WATCH_SECONDS)
+            self.wake.clear()
+            if self._stopped:
+                return
+            checks = self._checks
+            while checks.checkpoints and not checks.found:
+                checkpoint = checks.checkpoints.popleft()
+                with contextlib.suppress(Exception):  # a store that is gone is the failure path's to explain
+                    error = checks.compare(checkpoint, self._connection())
+                    if error is not None:
+                        checks.found.append((checkpoint, error))
+            ledger, now = checks.entered, time.monotonic()
             entered = (ledger, -1 if ledger is None else ledger.count)
             if entered != seen:
                 seen, since = entered, now
             elif ledger is not None and entered != posted and now - since >= BLOCKED_SECONDS:
                 posted = entered
-                with contextlib.suppress(Exception):  # a store that is gone is the failure path's to explain
+                with contextlib.suppress(Exception):
                     self._post(ledger, entered[1], ledger.recent[-1])
+
+    def _connection(self) -> dist.Store:
+        """The watch's own store connection (a client serves one call at a time; the caller's thread has its own)."""
+        if self._store is None:
+            self._store = self._agreement.store.clone()
+        return self._store
 
     def _post(self, ledger: Ledger, count: int, call: Call) -> None:
         agreement = self._agreement
-        if self._store is None:
-            self._store = agreement.store.clone()
-        self._store.compare_set(f"{agreement.prefix}/calls/{ledger.digest}/{count}/blocked", "",
+        self._connection().compare_set(f"{agreement.prefix}/calls/{ledger.digest}/{count}/blocked", "",
                                 f"{agreement.rank}\n{describe_call(call)} (call #{count} on this group)")

@@ -245,7 +245,7 @@ def swapped_phases(ctx: Context) -> dict[str, Any]:
     mesh = fmesh.make_mesh((2,), ("dp",))
     seen: dict[str, Any] = {"calls": 0}
     try:
-        for phase in range(8):
+        for phase in range(16):
             for step in range(10):
                 early = phase == 4 and step == 9 and ctx.rank == 1
                 op = "max" if phase % 2 or early else "sum"
@@ -267,7 +267,9 @@ def test_by_default_a_divergence_between_known_calls_is_found_at_the_next_checkp
     first, second = launch(swapped_phases, 2, timeout=120)
     for seen in (first, second):
         assert seen["error"][0] == "TensorMismatchError", seen
-        assert seen["calls"] <= 2 * CHECKPOINT, seen  # within CHECKPOINT calls of call #100, the odd one
+        # Found at the checkpoint after call #100 (the odd one), #128, compared on the watch's thread while the calls go
+        # on: raised a few calls later (a store round trip), well before the next checkpoint but one.
+        assert 2 * CHECKPOINT <= seen["calls"] < 3 * CHECKPOINT, seen
         assert seen["after"] == "RankLostError", seen  # the mismatched call ran: the group is cut
     # The member that arrives second at the checkpoint finds the difference and names its own calls of the first
     # block that differs (either rank may); the other member passes its error on.
