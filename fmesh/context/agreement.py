@@ -408,7 +408,7 @@ class Agreement:
         self._wait(f"{self.prefix}/agree/{key}", key, members, what, watcher, description)
 
     def wait_for(self, key: str, seconds: float, look: Callable[[], bool] | None = None,
-                 doing: str = "waiting") -> bytes | None:
+                 doing: str = "waiting", longest: float = MAX_POLL_SECONDS) -> bytes | None:
         """Wait up to ``seconds`` for ``key`` to be set, and read it, in ONE blocking store operation (a ``get``,
         which waits for its key up to the connection's timeout): a constant number of operations, however long, and
         nothing logged when it comes. Its value, or None where it did not come (then no one wrote it yet: the caller
@@ -418,7 +418,7 @@ class Agreement:
         client serves one call at a time, and this one blocks), while the caller's thread waits on an event,
         so a signal handler and ``ctx.abort()`` still end the wait at once (:meth:`check_halted`; the caller
         writes ``key`` then, which ends the blocked thread). ``look``, when given, is called past the grace
-        period, then at doubling intervals up to ``MAX_POLL_SECONDS``, on the caller's thread (the elected
+        period, then at doubling intervals up to ``longest`` (``MAX_POLL_SECONDS``), on the caller's thread (the elected
         watcher's look at the missing members); it returns True to stop waiting.
 
         >>> import torch.distributed as dist
@@ -451,7 +451,7 @@ class Agreement:
             if look is not None and time.monotonic() >= look_at:
                 if look():
                     break
-                look_every = min(look_every * 2, MAX_POLL_SECONDS)
+                look_every = min(look_every * 2, longest)
                 look_at = time.monotonic() + look_every
         came.wait(POLL_MAX_SECONDS)  # a look that ended the wait wrote the key: the blocked thread returns now
         if outcome and outcome[0] is not None:

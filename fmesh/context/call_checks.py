@@ -62,6 +62,8 @@ KNOWN_LIMIT = 4096  # windows remembered per group; past it they are forgotten t
 BLOCKED_SECONDS = 1.0  # how long a call blocked in a collective waits before its watch posts it
 WATCH_SECONDS = 0.25  # how often the watch looks
 DESCRIPTIONS_SECONDS = 5.0  # how long a member that saw a difference waits for the others' calls, to name them
+WATCHERS = 2  # the members of a meeting that look for a member blocked in the collective or gone (two: one may die)
+LOOK_SECONDS = 1.0  # the longest pause between a watcher's looks
 OK, MISMATCH, BLOCKED, LOST, TIMEOUT = "ok", "mismatch", "blocked", "lost", "timeout"
 
 Call = tuple[str, torch.dtype, torch.Size, tuple[object, ...]]
@@ -214,10 +216,13 @@ class CallChecks:
         base = f"{agreement.prefix}/calls/{ledger.digest}/meet/{ledger.meetings}"
         done = f"{base}/done"
         mine = f"{hash(window):x}"  # a tuple of ints hashes alike in every process
+        arrived = 0
         if store.compare_set(f"{base}/window", "", mine).decode() != mine:
             store.compare_set(done, "", MISMATCH)
-        elif int(store.add(f"{base}/arrived", 1)) == target.size:
-            store.compare_set(done, "", OK)
+        else:
+            arrived = int(store.add(f"{base}/arrived", 1))
+            if arrived == target.size:
+                store.compare_set(done, "", OK)
         blocked = f"{agreement.prefix}/calls/{ledger.digest}/{ledger.count + 1}/blocked"
 
         def look() -> bool:  # a member blocked in the collective, or gone, never comes: say so and stop waiting
@@ -230,7 +235,10 @@ class CallChecks:
             return bool(gone)
 
         seconds = target.spec.timeout.total_seconds()
-        came = agreement.wait_for(done, seconds, look, f"checking {call[0]} along {target.label()}")
+        # The first WATCHERS members to arrive look, every LOOK_SECONDS at most (the others block in one read): the
+        # store's cost of a wait is a constant, whatever the group size and however long the wait.
+        came = agreement.wait_for(done, seconds, look if 0 < arrived <= WATCHERS else None,
+                                  f"checking {call[0]} along {target.label()}", longest=LOOK_SECONDS)
         if came is None:
             store.compare_set(done, "", f"{TIMEOUT}\n{int(store.add(f'{base}/arrived', 0))}")
             came = store.get(done)
@@ -254,8 +262,10 @@ class CallChecks:
             self._cut(route, agreement, error, refused=True)
             raise error
         if verdict == LOST:
-            raise RankLostError(f"{what}: ranks {detail} of the group are gone (the launcher saw their processes "
-                                "end) while this rank waited for them to check their calls")
+            raise RankLostError(
+                f"{what} failed: ranks {detail} of the group are gone: the launcher saw the processes of ranks "
+                f"{detail} end while this rank waited for them at the members' check of their calls. Expected "
+                f"every member alive; see the logs of ranks {detail}, then restart the job or recover without them")
         raise GroupTimeoutError(
             f"{what}: only {detail} of the {target.size} members came to check their calls within {seconds:g}s "
             "(the group's timeout): the others are slow, stuck elsewhere, or made fewer calls on this group")
