@@ -46,9 +46,8 @@ SIZES = [("1 elem", 1), ("1 KiB", 256), ("1 MiB", 262144)]  # float32 elements
 # ------------------------------------------------------------------------------------------- (a) latency
 
 
-def _timed(fn: Callable[[], Any], n: int) -> list[float]:
+def _timed(fn: Callable[[], Any], n: int, clock: Callable[[], int] = time.perf_counter_ns) -> list[float]:
     out = []
-    clock = time.perf_counter_ns
     for _ in range(n):
         start = clock()
         fn()
@@ -87,14 +86,15 @@ def _latency_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]
     return rows
 
 
-def _medians(calls: dict[str, Callable[[], Any]], n: int, blocks: int = 10) -> dict[str, float]:
-    """Median µs per call of each of ``calls``, after a warm-up, interleaved in ``blocks``."""
+def _medians(calls: dict[str, Callable[[], Any]], n: int, blocks: int = 10,
+             clock: Callable[[], int] = time.perf_counter_ns) -> dict[str, float]:
+    """Median µs per call of each of ``calls``, after a warm-up, interleaved in ``blocks``, on ``clock``."""
     for fn in calls.values():
-        _timed(fn, max(3, n // 10))
+        _timed(fn, max(3, n // 10), clock)
     times: dict[str, list[float]] = {label: [] for label in calls}
     for _ in range(blocks):  # interleaved, so drift hits all alike
         for label, fn in calls.items():
-            times[label] += _timed(fn, max(1, n // blocks))
+            times[label] += _timed(fn, max(1, n // blocks), clock)
     return {label: statistics.median(values) for label, values in times.items()}
 
 
@@ -332,31 +332,212 @@ def autograd_overhead(calls: int) -> list[tuple[str, float]]:
             ("ctx.all_reduce(t) on fake, t.requires_grad under torch.no_grad()", got["no_grad"])]
 
 
-def _check_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]:
+CHECKS = {"default": True, "every call": "every-call", "off": False}  # the members' check, by column
+
+
+def _contexts(ctx: Any, axis_options: Any = None) -> dict[str, Any]:
+    """A context per mode of the members' check on the launch's world (the launch's own, for the default, where
+    ``axis_options`` is None), their groups made."""
+    import fmesh
+
+    made = {}
+    for label, check in CHECKS.items():
+        made[label] = ctx if label == "default" and axis_options is None else fmesh.Context(
+            backend="gloo", name=f"bench-{label.replace(' ', '-')}", check_tensors=check, timeout=120,
+            axis_options=axis_options)
+    return made
+
+
+def _latency_ways(ctx: Any, mesh: Any, t: Any, contexts: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    """Each way to all_reduce ``t`` over ``mesh``'s dp group: bare c10d (in place, and on a clone, the like-for-like
+    baseline of an out-of-place call), torch's functional collective, and fmesh in each check mode."""
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as funcol
+
+    group = ctx.group(mesh, "dp")
+
+    def bare_clone() -> None:
+        dist.all_reduce(t.clone(), group=group)
+
+    ways: dict[str, Callable[[], Any]] = {
+        "bare c10d": lambda: dist.all_reduce(t, group=group),
+        "bare c10d + clone": bare_clone,
+        "funcol": lambda: funcol.wait_tensor(funcol.all_reduce(t, "sum", group)),
+    }
+    for label, context in contexts.items():
+        ways[f"fmesh {label}"] = functools.partial(context.all_reduce, t, mesh, "dp")
+    return ways
+
+
+def _paired_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]:
+    """Per size, the median µs of every way of :func:`_latency_ways`, interleaved in blocks (one launch: the
+    machine's drift hits every way alike)."""
     import torch
 
     import fmesh
 
     mesh = fmesh.make_mesh((ctx.world_size,), ("dp",))
-    sizes = {"1 elem": torch.ones(1), "1 MiB": torch.ones(1 << 18)}
-    # A second context of the same ranks with the check off (its own groups): the two interleaved in blocks, so
-    # that the machine's drift hits both alike (two launches, one each way, moved the 1 MiB row by a millisecond).
-    with fmesh.Context(backend="gloo", name="unchecked", check_tensors=False, timeout=120) as unchecked:
-        calls = {(label, on): functools.partial((ctx if on else unchecked).all_reduce, t, mesh, "dp")
-                 for label, t in sizes.items() for on in (False, True)}
-        got = _medians(calls, iterations["small"])  # type: ignore[arg-type]
-        ctx.barrier()
-    return [tuple(got[(label, on)] for label in sizes) for on in (False, True)]  # type: ignore[index]
+    contexts = _contexts(ctx)
+    rows = []
+    for label, numel in SIZES:
+        t = torch.zeros(numel)  # zeros: a sum of zeros stays finite however often it runs in place
+        got = _medians(_latency_ways(ctx, mesh, t, contexts), iterations["large" if numel > 1024 else "small"])
+        rows.append((ctx.world_size, label, got))
+    for context in contexts.values():
+        if context is not ctx:
+            context.close()
+    ctx.barrier()
+    return rows
 
 
-def check_cost(world: int, iterations: int) -> tuple[tuple[float, float], tuple[float, float]]:
-    """Median µs of ``ctx.all_reduce`` of 1 element and of 1 MiB on gloo (rank 0), without and with the members'
-    check of their tensors (``check_tensors``), interleaved in one launch."""
+def _batched(fn: Callable[[], Any], batch: int) -> Callable[[], None]:
+    def run() -> None:
+        for _ in range(batch):
+            fn()
+    return run
+
+
+def _python_cost_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[str, float]]:
+    """µs per call of each way, and fmesh's with autograd, with the dp axis on torch's fake backend (a no-op: no
+    communication) while the store and the members' check are real."""
+    import torch
+
+    import fmesh
+    from fmesh.context.options import AxisOptions
+
+    mesh = fmesh.make_mesh((ctx.world_size,), ("dp",))
+    t, recorded = torch.zeros(256), torch.zeros(256, requires_grad=True)
+    contexts = _contexts(ctx, {"dp": AxisOptions(backend="fake")})
+    ways = _latency_ways(contexts["default"], mesh, t, contexts)
+    ways["fmesh default, t.requires_grad"] = functools.partial(contexts["default"].all_reduce, recorded, mesh, "dp")
+    ways["fmesh off, t.requires_grad"] = functools.partial(contexts["off"].all_reduce, recorded, mesh, "dp")
+    batch = 100
+    # This thread's CPU time: with no communication there is no waiting, so it is the Python cost alone, and other
+    # work on the machine (which takes the CPU away from this process) does not count.
+    got = _medians({label: _batched(fn, batch) for label, fn in ways.items()}, iterations["small"],
+                   clock=time.thread_time_ns)
+    for context in contexts.values():
+        context.close()
+    return [(label, us / batch) for label, us in got.items()]
+
+
+def checks_and_baselines(quick: bool) -> None:
+    """The table of issue 35: fmesh against bare c10d and funcol, in each mode of the members' check."""
     import fmesh
 
-    off, on = fmesh.launch(functools.partial(_check_rank, iterations={"small": iterations}), world, timeout=600,
-                           context_options={"timeout": 120}, start_method="spawn")[0]
-    return off, on
+    print("### The members' check, and fmesh against c10d and funcol\n")
+    iterations = {"small": 200, "large": 20} if quick else {"small": 3000, "large": 300}
+    rows = fmesh.launch(functools.partial(_paired_rank, iterations=iterations), 2, timeout=900,
+                        context_options={"timeout": 120}, start_method="spawn")[0]
+    ways = list(rows[0][2])
+    print("| procs | size | " + " | ".join(f"{way} µs" for way in ways) + " | default - (bare + clone) µs |")
+    print("| ---: | --- |" + " ---: |" * (len(ways) + 1))
+    for world, label, got in rows:
+        print(f"| {world} | {label} | " + " | ".join(_us(got[way]) for way in ways)
+              + f" | {_us(got['fmesh default'] - got['bare c10d + clone'])} |")
+    print("\ngloo on loopback, rank 0's medians of individually timed calls, every way interleaved in blocks in one "
+          "launch. bare c10d = `dist.all_reduce(t, group=g)` in place; + clone = on `t.clone()` (fmesh returns a new "
+          "tensor); funcol = `funcol.wait_tensor(funcol.all_reduce(t, 'sum', g))`; fmesh default = "
+          "`ctx.all_reduce(t, mesh, 'dp')` (check_tensors=True: new windows of calls met in the store, known ones "
+          "checked every 64 calls off the caller's thread); every call = check_tensors='every-call' (a meeting in "
+          "the store before every call); off = check_tensors=False.\n")
+    cost = fmesh.launch(functools.partial(_python_cost_rank, iterations={"small": 100 if quick else 1000}), 2,
+                        timeout=900, context_options={"timeout": 120}, start_method="spawn")[0]
+    print("| the Python cost per call: 1 KiB, the dp axis on torch's fake backend (no communication) | µs |")
+    print("| --- | ---: |")
+    for label, us in cost:
+        print(f"| {label} | {us:.2f} |")
+    values = dict(cost)
+    print(f"| fmesh default - (bare c10d + clone) | {values['fmesh default'] - values['bare c10d + clone']:.2f} |")
+    print(f"| fmesh default - bare c10d | {values['fmesh default'] - values['bare c10d']:.2f} |")
+    print(f"| fmesh default, t.requires_grad - (bare c10d + clone) | "
+          f"{values['fmesh default, t.requires_grad'] - values['bare c10d + clone']:.2f} |")
+    print("\n2 processes; each call timed in batches of 100 on the calling thread's CPU clock (no communication, so no "
+          "waiting: the Python cost alone, whatever else the machine runs), medians of the batches, every way "
+          "interleaved; the store and the members' check are real (a checkpoint's store operations run on the "
+          "watch's thread, not counted here).\n")
+
+
+def _sp_block_rank(ctx: Any, iterations: dict[str, int], sizes: list[tuple[int, int]]) -> list[tuple[Any, ...]]:
+    """A Megatron tensor- and sequence-parallel transformer block (:func:`_sp_block_step`) at each size: the four
+    ways' medians per step, interleaved."""
+    import fmesh
+
+    tp = ctx.world_size
+    mesh = fmesh.make_mesh((tp,), ("tp",))
+    rows: list[tuple[Any, ...]] = []
+    for hidden, seq in sizes:
+        steps = {f"{way} {how}": _sp_block_step(ctx, mesh, hidden, seq, way, how == "compiled")
+                 for how in ("eager", "compiled") for way in ("fmesh", "funcol")}
+        rows.append((tp, hidden, seq, _medians(steps, iterations["block"])))
+    ctx.barrier()
+    return rows
+
+
+def _sp_block_step(ctx: Any, mesh: Any, hidden: int, seq: int, way: str, compiled: bool) -> Callable[[], None]:
+    """One step (forward + backward) of a pre-LN block, causal attention (8 heads) and a 4x MLP, batch 2, with the
+    sequence split over tp between the blocks: gathered before each column-parallel linear, reduce-scattered after
+    each row-parallel one; on fmesh's collectives (default check) or funcol's autograd collectives."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed import _functional_collectives as funcol
+
+    tp, heads, batch = mesh.size, 8, 2
+    group = ctx.device_mesh(mesh).get_group("tp")
+    torch.manual_seed(0)
+    weights = [(torch.randn(*shape) * 0.02).requires_grad_() for shape in (
+        (hidden, 3 * hidden // tp), (hidden // tp, hidden), (hidden, 4 * hidden // tp), (4 * hidden // tp, hidden))]
+    w_qkv, w_out, w_up, w_down = weights
+    x = torch.randn(seq // tp, batch, hidden)
+
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        if way == "fmesh":
+            return ctx.all_gather(t, mesh, "tp", dim=0)
+        return funcol.all_gather_tensor_autograd(t, 0, group)
+
+    def scatter(t: torch.Tensor) -> torch.Tensor:
+        if way == "fmesh":
+            return ctx.reduce_scatter(t, mesh, "tp", dim=0)
+        return funcol.reduce_scatter_tensor_autograd(t, "sum", 0, group)
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        h = gather(F.layer_norm(x, (hidden,)))
+        q, k, v = (part.reshape(seq, batch, heads // tp, -1).permute(1, 2, 0, 3)
+                   for part in (h @ w_qkv).chunk(3, dim=-1))
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True).permute(2, 0, 1, 3)
+        x = x + scatter(attended.reshape(seq, batch, hidden // tp) @ w_out)
+        h = gather(F.layer_norm(x, (hidden,)))
+        return x + scatter(F.gelu(h @ w_up) @ w_down)
+
+    model = torch.compile(block, backend="aot_eager", fullgraph=True) if compiled else block
+
+    def run() -> None:
+        model(x.detach().requires_grad_()).square().mean().backward()
+        for w in weights:
+            w.grad = None
+    return run
+
+
+def sp_block(quick: bool) -> None:
+    import fmesh
+
+    sizes = [(64, 64)] if quick else [(64, 64), (128, 128), (256, 256), (512, 256)]
+    world = 2 if quick else 4
+    rows = fmesh.launch(functools.partial(_sp_block_rank, iterations={"block": 20 if quick else 200}, sizes=sizes),
+                        world, timeout=1800, context_options={"timeout": 300}, start_method="spawn")[0]
+    print("| procs (tp) | hidden | sequence | fmesh eager µs | funcol eager µs | eager ratio | fmesh compiled µs "
+          "| funcol compiled µs | compiled ratio |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for tp, hidden, seq, got in rows:
+        print(f"| {tp} | {hidden} | {seq} | {_us(got['fmesh eager'])} | {_us(got['funcol eager'])} | "
+              f"{got['fmesh eager'] / got['funcol eager']:.3f} | {_us(got['fmesh compiled'])} | "
+              f"{_us(got['funcol compiled'])} | {got['fmesh compiled'] / got['funcol compiled']:.3f} |")
+    print("\nA tensor- and sequence-parallel transformer block (pre-LN causal attention, 8 heads, and a 4x MLP; batch "
+          "2; the sequence split over tp), forward + backward per step: two all_gathers and two reduce_scatters "
+          "forward, as many backward. fmesh = `ctx.all_gather` / `ctx.reduce_scatter` along tp with the default "
+          "check; funcol = `all_gather_tensor_autograd` / `reduce_scatter_tensor_autograd` on the exported "
+          "DeviceMesh's tp group; compiled = `torch.compile(fullgraph=True, backend='aot_eager')`; rank 0's medians, "
+          "the four interleaved.\n")
 
 
 def _mlp_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]:
@@ -403,12 +584,6 @@ def gradients_and_compile(quick: bool) -> None:
     print("| --- | ---: |")
     for label, us in autograd_overhead(20_000 if quick else 200_000):
         print(f"| {label} | {us:.2f} |")
-    print("\n| procs | ctx.all_reduce, gloo | check_tensors=False µs | check_tensors=True (default) µs "
-          "| check cost µs |")
-    print("| ---: | --- | ---: | ---: | ---: |")
-    off, on = check_cost(2, 100 if quick else 1000)
-    for label, without, checked in zip(("1 elem", "1 MiB"), off, on, strict=True):
-        print(f"| 2 | {label} | {_us(without)} | {_us(checked)} | {_us(checked - without)} |")
     print("\n| procs | TP MLP forward + backward (batch 8, 64 -> 256 -> 64, tp split) | µs |")
     print("| ---: | --- | ---: |")
     for world, label, us in on_ranks(_mlp_rank, [2], {"mlp": 50 if quick else 500}):
@@ -416,8 +591,7 @@ def gradients_and_compile(quick: bool) -> None:
     print("\nfmesh = `ctx.sum_gradients` on the column-parallel input and `ctx.sum_partials` on the row-parallel "
           "output; funcol = torch's `funcol.all_reduce` on the exported DeviceMesh's `get_group('tp')` (its own "
           "autograd: an all_reduce backward), one all_reduce forward and one backward on both sides; compiled = "
-          "`torch.compile(fullgraph=True, backend='aot_eager')`. The check (on by default) is one all_reduce of two "
-          "int64 on the collective's own group before it, and no store operation; check_tensors=False turns it off.")
+          "`torch.compile(fullgraph=True, backend='aot_eager')`.")
 
 
 def _us(x: float) -> str:
@@ -427,7 +601,8 @@ def _us(x: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="few iterations, small worlds (a smoke run)")
-    parser.add_argument("--only", choices=["all", "d"], default="all", help="run every section, or (d) alone")
+    parser.add_argument("--only", choices=["all", "checks", "d"], default="all",
+                        help="run every section, the check's tables alone, or those and (d)")
     args = parser.parse_args(argv)
     quick = args.quick
     import torch
@@ -435,6 +610,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}"
           f"{' (--quick: few iterations, numbers are noisy)' if quick else ''}\n")
 
+    checks_and_baselines(quick)
+    sp_block(quick)
+    if args.only == "checks":
+        return 0
     gradients_and_compile(quick)
     if args.only == "d":
         return 0

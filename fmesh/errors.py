@@ -281,11 +281,15 @@ class NoGradientError(RuntimeError):
 
 
 class TensorMismatchError(ValueError):
-    """The members of a collective's group hold tensors of different shapes or dtypes.
+    """The members of a collective's group made different calls: tensors of different shapes or dtypes, another
+    collective, or another number of calls.
 
-    Raised on every member by the members' check of their tensors (``Context(check_tensors=True)``, the default)
-    before any of the tensor is sent, naming the odd rank(s), their tensor and what the other members hold; the
-    group stays healthy. Without the check such a call aborts gloo, hangs NCCL, or returns another rank's bytes.
+    Raised on every member by the members' check of their calls (``Context(check_tensors=True)``, the default;
+    :mod:`fmesh.context.call_checks`), naming the calls that differ. A call that differs in a way the program never
+    showed before is found before any of it is sent: the group stays healthy, unless a member was already blocked
+    in the collective (then the group is cut to free it). Any other difference is found within 64 calls, after it
+    ran, and the group is cut; ``check_tensors="every-call"`` finds every one before it is sent. Without the check
+    such a call aborts gloo, hangs NCCL, or returns another rank's bytes.
 
     >>> import fmesh, torch
     >>> def odd(ctx):  # rank 1's tensor is longer

@@ -55,16 +55,26 @@ def records(tensor: torch.Tensor) -> bool:
     return bool(tensor.requires_grad and torch.is_grad_enabled())
 
 
+def _sum_partials(route: Route, tensor: torch.Tensor) -> torch.Tensor:
+    return collectives.all_reduce(route, tensor, "sum")
+
+
+def _sum_gradients(route: Route, tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view_as(tensor)  # the identity, as a new autograd node
+
+
+# The table's left column: each collective by its name (one dictionary lookup on the hot path).
+FORWARD: dict[str, Callable[..., torch.Tensor]] = {
+    "all_reduce": collectives.all_reduce, "all_gather": collectives.all_gather,
+    "reduce_scatter": collectives.reduce_scatter, "broadcast": collectives.broadcast,
+    "all_to_all": collectives.all_to_all, "permute": permute.permute, "sum_partials": _sum_partials,
+    "sum_gradients": _sum_gradients,
+}
+
+
 def forward(kind: Kind, route: Route, tensor: torch.Tensor, args: tuple[Any, ...]) -> torch.Tensor:
     """The collective ``kind`` of ``tensor`` with its arguments ``args`` (the table's left column)."""
-    if kind == "permute":
-        return permute.permute(route, tensor, *args)
-    if kind == "sum_partials":
-        return collectives.all_reduce(route, tensor, "sum")
-    if kind != "sum_gradients":  # all_reduce, all_gather, reduce_scatter, broadcast, all_to_all: by their own names
-        run: Callable[..., torch.Tensor] = getattr(collectives, kind)
-        return run(route, tensor, *args)
-    return tensor.view_as(tensor)  # sum_gradients: the identity, as a new autograd node
+    return FORWARD[kind](route, tensor, *args)
 
 
 def backward(kind: Kind, route: Route, grad: torch.Tensor, args: tuple[Any, ...]) -> torch.Tensor:

@@ -374,9 +374,10 @@ def all_reduce(route: Route, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor
     target, process_group = route.target, route.group
     if process_group is None:
         return tensor.clone()
-    if compiling():
+    if torch.compiler.is_compiling():
         return _traced_reduce(tensor, op, lambda t, o: _torch.traced_all_reduce(t, o, process_group), target.size)
-    result = contiguous_copy(tensor)
+    # A copy NCCL takes (contiguous: the plain clone where it already is, the cheaper); contiguous_copy, inline.
+    result = tensor.clone() if tensor.is_contiguous() else tensor.clone(memory_format=torch.contiguous_format)
     # The hot path: no closure, and a string compare rather than ReduceOp's (slower) __eq__.
     started = time.monotonic()
     try:

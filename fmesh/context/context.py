@@ -336,8 +336,9 @@ class Context:
         call in errors (``ppermute`` and ``shift`` are permutes)."""
         what = what or kind
         checked = check_tensor(what, tensor, self._world.device, op)
-        for label, dim in (dims or {}).items():
-            collectives.check_dim(what, label, checked, dim)
+        if dims:
+            for label, dim in dims.items():
+                collectives.check_dim(what, label, checked, dim)
         if check is not None:
             check(checked, self._groups.target(mesh, axes))
         route = self._groups.resolve(mesh, axes)

@@ -297,15 +297,19 @@ class GroupRegistry:
             found = self._resolved.get((mesh, (axes,) if axes.__class__ is str else mesh.as_axes(axes)))
         except (AttributeError, TypeError):
             found = None
+        compiling = torch.compiler.is_compiling()
         if found is None:  # outside the except block: a user's mistake carries no internal cache miss
-            if torch.compiler.is_compiling():
+            if compiling:
                 raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=axes, mesh=mesh))
             target = self.target(mesh, axes)
             found = self._resolved[(mesh, target.axes)] = Route(target, self.group(target, claim), self._agreement)
             return found
-        if claim:
-            self._claimed(found.target)
-        self._count_hit()
+        if not compiling:  # the hot path: _claimed and _count_hit inline, one test for both
+            if claim:
+                owner = self._owners.get(found.target.spec)
+                if owner is None or owner[0] != threading.get_ident():
+                    self.claim(found.target.spec, found.target.label())
+            self._hits += 1
         return found
 
     def _resolve_by_identity(self, mesh: Mesh, axes: AxesArg, claim: bool = True) -> Route:
