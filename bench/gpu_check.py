@@ -13,7 +13,9 @@ It runs, each under ``torchrun`` with one process per GPU:
 3. DTensor (distribute, redistribute) and FSDP2 (``fully_shard``, a few steps of a small model,
    losses equal to one process) on ``ctx.device_mesh(...)``, which must be CUDA meshes.
 4. The training example, ``examples/train.py``, on all visible GPUs.
-5. ``ctx.all_reduce`` against a bare ``dist.all_reduce`` on the same NCCL group (median µs).
+5. ``ctx.all_reduce`` in each mode of the members' check against a bare ``dist.all_reduce`` and funcol's on the
+   same NCCL ranks (median µs), and 200 steady-state collectives under ``torch.cuda.set_sync_debug_mode("error")``
+   (the default check never synchronises the host with the device).
 
 With torch 2.15, whose ``nccl`` is the torchcomms engine, 1 and 2 run again with
 ``TORCH_DIST_USE_NCCL2=0``. Nothing is skipped silently: a check that cannot run here says why.
@@ -139,21 +141,29 @@ def check_dtensor_fsdp(ctx: Any) -> list[str]:
 
 
 def latency(ctx: Any) -> list[dict[str, Any]]:
-    """Median µs of ctx.all_reduce and of a bare dist.all_reduce on the same group."""
+    """Median µs of a bare dist.all_reduce, funcol's, and ctx.all_reduce in each mode of the members' check, on the
+    same ranks, interleaved (issue 35's table on NCCL)."""
     import torch
     import torch.distributed as dist
+    from torch.distributed import _functional_collectives as funcol
 
     import fmesh
 
     mesh = fmesh.make_mesh((ctx.world_size,), ("dp",))
     group = ctx.group(mesh, "dp")
+    every = fmesh.Context(name="every-call", check_tensors="every-call", timeout=120)
+    off = fmesh.Context(name="unchecked", check_tensors=False, timeout=120)
     sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
     rows = []
-    for label, numel in (("1 KiB", 256), ("1 MiB", 262144)):
+    for label, numel in (("1 elem", 1), ("1 KiB", 256), ("1 MiB", 262144)):
         t = torch.zeros(numel, device=ctx.device)
-        timings: dict[str, list[float]] = {"bare": [], "fmesh": []}
         calls = {"bare": lambda t=t: dist.all_reduce(t, group=group),
-                 "fmesh": lambda t=t: ctx.all_reduce(t, mesh, "dp")}
+                 "bare + clone": lambda t=t: dist.all_reduce(t.clone(), group=group),
+                 "funcol": lambda t=t: funcol.wait_tensor(funcol.all_reduce(t, "sum", group)),
+                 "fmesh default": lambda t=t: ctx.all_reduce(t, mesh, "dp"),
+                 "fmesh every call": lambda t=t: every.all_reduce(t, mesh, "dp"),
+                 "fmesh off": lambda t=t: off.all_reduce(t, mesh, "dp")}
+        timings: dict[str, list[float]] = {name: [] for name in calls}
         for _ in range(20):
             for fn in calls.values():
                 fn()
@@ -166,9 +176,45 @@ def latency(ctx: Any) -> list[dict[str, Any]]:
                     fn()
                     sync()
                     timings[name].append((time.perf_counter() - start) * 1e6)
-        rows.append({"size": label, "bare_us": statistics.median(timings["bare"]),
-                     "fmesh_us": statistics.median(timings["fmesh"])})
+        rows.append({"size": label, **{name: statistics.median(values) for name, values in timings.items()}})
+    every.close()
+    off.close()
     return rows
+
+
+def check_no_host_sync(ctx: Any) -> list[str]:
+    """200 steady-state collectives with the default members' check never synchronise the host with the device:
+    on CUDA under ``torch.cuda.set_sync_debug_mode("error")`` (a synchronising call raises); on CPU, counting the
+    host's reads of a tensor's value (``aten._local_scalar_dense``)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import fmesh
+
+    mesh = fmesh.make_mesh((ctx.world_size,), ("dp",))
+    t = torch.ones(4, device=ctx.device)
+    for _ in range(8):  # the first calls meet in the store: every window is known afterwards
+        ctx.all_reduce(t, mesh, "dp")
+    reads = [0]
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is torch.ops.aten._local_scalar_dense.default:
+                reads[0] += 1
+            return func(*args, **(kwargs or {}))
+
+    try:
+        if ctx.device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("error")
+        with Reads():
+            for _ in range(200):
+                ctx.all_reduce(t, mesh, "dp")
+    except RuntimeError as error:
+        return [f"a host synchronisation in steady state: {error}"]
+    finally:
+        if ctx.device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    return [f"{reads[0]} host reads of a tensor in 200 collectives"] if reads[0] else []
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -192,6 +238,7 @@ def worker(args: argparse.Namespace) -> int:
         if args.part == "lazy":
             results["dtensor and fsdp2"] = check_dtensor_fsdp(ctx)
             results["latency"] = latency(ctx)
+            results["no host sync"] = check_no_host_sync(ctx)
         results["device"] = str(ctx.device)
         results["stats"] = {k: v for k, v in ctx.stats().items() if k != "groups"}
     if args.part == "bound" and dist.is_initialized():
@@ -264,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             for key, label in (("collectives", "collectives, device-bound + materialize"),
                                ("group order", "group order, device-bound + materialize (split_group)")):
                 table.append((label + suffix, *verdict(bound.get(key, bound.get("error", "did not run")))))
+    table.append(("the members' check: no host synchronisation in steady state",
+                  *verdict(lazy.get("no host sync", lazy.get("error", "did not run")))))
     table.append(("DTensor and FSDP2 on ctx.device_mesh", *verdict(lazy.get("dtensor and fsdp2",
                                                                             lazy.get("error", "did not run")))))
     tp = 2 if processes % 2 == 0 else 1
@@ -277,11 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     for check, result, detail in table:
         print(f"| {check} | {result} | {detail.replace('|', '/').replace(chr(10), ' ')} |")
     print(f"\ncontext device: {lazy.get('device', '?')}; groups: {lazy.get('stats', {})}\n")
-    print("| size | bare dist.all_reduce µs | ctx.all_reduce µs | overhead µs |")
-    print("| --- | ---: | ---: | ---: |")
-    for row in lazy.get("latency", []):
-        bare, ours = row["bare_us"], row["fmesh_us"]
-        print(f"| {row['size']} | {bare:.1f} | {ours:.1f} | {ours - bare:.1f} |")
+    rows = lazy.get("latency", [])
+    if rows:
+        ways = [key for key in rows[0] if key != "size"]
+        print("| size | " + " | ".join(f"{way} µs" for way in ways) + " | default - (bare + clone) µs |")
+        print("| --- |" + " ---: |" * (len(ways) + 1))
+        for row in rows:
+            print(f"| {row['size']} | " + " | ".join(f"{row[way]:.1f}" for way in ways)
+                  + f" | {row['fmesh default'] - row['bare + clone']:.1f} |")
     return 0 if all(result != "FAILED" for _, result, _ in table) else 1
 
 

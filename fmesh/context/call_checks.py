@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch
-from fmesh.context.agreement import Agreement
+from fmesh.context.agreement import CLOSED, EXITED, Agreement, describe_status
 from fmesh.context.groups import Route, usable
 from fmesh.context.tensors import signature
 from fmesh.errors import GroupTimeoutError, RankLostError, TensorMismatchError
@@ -229,10 +229,10 @@ class CallChecks:
             if store.check([blocked]):
                 store.compare_set(done, "", f"{BLOCKED}\n{store.get(blocked).decode()}")
                 return True
-            gone = agreement.ended(target.ranks)
-            if gone:
-                store.compare_set(done, "", f"{LOST}\n{gone}")
-            return bool(gone)
+            told = self._gone(agreement, target.ranks)
+            if told:
+                store.compare_set(done, "", f"{LOST}\n{told}")
+            return bool(told)
 
         seconds = target.spec.timeout.total_seconds()
         # The first WATCHERS members to arrive look, every LOOK_SECONDS at most (the others block in one read): the
@@ -262,13 +262,26 @@ class CallChecks:
             self._cut(route, agreement, error, refused=True)
             raise error
         if verdict == LOST:
-            raise RankLostError(
-                f"{what} failed: ranks {detail} of the group are gone: the launcher saw the processes of ranks "
-                f"{detail} end while this rank waited for them at the members' check of their calls. Expected "
-                f"every member alive; see the logs of ranks {detail}, then restart the job or recover without them")
+            raise RankLostError(f"{what} failed while this rank waited for its members at the members' check of their "
+                                f"calls: {detail}. Expected every member alive; see their logs, then restart the job "
+                                "or recover without them")
         raise GroupTimeoutError(
             f"{what}: only {detail} of the {target.size} members came to check their calls within {seconds:g}s "
             "(the group's timeout): the others are slow, stuck elsewhere, or made fewer calls on this group")
+
+    @staticmethod
+    def _gone(agreement: Agreement, ranks: Sequence[int]) -> str:
+        """Which of ``ranks`` will never come, and why: the launcher saw their processes end, or they closed their
+        context or exited (two store operations, a third when a member's status is final); empty when none."""
+        ended = agreement.ended(ranks)
+        final = sorted((agreement.finals() & set(ranks)) - set(ended) - {agreement.rank})
+        closed = {rank: status for rank, status in agreement.statuses(final).items()
+                  if status.get("state") in (CLOSED, EXITED)} if final else {}
+        if not ended and not closed:
+            return ""
+        why = [f"the launcher saw the processes of ranks {ended} end"] if ended else []
+        why += [describe_status(rank, status) for rank, status in closed.items()]
+        return f"ranks {sorted([*ended, *closed])} of the group are gone: {'; '.join(why)}"
 
     def _named(self, agreement: Agreement, key: str, ranks: Sequence[int], ledger: Ledger, call: Call,
                what: str) -> str:

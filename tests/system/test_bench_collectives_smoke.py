@@ -34,7 +34,14 @@ def test_quick_collectives_benchmark_runs() -> None:
     assert "ctx.ppermute(t, mesh, 'tp', [(0, 1), (1, 0)]) on fake (no comm)" in out
     # (d) gradients and compile
     assert "| the autograd wrapper's cost (difference) |" in out
-    checks = [line for line in out.splitlines() if line.startswith("| 2 | 1 ") and line.count("|") == 6]
-    assert [line.split("|")[2].strip() for line in checks] == ["1 elem", "1 MiB"], out  # check_tensors off / on
+    # the members' check against c10d and funcol, each mode; the Python cost on a no-op backend; the TP/SP block
+    assert ("| procs | size | bare c10d µs | bare c10d + clone µs | funcol µs | fmesh default µs | fmesh every call µs "
+            "| fmesh off µs | default - (bare + clone) µs |") in out
+    checks = [line for line in out.splitlines() if line.startswith("| 2 | 1 ") and line.count("|") == 10]
+    assert len(checks) == 6, out  # 1 elem, 1 KiB, 1 MiB in this table and in (a)
+    for label in ("fmesh default - (bare c10d + clone)", "fmesh default, t.requires_grad - (bare c10d + clone)"):
+        assert f"| {label} | " in out, label
+    block = [line for line in out.splitlines() if line.startswith("| 2 | 64 | 64 | ")]
+    assert len(block) == 1 and block[0].count("|") == 10, out
     for label in ("fmesh eager", "funcol eager", "fmesh compiled", "funcol compiled"):
         assert f"| 2 | {label} |" in out, label

@@ -22,6 +22,9 @@ def test_gpu_check_runs_its_checks_on_the_cpu() -> None:
     assert rows["collectives, groups made lazily"] == "ok"
     assert rows["group order, lazily"] == "ok"
     assert rows["DTensor and FSDP2 on ctx.device_mesh"] == "ok"
+    assert rows["the members' check: no host synchronisation in steady state"] == "ok"
     assert rows["examples/train.py on every process"] == "ok"
     assert rows["device-bound default group + materialize"] == "not run"  # says why, never silently
-    assert "| 1 KiB |" in proc.stdout and "| 1 MiB |" in proc.stdout
+    assert "| 1 elem |" in proc.stdout and "| 1 KiB |" in proc.stdout and "| 1 MiB |" in proc.stdout
+    assert "| size | bare µs | bare + clone µs | funcol µs | fmesh default µs | fmesh every call µs | fmesh off µs |" in (
+        proc.stdout)
