@@ -19,6 +19,9 @@
   ``bench/`` times what torch's users write (``DeviceMesh._flatten``) and may use torch's private names.
 * **Private means private**: a ``_name`` defined in one fmesh module is not used by another (nor by ``bench/``).
 * **Errors in one module**: every exception and warning class is defined in ``fmesh/errors.py``.
+* **Small rooms**: no file of ``fmesh/`` over :data:`MAX_FILE_LINES` lines, no class over
+  :data:`MAX_CLASS_CODE_LINES` lines of code (docstrings, comments and blank lines aside), but for the modules
+  :data:`OVERSIZED` names with the work that will bring them under.
 
 The tree is parsed once (:func:`parse_tree`); every rule reads the parsed :class:`Module` list, so
 ``tests/system/test_architecture.py`` plants a violation by replacing one module's parse, not by copying files.
@@ -29,7 +32,7 @@ from __future__ import annotations
 import ast
 import functools
 import pathlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 
 import attrs
 
@@ -73,6 +76,12 @@ PLAN = "fmesh.plan"
 # What the Context may take from the plan: the planner (the communicators and their one recovery rule; hosts).
 CONTEXT_MAY_USE = frozenset({"fmesh.plan.communicators", "fmesh.plan.topology"})
 BENCH = "bench"
+MAX_FILE_LINES = 600
+MAX_CLASS_CODE_LINES = 300
+# Modules over the limits, each with the work that brings it under (drop the entry then: a test says so).
+OVERSIZED: dict[str, str] = {
+    "fmesh.rendering": "issue 37's pictures part gives the pictures one grid model and a home of their own",
+}
 ERRORS = "fmesh.errors"
 _EXCEPTION_BASES = {"BaseException", "Exception", "ArithmeticError", "LookupError"}
 # ``mesh.ranks(rank)`` is a ``torch.Tensor`` (its public contract); the pure answer is ``Mesh.rank_grid``.
@@ -95,6 +104,10 @@ class Module:
     name: str
     path: pathlib.Path
     tree: ast.Module
+    text: str = attrs.field(default="", repr=False)  # the source parsed (a planted violation's included)
+
+    def lines(self) -> list[str]:
+        return (self.text or self.path.read_text()).splitlines()
 
 
 def modules(package: pathlib.Path) -> list[Module]:
@@ -104,7 +117,8 @@ def modules(package: pathlib.Path) -> list[Module]:
         parts = list(path.relative_to(package.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
-        found.append(Module(".".join(parts), path, ast.parse(path.read_text(), str(path))))
+        text = path.read_text()
+        found.append(Module(".".join(parts), path, ast.parse(text, str(path)), text))
     return found
 
 
@@ -118,7 +132,7 @@ def planted(tree: Sequence[Module], name: str, code: str) -> tuple[Module, ...]:
     found = [m for m in tree if m.name == name]
     assert found, f"no module {name}"
     source = found[0].path.read_text() + "\n" + code
-    changed = Module(name, found[0].path, ast.parse(source, str(found[0].path)))
+    changed = Module(name, found[0].path, ast.parse(source, str(found[0].path)), source)
     return tuple(changed if m.name == name else m for m in tree)
 
 
@@ -369,12 +383,16 @@ def exception_homes(tree: Sequence[Module]) -> list[Violation]:
 
 def all_violations(tree: Sequence[Module]) -> list[Violation]:
     """Every rule at once."""
-    return [*layering(tree), *cycles(tree), *privacy(tree), *exception_homes(tree)]
+    return [*layering(tree), *cycles(tree), *privacy(tree), *exception_homes(tree), *sizes(tree)]
 
 
 def code_lines(module: Module) -> int:
     """The lines of ``module`` that are code: not blank, not a comment, not a docstring (what "the Context under 250
     code lines" counts)."""
+    return len(_code_line_numbers(module))
+
+
+def _code_line_numbers(module: Module) -> set[int]:
     docstrings: set[int] = set()
     for node in ast.walk(module.tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
@@ -382,6 +400,27 @@ def code_lines(module: Module) -> int:
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(
                     first.value.value, str):
                 docstrings.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
-    lines = module.path.read_text().splitlines()
-    return sum(1 for number, line in enumerate(lines, 1)
-               if line.strip() and not line.strip().startswith("#") and number not in docstrings)
+    return {number for number, line in enumerate(module.lines(), 1)
+            if line.strip() and not line.strip().startswith("#") and number not in docstrings}
+
+
+def sizes(tree: Sequence[Module], exempt: Container[str] = OVERSIZED.keys()) -> list[Violation]:
+    """Files of ``fmesh/`` over :data:`MAX_FILE_LINES` lines and classes over :data:`MAX_CLASS_CODE_LINES` code
+    lines (but the modules in ``exempt``)."""
+    found = []
+    for module in tree:
+        if not _in(module.name, FACADE) or module.name in exempt:
+            continue
+        lines = len(module.lines())
+        if lines > MAX_FILE_LINES:
+            found.append(Violation(module.name, 1, "size", f"{lines} lines, over {MAX_FILE_LINES}: split it into "
+                                   "modules of one concept each"))
+        code = _code_line_numbers(module)
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.ClassDef):
+                inside = sum(1 for number in code if node.lineno <= number <= (node.end_lineno or node.lineno))
+                if inside > MAX_CLASS_CODE_LINES:
+                    found.append(Violation(module.name, node.lineno, "size", f"class {node.name} has {inside} "
+                                           f"lines of code, over {MAX_CLASS_CODE_LINES}: give its jobs rooms of "
+                                           "their own"))
+    return found
