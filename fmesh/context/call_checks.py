@@ -43,8 +43,10 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch
-from fmesh.context.agreement import CLOSED, EXITED, Agreement, describe_status
 from fmesh.context.groups import Route, usable
+from fmesh.context.store.board import Board
+from fmesh.context.store.meeting import Meeting, watches
+from fmesh.context.store.records import CLOSED, EXITED
 from fmesh.context.tensors import signature
 from fmesh.errors import GroupTimeoutError, RankLostError, TensorMismatchError
 
@@ -62,7 +64,6 @@ KNOWN_LIMIT = 4096  # windows remembered per group; past it they are forgotten t
 BLOCKED_SECONDS = 1.0  # how long a call blocked in a collective waits before its watch posts it
 WATCH_SECONDS = 0.25  # how often the watch looks
 DESCRIPTIONS_SECONDS = 5.0  # how long a member that saw a difference waits for the others' calls, to name them
-WATCHERS = 2  # the members of a meeting that look for a member blocked in the collective or gone (two: one may die)
 LOOK_SECONDS = 1.0  # the longest pause between a watcher's looks
 OK, MISMATCH, BLOCKED, LOST, TIMEOUT = "ok", "mismatch", "blocked", "lost", "timeout"
 
@@ -124,6 +125,7 @@ class Checkpoint:
     of a group, and its calls then (to name them)."""
 
     route: Route
+    board: Board
     ledger: Ledger
     count: int
     marks: str
@@ -164,8 +166,8 @@ class CallChecks:
             return
         if self.found:
             self._raise_found()
-        agreement, group = route.agreement, route.group
-        if agreement is None or group is None or torch.compiler.is_compiling():  # None: a group of one
+        board, group = route.board, route.group
+        if board is None or group is None or torch.compiler.is_compiling():  # None: a group of one
             return
         ledger = self._ledgers.get(group)
         if ledger is None:
@@ -176,11 +178,11 @@ class CallChecks:
             code = self._signature(call)
         window = (*ledger.last, code)
         if self.mode == "every-call" or window not in ledger.known:
-            if not usable(group, agreement):  # cut by an earlier failure: the collective says so at once
+            if not usable(group, board):  # cut by an earlier failure: the collective says so at once
                 return
-            self.meet(route, agreement, ledger, window, call)
+            self.meet(route, board, ledger, window, call)
             if self._watch is None:
-                self._watch = Watch(self, agreement)
+                self._watch = Watch(self, board)
         ledger.last = window[1:]
         ledger.rolling = hash((ledger.rolling, code))  # a tuple of ints hashes alike in every process
         ledger.recent.append(call)
@@ -188,8 +190,8 @@ class CallChecks:
         if not count % BLOCK:
             ledger.marks.append(ledger.rolling)
             if not count % CHECKPOINT and self._watch is not None and self.mode == "steady":
-                self.checkpoints.append(Checkpoint(route, ledger, count, ",".join(f"{m:x}" for m in ledger.marks),
-                                                   tuple(ledger.recent)))
+                marks = ",".join(f"{mark:x}" for mark in ledger.marks)
+                self.checkpoints.append(Checkpoint(route, board, ledger, count, marks, tuple(ledger.recent)))
                 self._watch.wake.set()  # compared on the watch's thread: this one goes on
         self.entered = ledger
 
@@ -206,51 +208,47 @@ class CallChecks:
 
     # ------------------------------------------------------------------ meeting
 
-    def meet(self, route: Route, agreement: Agreement, ledger: Ledger, window: tuple[int, ...], call: Call) -> None:
+    def meet(self, route: Route, board: Board, ledger: Ledger, window: tuple[int, ...], call: Call) -> None:
         """Agree on a new ``window`` with every member before any byte is sent: post it (the first member's stays),
         count the arrival, and read the verdict in one blocking read; the last to arrive writes it. A member whose
         window differs writes ``mismatch``; a member found blocked in the collective by the known path (its watch
         posted it), ``blocked``."""
-        target, store = route.target, agreement.store
+        target, store, keys = route.target, board.store, board.keys
         ledger.meetings += 1
-        base = f"{agreement.prefix}/calls/{ledger.digest}/meet/{ledger.meetings}"
-        done = f"{base}/done"
+        meeting = Meeting(store, keys.call_meeting(ledger.digest, ledger.meetings), target.size)
         mine = f"{hash(window):x}"  # a tuple of ints hashes alike in every process
-        arrived = 0
-        if store.compare_set(f"{base}/window", "", mine).decode() != mine:
-            store.compare_set(done, "", MISMATCH)
+        place = 0  # this member's place in the order of arrival (0: it disagreed, and did not count itself in)
+        if meeting.compare(mine) != mine:
+            meeting.decide(MISMATCH)
         else:
-            arrived = int(store.add(f"{base}/arrived", 1))
-            if arrived == target.size:
-                store.compare_set(done, "", OK)
-        blocked = f"{agreement.prefix}/calls/{ledger.digest}/{ledger.count + 1}/blocked"
+            place = meeting.arrive()
+        blocked = keys.blocked(ledger.digest, ledger.count + 1)
 
         def look() -> bool:  # a member blocked in the collective, or gone, never comes: say so and stop waiting
             if store.check([blocked]):
-                store.compare_set(done, "", f"{BLOCKED}\n{store.get(blocked).decode()}")
+                meeting.decide(f"{BLOCKED}\n{bytes(store.get(blocked)).decode()}")
                 return True
-            told = self._gone(agreement, target.ranks)
+            told = self._gone(board, target.ranks)
             if told:
-                store.compare_set(done, "", f"{LOST}\n{told}")
+                meeting.decide(f"{LOST}\n{told}")
             return bool(told)
 
         seconds = target.spec.timeout.total_seconds()
-        # The first WATCHERS members to arrive look, every LOOK_SECONDS at most (the others block in one read): the
+        # The first members to arrive watch, looking every LOOK_SECONDS at most (the others block in one read): the
         # store's cost of a wait is a constant, whatever the group size and however long the wait.
-        came = agreement.wait_for(done, seconds, look if 0 < arrived <= WATCHERS else None,
-                                  f"checking {call[0]} along {target.label()}", longest=LOOK_SECONDS)
+        came = meeting.wait(board.waiter, seconds, look if place and watches(place) else None,
+                            f"checking {call[0]} along {target.label()}", longest=LOOK_SECONDS)
         if came is None:
-            store.compare_set(done, "", f"{TIMEOUT}\n{int(store.add(f'{base}/arrived', 0))}")
-            came = store.get(done)
+            came = meeting.decide(f"{TIMEOUT}\n{meeting.arrived()}")
         verdict, _, detail = came.decode().partition("\n")
         if verdict == OK:
             if len(ledger.known) >= KNOWN_LIMIT:
                 ledger.known.clear()
             ledger.known.add(window)
             return
-        what = f"on rank {agreement.rank}: {call[0]} along {target.label()}"
+        what = f"on rank {board.rank}: {call[0]} along {target.label()}"
         if verdict == MISMATCH:
-            raise TensorMismatchError(self._named(agreement, f"{base}/calls", target.ranks, ledger, call, what))
+            raise TensorMismatchError(self._named(board, ledger.meetings, target.ranks, ledger, call, what))
         if verdict == BLOCKED:  # that member's data went; this rank's did not: cut the group to free it
             rank, _, theirs = detail.partition("\n")
             error = TensorMismatchError(
@@ -259,7 +257,7 @@ class CallChecks:
                 f"here (its calls before it on this group: {self._trail(ledger, WINDOW - 1)}). Nothing of this "
                 "rank's tensor was sent, but the group is cut to free rank " + rank + ": check the order of "
                 "collectives on the ranks named here")
-            self._cut(route, agreement, error, refused=True)
+            self._cut(route, board, error, refused=True)
             raise error
         if verdict == LOST:
             raise RankLostError(f"{what} failed while this rank waited for its members at the members' check of their "
@@ -270,32 +268,33 @@ class CallChecks:
             "(the group's timeout): the others are slow, stuck elsewhere, or made fewer calls on this group")
 
     @staticmethod
-    def _gone(agreement: Agreement, ranks: Sequence[int]) -> str:
+    def _gone(board: Board, ranks: Sequence[int]) -> str:
         """Which of ``ranks`` will never come, and why: the launcher saw their processes end, or they closed their
         context or exited (two store operations, a third when a member's status is final); empty when none."""
-        ended = agreement.ended(ranks)
-        final = sorted((agreement.finals() & set(ranks)) - set(ended) - {agreement.rank})
-        closed = {rank: status for rank, status in agreement.statuses(final).items()
-                  if status.get("state") in (CLOSED, EXITED)} if final else {}
+        ended = board.ended(ranks)
+        final = sorted((board.finals() & set(ranks)) - set(ended) - {board.rank})
+        closed = {rank: status for rank, status in board.statuses(final).items()
+                  if status.state in (CLOSED, EXITED)} if final else {}
         if not ended and not closed:
             return ""
         why = [f"the launcher saw the processes of ranks {ended} end"] if ended else []
-        why += [describe_status(rank, status) for rank, status in closed.items()]
+        why += [status.describe(rank) for rank, status in closed.items()]
         return f"ranks {sorted([*ended, *closed])} of the group are gone: {'; '.join(why)}"
 
-    def _named(self, agreement: Agreement, key: str, ranks: Sequence[int], ledger: Ledger, call: Call,
+    def _named(self, board: Board, meeting: int, ranks: Sequence[int], ledger: Ledger, call: Call,
                what: str) -> str:
         """The message naming the members whose calls differ from most members' (each member posts its last calls
-        under ``key`` and reads the others'); the first place where they differ is named."""
-        store = agreement.store
+        at the ``meeting`` that found the difference and reads the others'); the first place where they differ is
+        named."""
+        store = board.store
         mine = [describe_call(made) for made in [*list(ledger.recent)[-(WINDOW - 1):], call]]
-        store.set(f"{key}/{agreement.rank}", "\n".join(mine))
-        keys = [f"{key}/{rank}" for rank in ranks]
+        store.set(board.keys.calls_made(ledger.digest, meeting, board.rank), "\n".join(mine))
+        keys = [board.keys.calls_made(ledger.digest, meeting, rank) for rank in ranks]
         try:
             store.wait(keys, timedelta(seconds=DESCRIPTIONS_SECONDS))
             held = {rank: raw.decode().split("\n") for rank, raw in zip(ranks, store.multi_get(keys), strict=True)}
         except Exception:  # a member never came: say what this rank knows
-            held = {agreement.rank: mine}
+            held = {board.rank: mine}
 
         def made(back: int) -> dict[int, str]:  # each member's call ``back`` calls ago (1: this one)
             return {rank: calls[-back] if len(calls) >= back else "no call" for rank, calls in held.items()}
@@ -320,16 +319,16 @@ class CallChecks:
     def compare(self, checkpoint: Checkpoint, store: dist.Store) -> TensorMismatchError | None:
         """Compare this member's hashes at ``checkpoint`` with the first member's (two store operations, on the
         watch's connection): the error to raise when they differ, or when another member found a difference."""
-        ledger, agreement = checkpoint.ledger, self._agreement_of(checkpoint)
-        base = f"{agreement.prefix}/calls/{ledger.digest}"
-        first, _, rank = store.compare_set(f"{base}/checkpoint/{checkpoint.count}", "",
-                                           f"{checkpoint.marks}\n{agreement.rank}").decode().partition("\n")
-        broken = store.check([f"{base}/broken"])
+        ledger, board = checkpoint.ledger, checkpoint.board
+        broken_key = board.keys.broken(ledger.digest)
+        first, _, rank = bytes(store.compare_set(board.keys.checkpoint(ledger.digest, checkpoint.count), "",
+                                                 f"{checkpoint.marks}\n{board.rank}")).decode().partition("\n")
+        broken = store.check([broken_key])
         if first == checkpoint.marks and not broken:
             return None
-        what = f"on rank {agreement.rank}: {checkpoint.calls[-1][0]} along {checkpoint.route.target.label()}"
+        what = f"on rank {board.rank}: {checkpoint.calls[-1][0]} along {checkpoint.route.target.label()}"
         if broken:
-            return TensorMismatchError(f"{what}: {store.get(f'{base}/broken').decode()}")
+            return TensorMismatchError(f"{what}: {bytes(store.get(broken_key)).decode()}")
         # The first block whose hash differs holds the first call that differs.
         block = next(i for i, (a, b) in enumerate(zip(checkpoint.marks.split(","), first.split(","), strict=False))
                      if a != b)
@@ -339,22 +338,16 @@ class CallChecks:
                                                                    - BLOCK:len(checkpoint.calls)
                                                                    - (checkpoint.count - end)]))
         told = (f"members made different calls on this group, found after they ran: among calls #{end - BLOCK + 1}-"
-                f"#{end} rank {agreement.rank} made {made}, and rank {rank} made others (its hash of them differs). "
+                f"#{end} rank {board.rank} made {made}, and rank {rank} made others (its hash of them differs). "
                 "The group is cut. Expected every member to make the same collectives in the same order; "
                 "Context(check_tensors='every-call') stops before the first call that differs and names both")
-        store.compare_set(f"{base}/broken", "", told)
+        store.compare_set(broken_key, "", told)
         return TensorMismatchError(f"{what}: {told}")
-
-    @staticmethod
-    def _agreement_of(checkpoint: Checkpoint) -> Agreement:
-        agreement = checkpoint.route.agreement
-        assert agreement is not None  # a checkpoint is made only on a group with an agreement
-        return agreement
 
     def _raise_found(self) -> None:
         """Raise what the watch found at a checkpoint, after cutting that group."""
         checkpoint, error = self.found.pop()
-        self._cut(checkpoint.route, self._agreement_of(checkpoint), error, refused=False)
+        self._cut(checkpoint.route, checkpoint.board, error, refused=False)
         raise error
 
     # ------------------------------------------------------------------ shared
@@ -367,14 +360,14 @@ class CallChecks:
         kept = recent[max(0, len(recent) - (ledger.count - end) - calls):len(recent) - (ledger.count - end)]
         return "; ".join(f"#{end - len(kept) + 1 + i} {describe_call(call)}" for i, call in enumerate(kept))
 
-    def _cut(self, route: Route, agreement: Agreement, error: TensorMismatchError, refused: bool) -> None:
+    def _cut(self, route: Route, board: Board, error: TensorMismatchError, refused: bool) -> None:
         """Post ``error`` as this rank's failure (a member blocked in the group names it; ``refused``: nothing of
         this rank's was sent) and cut the group."""
         if route.group is not None:
             self._ledgers.pop(route.group, None)
-        agreement.failed(error, refused=refused)
+        board.failed(error, refused=refused)
         if route.group is not None:
-            agreement.connections.sever(route.group.group_name)
+            board.connections.sever(route.group.group_name)
             _torch.abort_group(route.group)
 
 
@@ -384,12 +377,12 @@ class Watch:
     reads it (:meth:`CallChecks.meet`). It reads one attribute every :data:`WATCH_SECONDS`; it writes to the store
     only for a call blocked that long."""
 
-    def __init__(self, checks: CallChecks, agreement: Agreement) -> None:
-        self._checks, self._agreement = checks, agreement
+    def __init__(self, checks: CallChecks, board: Board) -> None:
+        self._checks, self._board = checks, board
         self._stopped = False
         self.wake = threading.Event()  # set by the caller's thread when it leaves a checkpoint to compare
         self._store: dist.Store | None = None
-        threading.Thread(target=self._run, name=f"fmesh-call-watch-{agreement.rank}", daemon=True).start()
+        threading.Thread(target=self._run, name=f"fmesh-call-watch-{board.rank}", daemon=True).start()
 
     def stop(self) -> None:
         """End the thread at its next look."""
@@ -423,10 +416,10 @@ class Watch:
     def _connection(self) -> dist.Store:
         """The watch's own store connection (a client serves one call at a time; the caller's thread has its own)."""
         if self._store is None:
-            self._store = self._agreement.store.clone()
+            self._store = self._board.store.clone()
         return self._store
 
     def _post(self, ledger: Ledger, count: int, call: Call) -> None:
-        agreement = self._agreement
-        self._connection().compare_set(f"{agreement.prefix}/calls/{ledger.digest}/{count}/blocked", "",
-                                f"{agreement.rank}\n{describe_call(call)} (call #{count} on this group)")
+        board = self._board
+        self._connection().compare_set(board.keys.blocked(ledger.digest, count), "",
+                                f"{board.rank}\n{describe_call(call)} (call #{count} on this group)")

@@ -8,18 +8,8 @@ of four rooms, each the only owner of its state:
 * :class:`~fmesh.context.groups.GroupRegistry`: which groups exist, and how each is created;
 * :class:`~fmesh.context.export.Exporter`: the torch ``DeviceMesh`` objects built on them.
 
-Rules for group creation (what every rank must do):
-
-* Only the members of a group take part in creating it, and each group's rendezvous is named
-  after its content, so different groups may be created in any order on different ranks.
-* Members of one group create it in the same program order relative to their other groups along
-  the same axis names (the usual SPMD order). Before creating it they compare what they mean by
-  it, so a mesh that differs between ranks raises :class:`~fmesh.MeshMismatchError` on the members
-  instead of hanging, and a member that never comes raises :class:`~fmesh.GroupTimeoutError` after
-  the timeout, naming the axes and the missing ranks.
-* If the default group is bound to a device (``init_process_group(device_id=...)``, eager NCCL),
-  a new communicator is split from it and every rank must take part: call
-  :meth:`Context.materialize` on every rank, in the same order, before the first collective.
+What every rank must do to create groups is in :mod:`fmesh.context.groups`; what a recovery does with them, in
+:mod:`fmesh.context.renewal`.
 """
 
 from __future__ import annotations
@@ -34,14 +24,15 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from fmesh.context import _torch, autograd, collectives, objects, permute, recovery
-from fmesh.context.agreement import Agreement
+from fmesh.context import _torch, autograd, collectives, failures, objects, permute, recovery, renewal
 from fmesh.context.call_checks import CallChecks
 from fmesh.context.collectives import ReduceOp
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, materialize, plan_groups
 from fmesh.context.groups import GroupRegistry, Target
 from fmesh.context.options import AxisOptions, GroupSettings
+from fmesh.context.store import keys
+from fmesh.context.store.board import Board
 from fmesh.context.tensors import check_tensor
 from fmesh.context.world import World
 from fmesh.layout.int_tuple import is_int
@@ -65,24 +56,13 @@ class Context:
     (torch.Size([2]), 1)
     """
 
-    def __init__(
-        self,
-        *,
-        backend: str | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        store: dist.Store | None = None,
-        init_method: str | None = None,
-        timeout: timedelta | float | None = None,
-        options: Any = None,
-        axis_options: Mapping[str, AxisOptions] | None = None,
-        device: torch.device | str | None = None,
-        gpus_per_node: int | None = None,
-        name: str = "fmesh",
-        simulated: bool = False,
-        creation_timeout: timedelta | float | None = None,
-        check_tensors: bool | Literal["every-call"] | None = None,
-    ) -> None:
+    def __init__(self, *, backend: str | None = None, rank: int | None = None, world_size: int | None = None,
+                 store: dist.Store | None = None, init_method: str | None = None,
+                 timeout: timedelta | float | None = None, options: Any = None,
+                 axis_options: Mapping[str, AxisOptions] | None = None, device: torch.device | str | None = None,
+                 gpus_per_node: int | None = None, name: str = "fmesh", simulated: bool = False,
+                 creation_timeout: timedelta | float | None = None,
+                 check_tensors: bool | Literal["every-call"] | None = None) -> None:
         # Every argument is checked before any group is touched.
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         tensors = CallChecks.of(check_tensors)
@@ -103,32 +83,23 @@ class Context:
         self._simulated = simulated
         self._tensors = tensors  # the members' check of their calls before each collective (fmesh.context.call_checks)
         self._settings = attrs.evolve(settings, backend=world.backend)
-        self._agreement: Agreement | None = None
+        self._board: Board | None = None
         if not world.fake:  # the fake backend's store cannot be used
             store = _torch.store_client(world.store())
-            self._agreement = Agreement(store, f"fmesh/{world.name}/{world.epoch}", world.rank,
-                                        self._settings.creation_timeout,
-                                        launcher_store=_torch.root_store(store) if world.generation == 0 else None
-                                        ).open()
+            self._board = Board(store, keys.context_prefix(world.name, world.epoch), world.rank,
+                                self._settings.creation_timeout,
+                                launcher_store=_torch.root_store(store) if world.generation == 0 else None).open()
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
-        self._groups = GroupRegistry(world, self._settings, agreement=self._agreement, ascending_only=simulated)
+        self._groups = GroupRegistry(world, self._settings, board=self._board, ascending_only=simulated)
         self._exports = Exporter(world.device.type)
 
     # -------------------------------------------------------------- builders
 
     @classmethod
-    def from_env(
-        cls,
-        *,
-        backend: str | None = None,
-        timeout: timedelta | float | None = None,
-        options: Any = None,
-        axis_options: Mapping[str, AxisOptions] | None = None,
-        gpus_per_node: int | None = None,
-        name: str = "fmesh",
-        creation_timeout: timedelta | float | None = None,
-        check_tensors: bool | Literal["every-call"] | None = None,
-    ) -> Context:
+    def from_env(cls, *, backend: str | None = None, timeout: timedelta | float | None = None, options: Any = None,
+                 axis_options: Mapping[str, AxisOptions] | None = None, gpus_per_node: int | None = None,
+                 name: str = "fmesh", creation_timeout: timedelta | float | None = None,
+                 check_tensors: bool | Literal["every-call"] | None = None) -> Context:
         """Under ``torchrun`` (any ``env://`` launch): init the default group if needed, NCCL with
         CUDA else gloo, and bind ``cuda:LOCAL_RANK``. With none of the launcher's variables (``RANK``,
         ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): a world of one in this process, said in one
@@ -360,7 +331,7 @@ class Context:
         """
         if mesh is None:
             self._groups.enter("a barrier")
-            collectives.world_barrier(self.world_size, self._settings.timeout, self._agreement)
+            collectives.world_barrier(self.world_size, self._settings.timeout, self._board)
             return
         collectives.barrier(self._groups.resolve(mesh, axes))
 
@@ -376,7 +347,7 @@ class Context:
         >>> with Context.fake(2) as ctx, ctx.guard("step 3"):
         ...     total = ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("dp",)), "dp")
         """
-        with collectives.guarded(what, self.world_size, self._settings.timeout, self._agreement):
+        with failures.guarded(what, self.world_size, self._settings.timeout, self._board):
             yield
 
     # ------------------------------------------------------ objects, permutes
@@ -560,18 +531,10 @@ class Context:
 
         The survivors first agree, through the store, on ``lost`` (:class:`~fmesh.RecoveryError` naming both
         sets if they disagree, or naming the survivors that never came, after the creation timeout: never a
-        hang). A survivor still running (blocked in a collective with a survivor that came, say) is freed: past a
-        second, the survivors that came cut the groups they share with it, so its collective raises
-        :class:`~fmesh.RankLostError` saying which ranks are lost and to call ``recover`` too; those groups are made
-        anew, even where the printed plan, which assumes every survivor comes at once, keeps them. Then each group is
-        kept, shrunk or made again by the rule ``python -m fmesh plan --lose`` prints by
-        (:func:`fmesh.plan.communicators.renewal`): a group whose members all go on keeps its communicator
-        (renumbered, no new rendezvous); an NCCL group some of whose members do not (lost, or dropped by ``mesh``)
-        is shrunk in place where torch has ``shrink_group`` and NCCL is >= 2.27;
-        every other group, and the default group, is aborted, all in one torch call. The default group is
-        made again over the new world, in a namespace of the store of its own (no key of the old world is
-        met again), and the groups not kept are created in it when first needed. A kept group must be idle:
-        recover after the collective that failed, not while another runs.
+        hang); a survivor still blocked in a collective is freed. Then each group is kept, shrunk or made again
+        by the rule ``python -m fmesh plan --lose`` prints by (:mod:`fmesh.context.renewal` tells how). The
+        default group is made again over the new world, in a namespace of the store of its own. A kept group must
+        be idle: recover after the collective that failed, not while another runs.
 
         A whole job, a rank killed and the survivors going on, is in the guide (*Elastic meshes*) and in
         ``tests/context/test_context_recovery.py``. The lost ranks are checked first, before anything is touched:
@@ -586,17 +549,13 @@ class Context:
         gone = recovery.check_lost(lost, self.world_size, self.rank)
         _torch.require(_torch.RECOVERY)
         world = recovery.new_world(self.world_size, gone, mesh)
-        if self._agreement is None:
+        if self._board is None:
             raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
-        self._groups.cut_broken(gone)
-        survivors = tuple(r for r in range(self.world_size) if r not in gone)
-        holding = self._agreement.agree_on_loss(survivors, gone, self._groups.held_groups())
-        renumber = {old: new for new, old in enumerate(world)}
-        taken = self._groups.take_renewed(renumber, holding, set(survivors))
-        store = dist.PrefixStore(f"{self._agreement.prefix}/recovered", self._world.store())
-        old, ended = self._world, self._agreement.ended  # the launcher's marks, by old rank
+        taken = renewal.renew(self._board, self._groups.held(), self.world_size, gone, world)
+        store = dist.PrefixStore(self._board.keys.recovered, self._world.store())
+        old, ended = self._world, self._board.ended  # the launcher's marks, by old rank
         self._end("hand_over")
-        if self.rank not in renumber:
+        if self.rank not in world:
             return None
         started = old.renewed(world, gone, store, self._settings.timeout, self._settings.creation_timeout, ended)
         renewed = Context._made(started, self._settings, CallChecks(self._tensors.mode), self._simulated)
@@ -612,8 +571,8 @@ class Context:
         if how == "abort":  # first, before any store operation: ends this rank's waits and frees the peers blocked
             self._groups.halt()
         self._tensors.close()
-        if self._agreement is not None:  # the exit hook withdrawn, and peers waiting for this rank told why
-            self._agreement.leave(aborted=how != "close", error=error)
+        if self._board is not None:  # the exit hook withdrawn, and peers waiting for this rank told why
+            self._board.leave(aborted=how != "close", error=error)
         self._exports.clear()
         if how == "hand_over":
             self._groups.hand_over()

@@ -6,7 +6,7 @@ A :class:`GroupRegistry` answers two questions and remembers the answers:
   (the checked axis names, this rank's ordered group, and the group's :class:`GroupSpec`).
   Pure arithmetic on the mesh, cached on the normalised ``(mesh, axes)``.
 * :meth:`GroupRegistry.group`: the ``ProcessGroup`` of a target, created on first need by its
-  members only (after they agree on what they mean, see :mod:`fmesh.context.agreement`) and
+  members only (after they agree on what they mean, see :mod:`fmesh.context.store.agreement`) and
   shared by every target with the same spec.
 
 :meth:`GroupRegistry.split` creates the groups of whole partitions of the world at once (one
@@ -16,26 +16,29 @@ every reference to them while the interpreter is alive; :meth:`GroupRegistry.abo
 without waiting for peers, or for anything (it takes no lock: it runs from signal handlers and
 watchdog threads while the context's thread may be creating a group).
 
-One thread uses a group: the first that creates it or runs a collective on it. Collectives are matched across
-ranks by their order on each group, so two threads of one rank using one group would mix their tensors: the
-second is refused with an error saying so (:meth:`GroupRegistry.claim`). Threads on distinct groups (a pipeline
-schedule's send/receive thread, an asynchronous checkpoint on a group of its own) run side by side, as torch
-allows, once their groups exist: groups are created by one thread at a time (their creation shares the rank's store
-connection), and a thread asking for a new group while another creates one is refused, saying to create them first
-(``ctx.materialize``).
+The registry owns the groups; its rooms do the rest: which thread uses each group and which creates one now
+(:mod:`fmesh.context.threads`), how a group is created (:mod:`fmesh.context.creation`), which meshes a context
+takes (:func:`check_mesh`), and what a recovery does with the groups held (:mod:`fmesh.context.renewal`).
 
-Connecting a group is bounded by the creation timeout (gloo's rendezvous otherwise waits the
-collective timeout), and a member that fails meanwhile is named
-(:meth:`~fmesh.context.agreement.Agreement.connect_failed`). Before a group is created, the process's
-file descriptors are counted (:meth:`~fmesh.context.connections.Connections.check_room`).
+Rules for group creation (what every rank must do):
+
+* Only the members of a group take part in creating it, and each group's rendezvous is named
+  after its content, so different groups may be created in any order on different ranks.
+* Members of one group create it in the same program order relative to their other groups along
+  the same axis names (the usual SPMD order). Before creating it they compare what they mean by
+  it, so a mesh that differs between ranks raises :class:`~fmesh.MeshMismatchError` on the members
+  instead of hanging, and a member that never comes raises :class:`~fmesh.GroupTimeoutError` after
+  the timeout, naming the axes and the missing ranks.
+* If the default group is bound to a device (``init_process_group(device_id=...)``, eager NCCL),
+  a new communicator is split from it and every rank must take part: call
+  :meth:`Context.materialize` on every rank, in the same order, before the first collective.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -43,14 +46,17 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch
-from fmesh.context.agreement import Agreement, HeldGroup, digest
-from fmesh.context.connections import open_sockets
+from fmesh.context.creation import GroupMaker
 from fmesh.context.options import GroupSettings, GroupSpec
+from fmesh.context.renewal import Taken
+from fmesh.context.store.board import Board
+from fmesh.context.store.keys import digest
+from fmesh.context.threads import GroupThreads
 from fmesh.context.world import World
 from fmesh.errors import ContextClosedError, RankLostError
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
-from fmesh.plan.communicators import CREATE, SHRINK, Action, renewals
+from fmesh.plan.communicators import Action
 
 # Dynamo before torch 2.13 cannot hash a Mesh (an attrs class with its own __hash__), so a compiled region
 # finds its groups by the mesh object's identity there, in entries that eager calls record (at most this many).
@@ -100,24 +106,13 @@ class Target:
 @attrs.frozen(eq=False)
 class Route:
     """Where a collective goes: this rank's ``target`` (its group along some axes of a mesh), the process
-    ``group`` (``None`` for a group of one) and the ``agreement`` that explains a failure (``None`` on the fake
+    ``group`` (``None`` for a group of one) and the status ``board`` that explains a failure (``None`` on the fake
     backend). The registry makes one per (mesh, axes) and hands the same object out again, so a compiled region
     reads it and never builds one."""
 
     target: Target
     group: dist.ProcessGroup | None
-    agreement: Agreement | None
-
-
-@attrs.frozen
-class Taken:
-    """A group a recovery takes into the new world: its ``spec`` under the new ranks, the torch group detached
-    from the old world's registry, whether it was kept or shrunk (``action``), and its sockets."""
-
-    spec: GroupSpec
-    detached: Any
-    action: Action
-    sockets: frozenset[Any]
+    board: Board | None
 
 
 def describe_group(mesh: Mesh, axes: tuple[str, ...], spec: GroupSpec) -> str:
@@ -136,12 +131,56 @@ def describe_mesh(mesh: Mesh) -> str:
     return f"{mesh!r} over {mesh.universe!r}, layouts {layouts}"
 
 
-def usable(group: dist.ProcessGroup | None, agreement: Agreement | None) -> bool:
+def usable(group: dist.ProcessGroup | None, board: Board | None) -> bool:
     """Whether ``group`` (``None``: the default group) can run collectives: torch still knows it, and no failure cut
-    it (:meth:`~fmesh.context.connections.Connections.was_cut`; a cut group that can shrink stays registered until a
-    recovery shrinks it or the context aborts it)."""
+    it (:meth:`~fmesh.context.store.connections.Connections.was_cut`; a cut group that can shrink stays registered
+    until a recovery shrinks it or the context aborts it)."""
     return _torch.registered(group) and not (
-        group is not None and agreement is not None and agreement.connections.was_cut(group.group_name))
+        group is not None and board is not None and board.connections.was_cut(group.group_name))
+
+
+def check_mesh(mesh: object, world_size: int) -> Mesh:
+    """``mesh`` if it is a Mesh of a world of ``world_size``; ``TypeError``/``ValueError`` naming it otherwise.
+
+    >>> import fmesh
+    >>> check_mesh(fmesh.make_mesh((2, 4), ("dp", "tp")), 4)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: Mesh(dp=2, tp=4; world=8) is built for 8 ranks, but this context has 4; expected a mesh of ...
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"expected an fmesh.Mesh, but got {type(mesh).__name__}: {mesh!r}")
+    if mesh.world_size != world_size:
+        raise ValueError(
+            f"{mesh!r} is built for {mesh.world_size} ranks, but this context has {world_size}; "
+            f"expected a mesh of this context's world: build it from ctx.world_size{_resized(mesh, world_size)}"
+        )
+    return mesh
+
+
+def _resized(mesh: Mesh, world: int) -> str:
+    """``", e.g. fmesh.make_mesh((4, 2), ('dp', 'tp')), its first axis ctx.world_size // 2"`` where the other
+    axes divide ``world``, else nothing."""
+    sizes = mesh.axis_sizes
+    rest = 1
+    for size in sizes[1:]:
+        rest *= size
+    if world % rest or not sizes:
+        return ""
+    first = f", its first axis ctx.world_size // {rest}" if len(sizes) > 1 else ""
+    return f", e.g. fmesh.make_mesh({(world // rest, *sizes[1:])}, {mesh.axis_names}){first}"
+
+
+def check_ascending(mesh: Mesh, names: tuple[str, ...]) -> None:
+    """``ValueError`` unless every group along ``names`` of ``mesh`` has ascending ranks (what ``simulate()``, on
+    torch's LocalTensorMode, can run collectives over)."""
+    unsorted = next((g for g in mesh.groups(names) if list(g) != sorted(g)), None)
+    if unsorted is not None:
+        raise ValueError(
+            f"simulate() can only run collectives over groups whose ranks ascend, but the group "
+            f"{list(unsorted)} along axes {names} of {mesh!r} does not (a permuted rank map or a "
+            "reversed axis order); run this mesh on real processes with fmesh.launch(...)"
+        )
 
 
 class GroupRegistry:
@@ -157,11 +196,11 @@ class GroupRegistry:
     (True, True)
     """
 
-    def __init__(self, world: World, settings: GroupSettings, *, agreement: Agreement | None = None,
+    def __init__(self, world: World, settings: GroupSettings, *, board: Board | None = None,
                  ascending_only: bool = False) -> None:
         self._world = world
         self._settings = settings
-        self._agreement = agreement  # None on the fake backend, whose store cannot be used
+        self._board = board  # None on the fake backend, whose store cannot be used
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._ascending_only = ascending_only
         self._targets: dict[tuple[Mesh, tuple[str, ...]], Target] = {}
@@ -171,16 +210,13 @@ class GroupRegistry:
         # BY_IDENTITY: (id(mesh), axes) -> (mesh, target, group), and id(target) -> (target, group).
         self._by_identity: dict[tuple[int, Any], tuple[Mesh, Route]] = {}
         self._by_target: dict[int, tuple[Target, dist.ProcessGroup | None]] = {}
-        self._creating = threading.Lock()  # held while a group (or a split) is created: one at a time; close waits
-        self._creator: tuple[int, str] | None = None  # (ident, name) of the thread creating one now
+        self._threads = GroupThreads()  # which thread uses each group, and which creates one now
+        self._maker = GroupMaker(world, settings, board)
         self._splits: set[str] = set()  # split_group calls made (every rank makes the same ones)
         self._hits = 0
         self._adopted: dict[GroupSpec, Action] = {}  # groups a recovery handed over: kept or shrunk
         self._seconds = 0.0
         self._closed = False
-        # (ident, name) of the thread that uses each group (None: the default group)
-        self._owners: dict[GroupSpec | None, tuple[int, str]] = {}
-        self._owning = threading.Lock()  # two threads claiming one group (or making its lock) at once: one wins
 
     # ------------------------------------------------------------- targets
 
@@ -190,58 +226,17 @@ class GroupRegistry:
             raise ContextClosedError("this fmesh Context is closed; create a new one (its groups were destroyed)")
 
     def claim(self, spec: GroupSpec | None, what: str, doing: str = "a collective") -> None:
-        """Make the calling thread the one that uses ``spec``'s group (``None``: the default group), named ``what``
-        in errors, if no thread is yet; ``RuntimeError`` if another thread is."""
-        me = threading.get_ident()
-        owner = self._owners.get(spec)
-        if owner is not None and owner[0] == me:
-            return
-        with self._owning:
-            owner = self._owners.setdefault(spec, (me, threading.current_thread().name))
-        if owner[0] == me:
-            return
-        raise RuntimeError(
-            f"{what} is used by thread {owner[1]!r}, and thread {threading.current_thread().name!r} asked for "
-            f"{doing} on it: a group's collectives belong to one thread (ranks match collectives by their order on "
-            "each group, so two threads would mix each other's tensors). Run this group's collectives from one "
-            "thread; threads on distinct groups (other axes, or meshes) run side by side")
+        """Make the calling thread the one that uses ``spec``'s group (:meth:`GroupThreads.claim`)."""
+        self._threads.claim(spec, what, doing)
 
     def enter(self, doing: str) -> None:
         """:meth:`check_open`, and, for the default group (``doing`` names the call), :meth:`claim`."""
         self.check_open()
         self.claim(None, "the default group", doing)
 
-    def _claimed(self, target: Target) -> None:
-        """:meth:`claim` of ``target``'s group, eager only (a compiled region runs on the thread that traced it),
-        at the cost of one dict lookup once it is this thread's."""
-        if torch.compiler.is_compiling():
-            return
-        owner = self._owners.get(target.spec)
-        if owner is None or owner[0] != threading.get_ident():
-            self.claim(target.spec, target.label())
-
     def check_mesh(self, mesh: object) -> Mesh:
-        """``mesh`` if it is a Mesh of this world; ``TypeError``/``ValueError`` naming it otherwise."""
-        if not isinstance(mesh, Mesh):
-            raise TypeError(f"expected an fmesh.Mesh, but got {type(mesh).__name__}: {mesh!r}")
-        if mesh.world_size != self._world.world_size:
-            raise ValueError(
-                f"{mesh!r} is built for {mesh.world_size} ranks, but this context has {self._world.world_size}; "
-                f"expected a mesh of this context's world: build it from ctx.world_size{self._resized(mesh)}"
-            )
-        return mesh
-
-    def _resized(self, mesh: Mesh) -> str:
-        """``", e.g. fmesh.make_mesh((4, 2), ('dp', 'tp')), its first axis ctx.world_size // 2"`` where the other
-        axes divide this world, else nothing."""
-        world, sizes = self._world.world_size, mesh.axis_sizes
-        rest = 1
-        for size in sizes[1:]:
-            rest *= size
-        if world % rest or not sizes:
-            return ""
-        first = f", its first axis ctx.world_size // {rest}" if len(sizes) > 1 else ""
-        return f", e.g. fmesh.make_mesh({(world // rest, *sizes[1:])}, {mesh.axis_names}){first}"
+        """``mesh`` if it is a Mesh of this world (:func:`check_mesh`)."""
+        return check_mesh(mesh, self._world.world_size)
 
     def target(self, mesh: Mesh, axes: AxesArg) -> Target:
         """This rank's group along ``axes`` of ``mesh``, checked; cached on the normalised arguments.
@@ -272,21 +267,12 @@ class GroupRegistry:
         names = mesh.resolve_axes(axes)
         ranks = mesh.group(self._world.rank, names)
         if self._ascending_only:
-            self._check_ascending(mesh, names)
+            check_ascending(mesh, names)
         made = Target(mesh, names, ranks, self.spec(names, ranks), member=ranks.index(self._world.rank))
         if made.spec in self._groups:  # another mesh already made this group: shared
             self._count_hit()
         self._targets[(mesh, names)] = made
         return made
-
-    def _check_ascending(self, mesh: Mesh, names: tuple[str, ...]) -> None:
-        unsorted = next((g for g in mesh.groups(names) if list(g) != sorted(g)), None)
-        if unsorted is not None:
-            raise ValueError(
-                f"simulate() can only run collectives over groups whose ranks ascend, but the group "
-                f"{list(unsorted)} along axes {names} of {mesh!r} does not (a permuted rank map or a "
-                "reversed axis order); run this mesh on real processes with fmesh.launch(...)"
-            )
 
     def resolve(self, mesh: Mesh, axes: AxesArg, claim: bool = True) -> Route:
         """:meth:`target` and :meth:`group` in one cached lookup, as a :class:`Route`: what a collective's hot path
@@ -302,13 +288,11 @@ class GroupRegistry:
             if compiling:
                 raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=axes, mesh=mesh))
             target = self.target(mesh, axes)
-            found = self._resolved[(mesh, target.axes)] = Route(target, self.group(target, claim), self._agreement)
+            found = self._resolved[(mesh, target.axes)] = Route(target, self.group(target, claim), self._board)
             return found
-        if not compiling:  # the hot path: _claimed and _count_hit inline, one test for both
+        if not compiling:  # the hot path: one test for the claim and the count
             if claim:
-                owner = self._owners.get(found.target.spec)
-                if owner is None or owner[0] != threading.get_ident():
-                    self.claim(found.target.spec, found.target.label())
+                self._threads.claimed(found.target.spec, found.target.label)
             self._hits += 1
         return found
 
@@ -320,13 +304,13 @@ class GroupRegistry:
         if known is not None and known[0] is mesh:
             if not torch.compiler.is_compiling():  # counted and checked as on the hashing path
                 if claim:
-                    self._claimed(known[1].target)
+                    self._threads.claimed(known[1].target.spec, known[1].target.label)
                 self._hits += 1
             return known[1]
         if torch.compiler.is_compiling():
             raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=axes, mesh=mesh))
         target = self.target(mesh, axes)  # checks a user's mistake outside any except block; counts its hit
-        route = Route(target, self.group(target, claim), self._agreement)
+        route = Route(target, self.group(target, claim), self._board)
         if len(self._by_identity) >= IDENTITY_ENTRIES:
             self._by_identity.clear()
             self._by_target.clear()
@@ -351,43 +335,19 @@ class GroupRegistry:
     def process_group(self, target: Target, claim: bool = True) -> dist.ProcessGroup:
         """The target's process group, even for a group of one (made only when asked for); ``claim`` as in
         :meth:`group`."""
-        if claim:
-            self._claimed(target)
+        if claim and not torch.compiler.is_compiling():
+            self._threads.claimed(target.spec, target.label)
         group = self._groups.get(target.spec)
         if group is not None:
-            if usable(group, self._agreement):
+            if usable(group, self._board):
                 return group
             self._drop(target.spec)
             raise RankLostError(
                 f"{target.label()} failed earlier on rank {self._world.rank} and was aborted then (its members are "
                 "gone or broke it); this context cannot use it again: abort the context and restart, or recover "
                 "onto a mesh without the lost ranks")
-        with self._creation(target.label()):
+        with self._threads.creating(target.label(), self.check_open):
             return self._create(target)
-
-    @contextlib.contextmanager
-    def _creation(self, what: str) -> Iterator[None]:
-        """Hold the creation lock while ``what`` (a group, or a split) is created: one thread at a time (creation
-        shares this rank's store connection, and ranks would wait for each other's groups in different orders); a
-        second thread asking meanwhile is refused, saying what to do. :meth:`close` waits for a creation under way."""
-        me = threading.get_ident()
-        with self._owning:
-            if self._creator is not None and self._creator[0] != me:
-                raise RuntimeError(
-                    f"thread {threading.current_thread().name!r} asked for {what}, which does not exist yet, while "
-                    f"thread {self._creator[1]!r} creates another group of this context: groups are created by one "
-                    "thread at a time (their creation shares this rank's store connection, and ranks would wait for "
-                    "each other's in different orders). Create every group first, from one thread "
-                    "(ctx.materialize(mesh) for each mesh), then run collectives on distinct groups from distinct "
-                    "threads")
-            self._creator = (me, threading.current_thread().name)
-        try:
-            with self._creating:
-                self.check_open()
-                yield
-        finally:
-            with self._owning:
-                self._creator = None
 
     # Never traced: under torch.compile(fullgraph=False) a miss falls back to eager, whose frames Dynamo would
     # otherwise try to compile down into group creation (and crash on the process groups: not a fallback).
@@ -402,67 +362,16 @@ class GroupRegistry:
                 "device, so creating one needs every rank; call ctx.materialize(...) on every rank before "
                 "collectives"
             )
-        _torch.require(_torch.GROUPS)  # on every member before they meet: each raises it, none waits for another
         started = time.perf_counter()
-        if self._agreement is not None and target.size > 1:
-            agreement, held = self._agreement, len(self._groups)
-            self._failing_as_posted(lambda: agreement.connections.check_room(target.size, held, target.label()))
-        self._agree(target.spec.digest(), target.ranks, target.describe(), target.label())
-        connect_timeout = self._connect_timeout(target.spec)
-        group = self._connect(target.ranks, target.label(), lambda: _torch.create_group(
-            target.spec.ranks,
-            f"{self._world.namespace}:{target.spec.digest()}",
-            rank=self._world.rank,
-            backend=target.spec.backend,
-            timeout=connect_timeout,
-            options=target.spec.options,
-            description=f"fmesh_{'_'.join(target.axes)}",
-            store=None if self._agreement is None else self._agreement.store,
-        ))
-        if connect_timeout != target.spec.timeout:
-            _torch.set_group_timeout(group, target.spec.timeout)
+        group = self._maker.create(target.spec, target.axes, target.label(), target.describe(), len(self._groups))
         self._record(target.spec, group, started)
-        return group
-
-    def _connect_timeout(self, spec: GroupSpec) -> Any:
-        # gloo's rendezvous waits for every member with the group's timeout (the collectives', 10 min by
-        # default): a member that died after agreeing would be waited for that long. Connect within the
-        # creation timeout instead, then give the group its own.
-        if spec.backend == "gloo" and self._agreement is not None:
-            return min(spec.timeout, self._settings.creation_timeout)
-        return spec.timeout
-
-    def _connect(self, members: tuple[int, ...], what: str, create: Callable[[], Any]) -> Any:
-        """``create()`` a group the members agreed on, noting its sockets; a failure is explained (a member
-        that failed meanwhile is named) and posted in its status, so peers waiting for us learn it. A
-        context aborted meanwhile aborts the new group and raises ``ContextClosedError``."""
-        agreement = self._agreement
-        if agreement is None:
-            return create()
-        before = open_sockets()
-        try:
-            group = create()
-        except Exception as error:
-            explained = agreement.connect_failed(members, what, error)
-            agreement.failed(explained)
-            if explained is error:
-                raise
-            raise explained from error
-        if group is not None:
-            agreement.connections.note(group.group_name, open_sockets() - before)
-        if agreement.connections.halted.is_set():
-            if group is not None:
-                agreement.connections.sever(group.group_name)
-                with contextlib.suppress(Exception):
-                    _torch.abort_group(group)
-            agreement.check_halted(f"connecting {what}")
         return group
 
     def split(self, mesh: Mesh, axes: tuple[str, ...], mine: tuple[int, ...] | None) -> None:
         """Create the groups along ``axes`` of ``mesh`` for the whole world at once (one
         ``split_group``): every rank calls this, for the same meshes, in the same order. ``mine`` is
         this rank's group (``None`` if the mesh does not cover it); it is recorded like any other."""
-        with self._creation(f"the split of axes {axes} of {mesh!r}"):
+        with self._threads.creating(f"the split of axes {axes} of {mesh!r}", self.check_open):
             spec = self.spec(axes, mine or ())
             if mine is not None and spec in self._groups:
                 return
@@ -471,26 +380,9 @@ class GroupRegistry:
                 return
             self._splits.add(digest(description))
             started = time.perf_counter()
-            world = tuple(range(self._world.world_size))
-            what = f"the split of axes {axes} of {mesh!r}"
-            self._agree(digest(description), world, description, what)
-            group = self._connect(world, what, lambda: _torch.split_groups(
-                mesh.groups(axes), rank=self._world.rank, timeout=spec.timeout, options=spec.options))
+            group = self._maker.split(mesh, axes, spec, description)
             if group is not None and mine is not None and len(mine) > 1:
                 self._record(spec, group, started)
-
-    def _agree(self, key: str, members: tuple[int, ...], description: str, what: str) -> None:
-        if self._agreement is not None and len(members) > 1:
-            self._agreement.agree(key, members, description, what)
-
-    def _failing_as_posted(self, step: Callable[[], Any]) -> Any:
-        """``step()``; a failure is posted in its status first, so peers waiting for us learn it."""
-        try:
-            return step()
-        except Exception as error:
-            if self._agreement is not None:
-                self._agreement.failed(error)
-            raise
 
     def _record(self, spec: GroupSpec, group: dist.ProcessGroup, started: float) -> None:
         self._groups[spec] = group
@@ -510,46 +402,6 @@ class GroupRegistry:
         """The groups made here that torch still knows (not aborted after a failure)."""
         return {spec: group for spec, group in self._groups.items() if _torch.registered(group)}
 
-    def held_groups(self) -> list[HeldGroup]:
-        """The groups :meth:`held`, as a recovery's agreement counts and cuts them (digest, members, torch name)."""
-        return [HeldGroup(spec.digest(), spec.ranks, group.group_name) for spec, group in self.held().items()]
-
-    def cut_broken(self, lost: Iterable[int]) -> None:
-        """Cut the connections of every group that lost a member, so a survivor still blocked in one (a collective
-        fmesh did not run, FSDP's say, fails with the backend's error and no roll call) is released now."""
-        gone = set(lost)
-        if self._agreement is not None:
-            for spec, group in self.held().items():
-                if gone.intersection(spec.ranks):
-                    self._agreement.connections.sever(group.group_name)
-
-    def take_renewed(self, renumber: Mapping[int, int], holders: Mapping[str, int],
-                     survivors: Container[int]) -> tuple[Taken, ...]:
-        """The groups that go on into the new world (old rank -> new rank: ``renumber``), kept or shrunk by the
-        planner's one rule (:func:`fmesh.plan.communicators.renewals`), detached from torch and renumbered;
-        ``holders`` (how many of the ``survivors`` hold each group, by digest) says whether every surviving member
-        can keep one."""
-        if self._world.rank not in renumber:  # this rank leaves: it takes nothing, and never calls a shrink (torch
-            return ()                         # refuses one from an excluded member; the others shrink without it)
-        held = self.held()
-        specs = sorted(held, key=lambda s: (len(s.ranks), s.digest()))  # one order on every rank; smallest first
-        choices = renewals([spec.ranks for spec in specs], renumber,
-                           shrinkable=[_torch.can_shrink(spec.backend) for spec in specs],
-                           held_everywhere=[holders.get(spec.digest(), 0) == sum(m in survivors for m in spec.ranks)
-                                            for spec in specs])
-        taken = []
-        for spec, action in zip(specs, choices, strict=True):
-            group, members = held[spec], spec.ranks
-            if action == CREATE:
-                continue
-            if action == SHRINK:  # the members that do not go on, lost or dropped by the new world, are excluded
-                group = _torch.shrink_group(group, [i for i, r in enumerate(spec.ranks) if r not in renumber])
-                members = tuple(r for r in spec.ranks if r in renumber)
-            sockets = frozenset() if self._agreement is None else self._agreement.connections.take(group.group_name)
-            taken.append(Taken(attrs.evolve(spec, ranks=tuple(renumber[m] for m in members)),
-                               _torch.detach_group(group), action, sockets))
-        return tuple(taken)
-
     def adopt_all(self, taken: Iterable[Taken]) -> None:
         """Hold the groups a recovery took (:meth:`take_renewed`), attached again under their new ranks."""
         for one in taken:
@@ -565,8 +417,8 @@ class GroupRegistry:
         """Hold ``group`` (``action``: kept or shrunk by a recovery) as the group of ``spec``, with its ``sockets``."""
         self._groups[spec] = group
         self._adopted[spec] = action
-        if self._agreement is not None:
-            self._agreement.connections.note(group.group_name, sockets)
+        if self._board is not None:
+            self._board.connections.note(group.group_name, sockets)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -608,9 +460,9 @@ class GroupRegistry:
     def halt(self) -> None:
         """The first, instant part of :meth:`abort`: end every wait of the context at its next poll, and cut
         every group's connections (the collectives blocked in them fail now, here and on the peers)."""
-        if self._agreement is not None:
-            self._agreement.connections.halted.set()
-            self._agreement.connections.sever_all()
+        if self._board is not None:
+            self._board.connections.halted.set()
+            self._board.connections.sever_all()
 
     def _drop(self, spec: GroupSpec) -> None:
         """Forget the group of ``spec`` (torch aborted it after a failure) and every target resolved to it."""
@@ -624,12 +476,11 @@ class GroupRegistry:
                 self._by_target.pop(id(route.target), None)
 
     def _end(self, end_group: Any) -> bool:
-        with self._owning:
+        with self._threads.lock:
             if self._closed:
                 return False
             self._closed = True  # no creation starts now: each checks, under the creation lock, that this is open
-        with self._creating:  # a creation under way finishes (or fails) first, and its group is ended too
-            pass
+        self._threads.settled()  # a creation under way finishes (or fails) first, and its group is ended too
         return self._forget_all(end_group)
 
     def _forget_all(self, end_group: Any) -> bool:
@@ -645,11 +496,11 @@ class GroupRegistry:
                 # groups left must still end, and the context still close. One a failure cut is aborted, never
                 # destroyed: the orderly way would wait for its broken members.
                 orderly = end_group is _torch.destroy_group
-                ending = _torch.abort_group if orderly and not usable(group, self._agreement) else end_group
+                ending = _torch.abort_group if orderly and not usable(group, self._board) else end_group
                 with contextlib.suppress(ValueError if ending is _torch.destroy_group else Exception):
                     ending(group)
-                if self._agreement is not None:
-                    self._agreement.connections.forget(group.group_name)
+                if self._board is not None:
+                    self._board.connections.forget(group.group_name)
         released = bool(groups)
         del groups
         return released

@@ -23,8 +23,9 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from fmesh.context import _torch, rendezvous
+from fmesh.context import _torch
 from fmesh.context.options import DEFAULT_TIMEOUT, normalize_backend
+from fmesh.context.store import keys, rendezvous
 from fmesh.errors import GroupTimeoutError, LaunchError, RankLostError, RecoveryError
 from fmesh.layout.int_tuple import is_int
 
@@ -236,7 +237,7 @@ class World:
         if backend != "fake":
             # The n-th context of this name on each rank is the n-th on every rank (SPMD order), whenever each
             # rank makes it: a count per rank, not one shared count that assumes the ranks move in lockstep.
-            epoch = _torch.default_store().add(f"fmesh/{name}/contexts/{dist.get_rank()}", 1) - 1
+            epoch = _torch.default_store().add(keys.contexts_made(name, dist.get_rank()), 1) - 1
         return cls(
             rank=int(dist.get_rank()),
             world_size=size,

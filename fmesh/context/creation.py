@@ -1,0 +1,118 @@
+"""How one of a Context's process groups comes to exist: its members agree on what they mean (through the store,
+:mod:`fmesh.context.store.agreement`), then connect, within the creation timeout.
+
+Before a group is created, the process's file descriptors are counted
+(:meth:`~fmesh.context.store.connections.Connections.check_room`); connecting it is bounded by the creation timeout
+(gloo's rendezvous otherwise waits the collective timeout), and a member that fails meanwhile is named
+(:func:`~fmesh.context.store.agreement.connect_failed`). Every failure is posted in this rank's status first, so the
+peers waiting for it learn it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch.distributed as dist
+
+from fmesh.context import _torch
+from fmesh.context.options import GroupSettings, GroupSpec
+from fmesh.context.store.agreement import agree, connect_failed
+from fmesh.context.store.board import Board
+from fmesh.context.store.connections import open_sockets
+from fmesh.context.store.keys import digest
+from fmesh.context.world import World
+from fmesh.mesh import Mesh
+
+
+@attrs.frozen
+class GroupMaker:
+    """Creates the groups of one Context on ``world`` (``board``: ``None`` on the fake backend, whose store cannot be
+    used: then nothing is agreed or counted)."""
+
+    world: World
+    settings: GroupSettings
+    board: Board | None
+
+    def create(self, spec: GroupSpec, axes: tuple[str, ...], label: str, description: str,
+               held: int) -> dist.ProcessGroup:
+        """The group of ``spec`` along ``axes`` (``label`` names it in errors; ``description`` is what its members
+        compare), this rank holding ``held`` groups already."""
+        _torch.require(_torch.GROUPS)  # on every member before they meet: each raises it, none waits for another
+        board = self.board
+        if board is not None and len(spec.ranks) > 1:
+            self.failing_as_posted(lambda: board.connections.check_room(len(spec.ranks), held, label))
+        self.agree(spec.digest(), spec.ranks, description, label)
+        connect_timeout = self.connect_timeout(spec)
+        group = self.connect(spec.ranks, label, lambda: _torch.create_group(
+            spec.ranks,
+            f"{self.world.namespace}:{spec.digest()}",
+            rank=self.world.rank,
+            backend=spec.backend,
+            timeout=connect_timeout,
+            options=spec.options,
+            description=f"fmesh_{'_'.join(axes)}",
+            store=None if board is None else board.store,
+        ))
+        if connect_timeout != spec.timeout:
+            _torch.set_group_timeout(group, spec.timeout)
+        return group
+
+    def split(self, mesh: Mesh, axes: tuple[str, ...], spec: GroupSpec, description: str) -> Any:
+        """The groups along ``axes`` of ``mesh`` for the whole world at once (one ``split_group``, after the whole
+        world agreed on ``description``); this rank's group, or ``None``."""
+        world = tuple(range(self.world.world_size))
+        what = f"the split of axes {axes} of {mesh!r}"
+        self.agree(digest(description), world, description, what)
+        return self.connect(world, what, lambda: _torch.split_groups(
+            mesh.groups(axes), rank=self.world.rank, timeout=spec.timeout, options=spec.options))
+
+    def connect_timeout(self, spec: GroupSpec) -> Any:
+        """How long connecting the group of ``spec`` may take: gloo's rendezvous waits for every member with the
+        group's timeout (the collectives', 10 min by default), so a member that died after agreeing would be waited
+        for that long; it connects within the creation timeout instead, then gets its own."""
+        if spec.backend == "gloo" and self.board is not None:
+            return min(spec.timeout, self.settings.creation_timeout)
+        return spec.timeout
+
+    def connect(self, members: tuple[int, ...], what: str, create: Callable[[], Any]) -> Any:
+        """``create()`` a group the members agreed on, noting its sockets; a failure is explained (a member
+        that failed meanwhile is named) and posted in its status, so peers waiting for us learn it. A
+        context aborted meanwhile aborts the new group and raises ``ContextClosedError``."""
+        board = self.board
+        if board is None:
+            return create()
+        before = open_sockets()
+        try:
+            group = create()
+        except Exception as error:
+            explained = connect_failed(board, members, what, error)
+            board.failed(explained)
+            if explained is error:
+                raise
+            raise explained from error
+        if group is not None:
+            board.connections.note(group.group_name, open_sockets() - before)
+        if board.connections.halted.is_set():
+            if group is not None:
+                board.connections.sever(group.group_name)
+                with contextlib.suppress(Exception):
+                    _torch.abort_group(group)
+            board.waiter.check_halted(f"connecting {what}")
+        return group
+
+    def agree(self, key: str, members: tuple[int, ...], description: str, what: str) -> None:
+        """The members' agreement on the group at ``key`` (none for a group of one, or without a store)."""
+        if self.board is not None and len(members) > 1:
+            agree(self.board, key, members, description, what)
+
+    def failing_as_posted(self, step: Callable[[], Any]) -> Any:
+        """``step()``; a failure is posted in its status first, so peers waiting for us learn it."""
+        try:
+            return step()
+        except Exception as error:
+            if self.board is not None:
+                self.board.failed(error)
+            raise
