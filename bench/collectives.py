@@ -16,15 +16,19 @@
     (a ring) against ``dist.batch_isend_irecv`` of the same sends and receives; with the time to pickle
     and unpickle the object once, which both sides pay.
 
+(0) The members' check of their calls (issue 35), first: ``ctx.all_reduce`` in each mode of ``check_tensors``
+    (default, every call, off) against a bare ``dist.all_reduce`` (in place, and on a clone), and torch's functional
+    all_reduce, on 2 gloo processes, paired (interleaved in one launch), 1 element, 1 KiB, 1 MiB; the Python cost
+    per call of each on a no-op backend (the dp axis on torch's fake backend, the store real; the thread's CPU
+    clock); and a tensor- and sequence-parallel transformer block per step on fmesh's collectives against the same
+    block on funcol's autograd collectives, eager and compiled.
 (d) Gradients and compile: the autograd wrapper's cost per call (fake backend, no communication: the
-    Python cost of ``ctx.all_reduce`` on a tensor that requires grad, against one that does not); the
-    cost per collective of the members' check of their tensors (``check_tensors``, on by default; gloo, 2
-    processes; parts (a) and (c) run with it off); a small tensor-parallel MLP
-    (column- then row-parallel linear over tp) forward + backward, eager against ``torch.compile``
-    (aot_eager), fmesh's ``sum_gradients`` / ``sum_partials`` against the same model written with
-    torch's functional collectives on the exported DeviceMesh's tp group.
+    Python cost of ``ctx.all_reduce`` on a tensor that requires grad, against one that does not); a small
+    tensor-parallel MLP (column- then row-parallel linear over tp) forward + backward, eager against
+    ``torch.compile`` (aot_eager), fmesh's ``sum_gradients`` / ``sum_partials`` against the same model written with
+    torch's functional collectives on the exported DeviceMesh's tp group. Parts (a) and (c) run with the check off.
 
-    python bench/collectives.py [--quick] [--only d]
+    python bench/collectives.py [--quick] [--only checks|d]
 """
 
 from __future__ import annotations

@@ -9,17 +9,19 @@ hash of all of them, and its recent calls, to name them. Then, per call:
 * **A window the members agreed on before is known**: every member made these same :data:`WINDOW` calls at this
   place before, so this call is what the program always does here; it goes at once.
 * **A new window is agreed before any byte is sent** (:meth:`CallChecks.meet`): the first calls on a group, a new
-  shape, a call added, skipped or reordered. The members meet in the store (three operations and one blocking read
-  each, whatever the group size). A difference is a :class:`~fmesh.TensorMismatchError` on every member, naming
+  shape, a call added, skipped or reordered. The members meet in the store (a
+  :class:`~fmesh.context.store.meeting.Meeting`: two operations and one blocking read each, whatever the group
+  size). A difference is a :class:`~fmesh.TensorMismatchError` on every member, naming
   the calls that differ; nothing was sent, and the group stays healthy.
 * **A member that took the known path while another meets** is blocked in the collective, waiting for a member that
   will not come. After :data:`BLOCKED_SECONDS` this process's watch (:class:`Watch`, a thread) posts the call it is
   blocked in; the meeting members read it, raise :class:`~fmesh.TensorMismatchError` (nothing of theirs was sent)
   and cut the group, which frees the blocked member with the same error (``collectives.failed``).
-* **Every** :data:`CHECKPOINT` **calls** each member compares its rolling hash with the first member's (one
-  ``compare_set``, one ``check``): what is left, a divergence between two histories both agreed before, is found
-  after the fact, within :data:`CHECKPOINT` calls; the group is then cut (a mismatched call ran) and every member
-  raises :class:`~fmesh.TensorMismatchError`.
+* **Every** :data:`CHECKPOINT` **calls** each member hands its hashes to its watch, which compares them with the
+  first member's (one ``compare_set``, one ``check``) off the caller's thread: what is left, a divergence between two
+  histories both agreed before, is found after the fact, within :data:`CHECKPOINT` calls (and the few the caller
+  makes while the watch compares); the group is then cut (a mismatched call ran) and every member raises
+  :class:`~fmesh.TensorMismatchError`, this one at its next call.
 
 ``Context(check_tensors="every-call")`` (or ``FMESH_CHECK_TENSORS=every-call``) meets at every call: nothing is ever
 sent after a mismatch, at the price of one meeting per call (the debugging mode). ``check_tensors=False`` turns the
@@ -46,13 +48,16 @@ from fmesh.context import _torch
 from fmesh.context.groups import Route, usable
 from fmesh.context.store.board import Board
 from fmesh.context.store.meeting import Meeting, watches
-from fmesh.context.store.records import CLOSED, EXITED
+from fmesh.context.store.records import CLOSED, EXITED, LOST, MISMATCH, OK, TIMEOUT
+from fmesh.context.store.recovery_vote import recovering as recovering_ranks
 from fmesh.context.tensors import signature
 from fmesh.errors import GroupTimeoutError, RankLostError, TensorMismatchError
 
 CheckMode = Literal["off", "steady", "every-call"]
 """``off``: no check; ``steady`` (the default): new windows met, known ones checked every :data:`CHECKPOINT` calls;
 ``every-call``: every call met before it is sent."""
+CheckArg = bool | Literal["every-call"] | None
+"""What ``Context(check_tensors=...)`` takes: True (the default), False, ``"every-call"``, or None (the environment)."""
 MODES: dict[object, CheckMode] = {True: "steady", False: "off", "every-call": "every-call"}
 ENVIRONMENT = "FMESH_CHECK_TENSORS"  # read when check_tensors is left out: on, off, every-call
 _FROM_ENVIRONMENT: dict[str, CheckMode] = {"on": "steady", "1": "steady", "off": "off", "0": "off",
@@ -65,7 +70,7 @@ BLOCKED_SECONDS = 1.0  # how long a call blocked in a collective waits before it
 WATCH_SECONDS = 0.25  # how often the watch looks
 DESCRIPTIONS_SECONDS = 5.0  # how long a member that saw a difference waits for the others' calls, to name them
 LOOK_SECONDS = 1.0  # the longest pause between a watcher's looks
-OK, MISMATCH, BLOCKED, LOST, TIMEOUT = "ok", "mismatch", "blocked", "lost", "timeout"
+BLOCKED = "blocked"  # a meeting's verdict: a member is blocked in the collective, on the known path
 
 Call = tuple[str, torch.dtype, torch.Size, tuple[object, ...]]
 """One call as a member makes it: the collective's name, the tensor's dtype and shape, the arguments."""
@@ -138,7 +143,9 @@ class CallChecks:
 
     def __init__(self, mode: CheckMode) -> None:
         self.mode = mode
-        self.entered: Ledger | None = None  # the group of the last call sent (the watch reads its count)
+        # The group of the call in flight, from the check to the collective's return (the Context clears it): the
+        # watch reads its count, and takes this rank for blocked in that call after BLOCKED_SECONDS.
+        self.entered: Ledger | None = None
         self.checkpoints: collections.deque[Checkpoint] = collections.deque()  # for the watch to compare
         self.found: list[tuple[Checkpoint, TensorMismatchError]] = []  # what the watch found, raised at the next call
         self._ledgers: dict[dist.ProcessGroup, Ledger] = {}
@@ -209,6 +216,26 @@ class CallChecks:
     # ------------------------------------------------------------------ meeting
 
     def meet(self, route: Route, board: Board, ledger: Ledger, window: tuple[int, ...], call: Call) -> None:
+        """:meth:`_meet`; a member gone (or the store's host: a broken connection) breaks the group, which is cut as
+        a failed collective's is, so that using it again says so at once."""
+        try:
+            self._meet(route, board, ledger, window, call)
+        except dist.DistNetworkError as error:  # the store's host died: one fmesh error on every member, at once
+            cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            others = [rank for rank in route.target.ranks if rank != board.rank]
+            lost = RankLostError(
+                f"on rank {board.rank}: {call[0]} along {route.target.label()} failed while this rank checked its "
+                f"calls: ranks {others} of the group cannot be reached: the store they meet in is unreachable, its "
+                f"host is gone (rank 0, unless torchrun's agent hosts it; {type(error).__name__}: {cause}). See that "
+                "process's error first, then restart the job (a store hosted outside the ranks survives any rank's "
+                "loss)")
+            self._cut(route, board, lost, refused=False)
+            raise lost from None
+        except RankLostError as error:
+            self._cut(route, board, error, refused=False)
+            raise
+
+    def _meet(self, route: Route, board: Board, ledger: Ledger, window: tuple[int, ...], call: Call) -> None:
         """Agree on a new ``window`` with every member before any byte is sent: post it (the first member's stays),
         count the arrival, and read the verdict in one blocking read; the last to arrive writes it. A member whose
         window differs writes ``mismatch``; a member found blocked in the collective by the known path (its watch
@@ -222,12 +249,16 @@ class CallChecks:
             meeting.decide(MISMATCH)
         else:
             place = meeting.arrive()
-        blocked = keys.blocked(ledger.digest, ledger.count + 1)
+        blocked = keys.blocked(ledger.digest)
 
         def look() -> bool:  # a member blocked in the collective, or gone, never comes: say so and stop waiting
             if store.check([blocked]):
-                meeting.decide(f"{BLOCKED}\n{bytes(store.get(blocked)).decode()}")
-                return True
+                count, _, post = bytes(store.get(blocked)).decode().partition("\n")
+                # Blocked in this call or a later one (a call that moves nothing forward, sum_gradients, let it on)
+                # while this member has not made this one: it took another path. An earlier call: an old post.
+                if int(count) > ledger.count:
+                    meeting.decide(f"{BLOCKED}\n{post}")
+                    return True
             told = self._gone(board, target.ranks)
             if told:
                 meeting.decide(f"{LOST}\n{told}")
@@ -261,25 +292,34 @@ class CallChecks:
             raise error
         if verdict == LOST:
             raise RankLostError(f"{what} failed while this rank waited for its members at the members' check of their "
-                                f"calls: {detail}. Expected every member alive; see their logs, then restart the job "
-                                "or recover without them")
+                                f"calls: {detail}")
         raise GroupTimeoutError(
             f"{what}: only {detail} of the {target.size} members came to check their calls within {seconds:g}s "
             "(the group's timeout): the others are slow, stuck elsewhere, or made fewer calls on this group")
 
     @staticmethod
     def _gone(board: Board, ranks: Sequence[int]) -> str:
-        """Which of ``ranks`` will never come, and why: the launcher saw their processes end, or they closed their
-        context or exited (two store operations, a third when a member's status is final); empty when none."""
-        ended = board.ended(ranks)
-        final = sorted((board.finals() & set(ranks)) - set(ended) - {board.rank})
+        """Why some of ``ranks`` will never come to this call, or empty when none is known not to: the launcher saw
+        their processes end, they closed their context or exited (their final status), or they came to recover
+        without ranks lost elsewhere (two or three store operations, more when a member's status is read)."""
+        others = set(ranks) - {board.rank}
+        ended = sorted(set(board.ended(ranks)) & others)
+        final = sorted((board.finals() & others) - set(ended))
         closed = {rank: status for rank, status in board.statuses(final).items()
                   if status.state in (CLOSED, EXITED)} if final else {}
-        if not ended and not closed:
+        if ended or closed:
+            why = [f"the launcher saw the processes of ranks {ended} end"] if ended else []
+            why += [status.describe(rank) for rank, status in closed.items()]
+            return (f"ranks {sorted([*ended, *closed])} of the group are gone: {'; '.join(why)}. Expected every member "
+                    "alive; see their logs, then restart the job or recover without them")
+        recovering = [rank for rank in recovering_ranks(board) if rank != board.rank]
+        if not others & set(recovering):
             return ""
-        why = [f"the launcher saw the processes of ranks {ended} end"] if ended else []
-        why += [status.describe(rank) for rank, status in closed.items()]
-        return f"ranks {sorted([*ended, *closed])} of the group are gone: {'; '.join(why)}"
+        status = board.statuses(recovering[:1])[recovering[0]]
+        return (f"ranks {status.lost_text} are lost, and ranks {recovering} are recovering without them "
+                f"({status.describe(recovering[0])}), so they will not come to this call. Expected every survivor to "
+                f"recover: call ctx.recover({status.lost_text}) on this rank too (they wait for it up to the creation "
+                "timeout)")
 
     def _named(self, board: Board, meeting: int, ranks: Sequence[int], ledger: Ledger, call: Call,
                what: str) -> str:
@@ -353,14 +393,13 @@ class CallChecks:
     # ------------------------------------------------------------------ shared
 
     @staticmethod
-    def _trail(ledger: Ledger, calls: int, end: int | None = None) -> str:
-        """This member's ``calls`` calls on the group up to call ``end`` (default: its last), numbered."""
-        end = ledger.count if end is None else end
-        recent = list(ledger.recent)
-        kept = recent[max(0, len(recent) - (ledger.count - end) - calls):len(recent) - (ledger.count - end)]
-        return "; ".join(f"#{end - len(kept) + 1 + i} {describe_call(call)}" for i, call in enumerate(kept))
+    def _trail(ledger: Ledger, calls: int) -> str:
+        """This member's last ``calls`` calls on the group, numbered."""
+        recent = list(ledger.recent)[-calls:]
+        first = ledger.count - len(recent) + 1
+        return "; ".join(f"#{first + i} {describe_call(call)}" for i, call in enumerate(recent))
 
-    def _cut(self, route: Route, board: Board, error: TensorMismatchError, refused: bool) -> None:
+    def _cut(self, route: Route, board: Board, error: Exception, refused: bool) -> None:
         """Post ``error`` as this rank's failure (a member blocked in the group names it; ``refused``: nothing of
         this rank's was sent) and cut the group."""
         if route.group is not None:
@@ -368,7 +407,10 @@ class CallChecks:
         board.failed(error, refused=refused)
         if route.group is not None:
             board.connections.sever(route.group.group_name)
-            _torch.abort_group(route.group)
+            # A communicator that can shrink (NCCL >= 2.27) is left for a recovery to shrink, as a failed
+            # collective's is (fmesh.context.failures); any other is aborted now.
+            if not (isinstance(error, RankLostError) and _torch.can_shrink(route.target.spec.backend)):
+                _torch.abort_group(route.group)
 
 
 class Watch:
@@ -406,7 +448,7 @@ class Watch:
                         checks.found.append((checkpoint, error))
             ledger, now = checks.entered, time.monotonic()
             entered = (ledger, -1 if ledger is None else ledger.count)
-            if entered != seen:
+            if entered != seen:  # another call, or none in flight
                 seen, since = entered, now
             elif ledger is not None and entered != posted and now - since >= BLOCKED_SECONDS:
                 posted = entered
@@ -421,5 +463,5 @@ class Watch:
 
     def _post(self, ledger: Ledger, count: int, call: Call) -> None:
         board = self._board
-        self._connection().compare_set(board.keys.blocked(ledger.digest, count), "",
-                                f"{board.rank}\n{describe_call(call)} (call #{count} on this group)")
+        self._connection().set(board.keys.blocked(ledger.digest),
+                               f"{count}\n{board.rank}\n{describe_call(call)} (call #{count} on this group)")

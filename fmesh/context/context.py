@@ -1,12 +1,11 @@
 """The Context: the one object with side effects. It owns fmesh's process groups.
 
-A :class:`Context` turns pure :class:`~fmesh.Mesh` values into communication. It is a thin owner
-of four rooms, each the only owner of its state:
-
-* :class:`~fmesh.context.world.World`: this process, its device and the default group;
-* :class:`~fmesh.context.options.GroupSettings`: backend, options and timeout, per axis;
-* :class:`~fmesh.context.groups.GroupRegistry`: which groups exist, and how each is created;
-* :class:`~fmesh.context.export.Exporter`: the torch ``DeviceMesh`` objects built on them.
+A :class:`Context` turns pure :class:`~fmesh.Mesh` values into communication. It is a thin owner of five rooms,
+each the only owner of its state: :class:`~fmesh.context.world.World` (this process, its device and the default
+group), :class:`~fmesh.context.options.GroupSettings` (backend, options and timeout, per axis),
+:class:`~fmesh.context.groups.GroupRegistry` (which groups exist, and how each is created),
+:class:`~fmesh.context.call_checks.CallChecks` (the members' check of their calls) and
+:class:`~fmesh.context.export.Exporter` (the torch ``DeviceMesh`` objects built on them).
 
 What every rank must do to create groups is in :mod:`fmesh.context.groups`; what a recovery does with them, in
 :mod:`fmesh.context.renewal`.
@@ -25,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch, autograd, collectives, failures, objects, permute, recovery, renewal
-from fmesh.context.call_checks import CallChecks
+from fmesh.context.call_checks import CallChecks, CheckArg
 from fmesh.context.collectives import ReduceOp
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, materialize, plan_groups
@@ -61,8 +60,7 @@ class Context:
                  timeout: timedelta | float | None = None, options: Any = None,
                  axis_options: Mapping[str, AxisOptions] | None = None, device: torch.device | str | None = None,
                  gpus_per_node: int | None = None, name: str = "fmesh", simulated: bool = False,
-                 creation_timeout: timedelta | float | None = None,
-                 check_tensors: bool | Literal["every-call"] | None = None) -> None:
+                 creation_timeout: timedelta | float | None = None, check_tensors: CheckArg = None) -> None:
         # Every argument is checked before any group is touched.
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         tensors = CallChecks.of(check_tensors)
@@ -99,7 +97,7 @@ class Context:
     def from_env(cls, *, backend: str | None = None, timeout: timedelta | float | None = None, options: Any = None,
                  axis_options: Mapping[str, AxisOptions] | None = None, gpus_per_node: int | None = None,
                  name: str = "fmesh", creation_timeout: timedelta | float | None = None,
-                 check_tensors: bool | Literal["every-call"] | None = None) -> Context:
+                 check_tensors: CheckArg = None) -> Context:
         """Under ``torchrun`` (any ``env://`` launch): init the default group if needed, NCCL with
         CUDA else gloo, and bind ``cuda:LOCAL_RANK``. With none of the launcher's variables (``RANK``,
         ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): a world of one in this process, said in one
@@ -315,12 +313,15 @@ class Context:
         route = self._groups.resolve(mesh, axes)
         if agree:  # the members compare their calls (a permute's peers differ by rank: not compared)
             self._tensors.check(what, route, checked, () if kind == "permute" else args)
-        if not autograd.records(checked):
-            return autograd.forward(kind, route, checked, args)
-        if op not in (None, "sum", "avg"):
-            return autograd.NoGradient.apply(checked, autograd.forward(kind, route, checked.detach(), args),
-                                             f"{what} op={op!r} along {route.target.label()}")
-        return autograd.Collective.apply(checked, route, kind, args)
+        try:
+            if not autograd.records(checked):
+                return autograd.forward(kind, route, checked, args)
+            if op not in (None, "sum", "avg"):
+                return autograd.NoGradient.apply(checked, autograd.forward(kind, route, checked.detach(), args),
+                                                 f"{what} op={op!r} along {route.target.label()}")
+            return autograd.Collective.apply(checked, route, kind, args)
+        finally:  # out of the collective: the check's watch no longer takes this rank for blocked in it
+            self._tensors.entered = None
 
     def barrier(self, mesh: Mesh | None = None, axes: AxesArg = None) -> None:
         """Wait until every member of the group along ``axes`` (default: the whole world) arrives.

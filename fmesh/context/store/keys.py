@@ -169,9 +169,9 @@ class Keys:
         """``rank``'s last calls, posted when that meeting found a difference (to name them)."""
         return self.call_meeting(group, meeting).under("calls", rank)
 
-    def blocked(self, group: str, count: int) -> str:
-        """The call numbered ``count`` on the group, posted by the watch of a member blocked in it."""
-        return f"{self.prefix}/calls/{group}/{count}/blocked"
+    def blocked(self, group: str) -> str:
+        """The last call on the group that a member's watch saw it blocked in: its number, the member, the call."""
+        return f"{self.prefix}/calls/{group}/blocked"
 
     def checkpoint(self, group: str, count: int) -> str:
         """The hashes of the calls up to ``count`` on the group (the first member's stays)."""
