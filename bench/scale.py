@@ -15,13 +15,17 @@ three each, which is more descriptors than this machine allows a process). Each 
 Context puts through the store, with fmesh's own code, phase after phase (all ranks meet at a barrier between
 phases):
 
-1. start: the start rendezvous (``fmesh.context.store.rendezvous.meet``), then the rank posts that it runs;
-2. agree: the agreement (``fmesh.context.store.agreement.agree``) on each group of a 5-D mesh (pp, dp_replicate,
-   dp_shard, cp, tp) that the rank is a member of, one per axis, keyed and described as fmesh's groups are
-   (``GroupSpec.digest``, ``describe_group``);
-3. mismatch: every rank agrees on its (dp_shard, cp) group, and in rank 0's group the last member means another
+1. start: the start rendezvous (``fmesh.context.store.rendezvous.meet``) carrying the agreement on every group of a
+   5-D mesh (pp, dp_replicate, dp_shard, cp, tp), as ``Context.from_env(meshes=[mesh])`` runs it (the description
+   of ``fmesh.context.group_plan.Agenda``), then the rank posts that it runs;
+2. materialize: the one meeting of every rank on every group of the mesh that ``ctx.materialize(mesh)`` holds
+   where the start did not carry them;
+3. agree: the agreement (``fmesh.context.store.agreement.agree``) on each group of the mesh that the rank is a
+   member of, one per axis, keyed and described as fmesh's groups are (``GroupSpec.digest``, ``describe_group``):
+   what groups made on first use cost, with neither;
+4. mismatch: every rank agrees on its (dp_shard, cp) group, and in rank 0's group the last member means another
    mesh: every member of that group must get ``MeshMismatchError``, every other rank must succeed;
-4. recover: the last rank is lost (it exited: its status says so) and every survivor agrees to recover without it
+5. recover: the last rank is lost (it exited: its status says so) and every survivor agrees to recover without it
    (``fmesh.context.store.recovery_vote.agree_on_loss``).
 
 Beside them, for comparison, torch's own start barrier (``_store_based_barrier``, which ``init_process_group``
@@ -61,6 +65,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 import fmesh
+from fmesh.context.group_plan import Agenda
 from fmesh.context.groups import describe_group
 from fmesh.context.options import GroupSettings
 from fmesh.context.store import agreement as agreement_protocol
@@ -72,8 +77,8 @@ from fmesh.context.store.recovery_vote import FENCED, agree_on_loss
 from fmesh.context.store.rendezvous import meet
 from fmesh.errors import MeshMismatchError
 
-PHASES = ("start", "agree", "mismatch", "recover", "torch barrier")
-FMESH_PHASES = PHASES[:4]
+PHASES = ("start", "materialize", "agree", "mismatch", "recover", "torch barrier")
+FMESH_PHASES = PHASES[:5]
 NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 PREFIX = "fmesh/scale/0"  # a Context's namespace: fmesh/<name>/<epoch>
 TIMEOUT = timedelta(seconds=600)
@@ -209,7 +214,7 @@ def _rss() -> int:
 
 
 def simulate(size: int) -> dict[str, Any]:
-    """Run the four phases (and torch's barrier) with ``size`` simulated ranks; per-phase times, counts, outcomes."""
+    """Run the five phases (and torch's barrier) with ``size`` simulated ranks; per-phase times, counts, outcomes."""
     sizes = mesh_sizes(size)
     mesh = fmesh.make_mesh(sizes, NAMES)
     host = Host()
@@ -223,6 +228,7 @@ def simulate(size: int) -> dict[str, Any]:
     lost = size - 1
     odd_group = mesh.group(0, ("dp_shard", "cp"))
     odd_rank = odd_group[-1]
+    agenda = Agenda.of([mesh], SETTINGS)  # what Context.from_env(meshes=[mesh]) and ctx.materialize(mesh) compare
 
     def group(rank: int, axes: tuple[str, ...], mesh_of: fmesh.Mesh = mesh) -> tuple[str, tuple[int, ...], str, str]:
         members = tuple(mesh_of.group(rank, axes))
@@ -250,8 +256,11 @@ def simulate(size: int) -> dict[str, Any]:
         held: dict[str, int] = {}  # each group this rank holds: how many of its members survive the loss
 
         def start() -> None:
-            meet(store, rank=rank, world_size=size, timeout=TIMEOUT)  # type: ignore[arg-type]
+            meet(store, rank=rank, world_size=size, timeout=TIMEOUT, agenda=agenda.description)  # type: ignore[arg-type]
             agreement.post("running")
+
+        def materialize() -> None:
+            agreement_protocol.agree(agreement, "meeting-all-1", range(size), agenda.description, "the mesh")
 
         def agree() -> None:
             for axis in NAMES:
@@ -283,7 +292,7 @@ def simulate(size: int) -> dict[str, Any]:
         def torch_barrier() -> None:
             c10d._store_based_barrier(rank, store, "scale", size, TIMEOUT)  # type: ignore[arg-type]
 
-        for phase, step in zip(PHASES, (start, agree, mismatch, recover, torch_barrier), strict=True):
+        for phase, step in zip(PHASES, (start, materialize, agree, mismatch, recover, torch_barrier), strict=True):
             run(rank, phase, step)
 
     threads = [threading.Thread(target=rank_main, args=(rank,), name=f"rank-{rank}", daemon=True)
@@ -450,16 +459,26 @@ def report(rows: list[dict[str, Any]], cap: dict[str, float], fits: dict[str, An
             f"{a['harness_s']:,.0f}" for a in (f["at"][n] for n in TARGETS))
         print(f"| {phase} | {f['ops_per_rank']:.1f} | {f['ops_exponent']:.2f} | {f['bytes_exponent']:.2f} | "
               f"{f['time_a']:.2f} + {f['time_b'] * 1000:.3f} ms·N | {cells} |")
+    print("\n### A start against torch's start barrier, in store operations per rank (mean)\n")
+    print("| ranks | start carrying the mesh | start, then materialize | start, then each group on first use | "
+          "torch's barrier | carrying / torch | materialize / torch | first use / torch |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        mean = {phase: statistics.mean(row["ops"][phase]) for phase in PHASES}
+        ways = (mean["start"], mean["start"] + mean["materialize"], mean["start"] + mean["agree"])
+        barrier = mean["torch barrier"]
+        print(f"| {row['ranks']:,} | {ways[0]:.1f} | {ways[1]:.1f} | {ways[2]:.1f} | {barrier:.1f} | "
+              + " | ".join(f"{way / barrier:.1f}x" for way in ways) + " |")
     n = TARGETS[0]
-    start = sum(fits[p]["at"][n]["ops"] for p in FMESH_PHASES[:2])
+    start = fits["start"]["at"][n]["ops"]
     busy = start / cap["ops_per_s"]
-    spread = sum(fits[p]["at"][n]["harness_s"] for p in FMESH_PHASES[:2])
+    spread = fits["start"]["at"][n]["harness_s"]
     torch_ops = fits["torch barrier"]["at"][n]["ops"]
     share = busy / spread
     print("\nstore busy s: the phase's operations at the measured capacity; spread for 10%: how long the ranks' "
           "arrival must be spread for the store host to stay under 10% of that capacity; wall s here: the phase "
           "on this machine, extrapolated (its simulated ranks arrive as fast as 2 cores drive them).")
-    print(f"\nAt {n:,} ranks a start (rendezvous + the agreement on every group of the 5-D mesh) puts "
+    print(f"\nAt {n:,} ranks a start (the rendezvous carrying the agreement on every group of the 5-D mesh) puts "
           f"{start:,.0f} operations through the store: {busy:.1f}s of its measured capacity. Assuming the ranks "
           f"arrive as fast as here (the start extrapolated to {spread:,.0f}s), the store host runs at "
           f"{100 * share:.0f}% of that capacity ({'under' if share < 0.10 else 'OVER'} 10%); it stays under 10% "

@@ -27,7 +27,7 @@ from fmesh.context import _torch, autograd, collectives, failures, objects, perm
 from fmesh.context.call_checks import CallChecks, CheckArg
 from fmesh.context.collectives import ReduceOp
 from fmesh.context.export import Exporter
-from fmesh.context.group_plan import GroupPlan, PlanItem, materialize, plan_groups
+from fmesh.context.group_plan import GroupPlan, PlanItem, agree_at_start, materialize, plan_groups, starting_with
 from fmesh.context.groups import GroupRegistry, Target
 from fmesh.context.options import AxisOptions, GroupSettings
 from fmesh.context.store import keys
@@ -38,15 +38,16 @@ from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Mesh
 from fmesh.mesh.mesh import AxesArg
 
-Ending = Literal["close", "abort", "hand_over"]
-"""How a context ends (:meth:`Context._end`)."""
+Ending = Literal["close", "abort", "hand_over"]  # how a context ends (Context._end)
 
 
 class Context:
     """Owns process groups for fmesh meshes; the only fmesh object that communicates.
 
     Build it with :meth:`from_env` under ``torchrun``, :meth:`fake` for a dry run, or explicitly.
-    Use it as a context manager (or call :meth:`close`) to destroy the groups it made.
+    Use it as a context manager (or call :meth:`close`) to destroy the groups it made. ``meshes``: the meshes
+    (or ``(mesh, axes)`` pairs) whose groups every rank agrees on as it starts, in the start's own meeting
+    (fmesh's ``env://`` rendezvous) or one meeting right after; their groups are then made without meeting again.
 
     >>> import fmesh
     >>> with fmesh.Context.fake(8, rank=3) as ctx:
@@ -60,36 +61,43 @@ class Context:
                  timeout: timedelta | float | None = None, options: Any = None,
                  axis_options: Mapping[str, AxisOptions] | None = None, device: torch.device | str | None = None,
                  gpus_per_node: int | None = None, name: str = "fmesh", simulated: bool = False,
-                 creation_timeout: timedelta | float | None = None, check_tensors: CheckArg = None) -> None:
+                 creation_timeout: timedelta | float | None = None, check_tensors: CheckArg = None,
+                 meshes: Sequence[PlanItem] = ()) -> None:
         # Every argument is checked before any group is touched.
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         tensors = CallChecks.of(check_tensors)
+        agenda = starting_with(meshes, settings)  # the meshes its groups come from, agreed on as the ranks start
         world = World.start(backend=backend, rank=rank, world_size=world_size, store=store, init_method=init_method,
-                            timeout=settings.timeout, device=device, gpus_per_node=gpus_per_node, name=name)
-        self._own(world, settings, tensors, simulated)
+                            timeout=settings.timeout, device=device, gpus_per_node=gpus_per_node, name=name,
+                            agenda=agenda)
+        self._own(world, settings, tensors, simulated, meshes)
 
     @classmethod
-    def _made(cls, world: World, settings: GroupSettings, tensors: CallChecks, simulated: bool = False) -> Context:
-        """The one private constructor, for the ways a Context is made besides ``__init__`` (``from_env``,
-        ``recover``): the rooms on a world whose arguments are checked already."""
+    def _made(cls, world: World, settings: GroupSettings, tensors: CallChecks, simulated: bool = False,
+              meshes: Sequence[PlanItem] = ()) -> Context:
+        """The rooms on a world whose arguments are checked already (``from_env``, ``recover``)."""
         context = cls.__new__(cls)
-        context._own(world, settings, tensors, simulated)
+        context._own(world, settings, tensors, simulated, meshes)
         return context
 
-    def _own(self, world: World, settings: GroupSettings, tensors: CallChecks, simulated: bool = False) -> None:
+    def _own(self, world: World, settings: GroupSettings, tensors: CallChecks, simulated: bool = False,
+             meshes: Sequence[PlanItem] = ()) -> None:
         self._world = world
         self._simulated = simulated
         self._tensors = tensors  # the members' check of their calls before each collective (fmesh.context.call_checks)
         self._settings = attrs.evolve(settings, backend=world.backend)
-        self._board: Board | None = None
-        if not world.fake:  # the fake backend's store cannot be used
-            store = _torch.store_client(world.store())
-            self._board = Board(store, keys.context_prefix(world.name, world.epoch), world.rank,
-                                self._settings.creation_timeout,
-                                launcher_store=_torch.root_store(store) if world.generation == 0 else None).open()
+        store = None if world.fake else _torch.store_client(world.store())  # the fake backend's cannot be used
+        self._board = None if store is None else Board(
+            store, keys.context_prefix(world.name, world.epoch), world.rank, self._settings.creation_timeout,
+            launcher_store=_torch.root_store(store) if world.generation == 0 else None).open()
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._groups = GroupRegistry(world, self._settings, board=self._board, ascending_only=simulated)
         self._exports = Exporter(world.device.type)
+        try:
+            agree_at_start(meshes, self._groups, world)
+        except BaseException as error:  # the meshes it starts with are refused: it ends here, its peers told why
+            self._end("abort", error)
+            raise
 
     # -------------------------------------------------------------- builders
 
@@ -97,7 +105,7 @@ class Context:
     def from_env(cls, *, backend: str | None = None, timeout: timedelta | float | None = None, options: Any = None,
                  axis_options: Mapping[str, AxisOptions] | None = None, gpus_per_node: int | None = None,
                  name: str = "fmesh", creation_timeout: timedelta | float | None = None,
-                 check_tensors: CheckArg = None) -> Context:
+                 check_tensors: CheckArg = None, meshes: Sequence[PlanItem] = ()) -> Context:
         """Under ``torchrun`` (any ``env://`` launch): init the default group if needed, NCCL with
         CUDA else gloo, and bind ``cuda:LOCAL_RANK``. With none of the launcher's variables (``RANK``,
         ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): a world of one in this process, said in one
@@ -113,8 +121,10 @@ class Context:
         """
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         tensors = CallChecks.of(check_tensors)  # every argument checked before the default group is made
-        world = World.from_env(backend=backend, timeout=settings.timeout, gpus_per_node=gpus_per_node, name=name)
-        return cls._made(world, settings, tensors)
+        agenda = starting_with(meshes, settings)
+        world = World.from_env(backend=backend, timeout=settings.timeout, gpus_per_node=gpus_per_node, name=name,
+                               agenda=agenda)
+        return cls._made(world, settings, tensors, meshes=meshes)
 
     @classmethod
     def fake(cls, world_size: int, rank: int = 0, **kwargs: Any) -> Context:
@@ -443,9 +453,8 @@ class Context:
     def materialize(self, *items: PlanItem) -> GroupPlan:
         """Create every group :meth:`plan` lists, now, in the plan's order.
 
-        With a device-bound default group this makes one ``split_group`` per layout (every rank
-        must call it, in the same order); otherwise each rank creates its own groups, members only.
-        Either way through the same agreement and bookkeeping as a group made on first use.
+        With a device-bound default group this makes one ``split_group`` per layout (every rank must call it, in
+        the same order); otherwise each rank creates its own groups, members only, after one meeting.
 
         >>> import fmesh
         >>> with fmesh.Context.fake(8) as ctx:
@@ -460,10 +469,9 @@ class Context:
     def device_mesh(self, mesh: Mesh) -> Any:
         """A ``torch.distributed.device_mesh.DeviceMesh`` on this context's groups.
 
-        Usable by ``fully_shard`` (FSDP, HSDP, with TP) and DTensor. It is on this context's device
-        (CUDA under NCCL), whatever device type the mesh names. Meshes exported from one universe
-        share one torch root, so torch can concatenate them; the same mesh value always gives the
-        same object.
+        Usable by ``fully_shard`` (FSDP, HSDP, with TP) and DTensor. It is on this context's device (CUDA under
+        NCCL), whatever device type the mesh names. Meshes exported from one universe share one torch root, so torch
+        can concatenate them; the same mesh value always gives the same object.
 
         >>> import fmesh
         >>> with fmesh.Context.fake(8) as ctx:
@@ -473,11 +481,7 @@ class Context:
         _torch.require(_torch.EXPORT)
         self._groups.check_open()
         self._groups.check_mesh(mesh)
-        exported = self._exports.cached(mesh)
-        if exported is None:
-            self._exports.check(mesh, self.rank)
-            exported = self._exports.device_mesh(mesh, [self.group(mesh, name) for name in mesh.axis_names])
-        return exported
+        return self._exports.export(mesh, self.rank, lambda: [self.group(mesh, name) for name in mesh.axis_names])
 
     # ------------------------------------------------------------- lifecycle
 
@@ -485,13 +489,10 @@ class Context:
         """What this context built: ``groups_created``, ``cache_hits``, the groups a recovery kept or shrunk
         (``groups_kept``, ``groups_shrunk``; :meth:`recover`), and more.
 
-        >>> import fmesh
-        >>> with fmesh.Context.fake(4) as ctx:
-        ...     stats = ctx.stats()
-        >>> sorted(stats)[:4]
-        ['cache_hits', 'creation_seconds', 'device_meshes', 'groups']
-        >>> sorted(stats)[4:]
-        ['groups_created', 'groups_kept', 'groups_shrunk', 'meshes_seen']
+        >>> with Context.fake(4) as ctx:
+        ...     sorted(ctx.stats())  # doctest: +NORMALIZE_WHITESPACE
+        ['cache_hits', 'creation_seconds', 'device_meshes', 'groups', 'groups_created', 'groups_kept', 'groups_shrunk',
+         'meshes_seen']
         """
         return {**self._groups.stats(), "device_meshes": len(self._exports)}
 
@@ -533,12 +534,11 @@ class Context:
         The survivors first agree, through the store, on ``lost`` (:class:`~fmesh.RecoveryError` naming both
         sets if they disagree, or naming the survivors that never came, after the creation timeout: never a
         hang); a survivor still blocked in a collective is freed. Then each group is kept, shrunk or made again
-        by the rule ``python -m fmesh plan --lose`` prints by (:mod:`fmesh.context.renewal` tells how). The
+        by the rule ``python -m fmesh plan --lose`` prints by (:func:`fmesh.plan.communicators.renewal`). The
         default group is made again over the new world, in a namespace of the store of its own. A kept group must
         be idle: recover after the collective that failed, not while another runs.
 
-        A whole job, a rank killed and the survivors going on, is in the guide (*Elastic meshes*) and in
-        ``tests/context/test_context_recovery.py``. The lost ranks are checked first, before anything is touched:
+        A whole job is in the guide (*Elastic meshes*). The lost ranks are checked first, before anything is touched:
 
         >>> with Context.fake(4, rank=0) as ctx:
         ...     ctx.recover([0])

@@ -36,15 +36,16 @@ class GroupMaker:
     settings: GroupSettings
     board: Board | None
 
-    def create(self, spec: GroupSpec, axes: tuple[str, ...], label: str, description: str,
-               held: int) -> dist.ProcessGroup:
+    def create(self, spec: GroupSpec, axes: tuple[str, ...], label: str, description: str, held: int,
+               agreed: bool = False) -> dist.ProcessGroup:
         """The group of ``spec`` along ``axes`` (``label`` names it in errors; ``description`` is what its members
-        compare), this rank holding ``held`` groups already."""
+        compare, unless they ``agreed`` on it already), this rank holding ``held`` groups already."""
         _torch.require(_torch.GROUPS)  # on every member before they meet: each raises it, none waits for another
         board = self.board
         if board is not None and len(spec.ranks) > 1:
             self.failing_as_posted(lambda: board.connections.check_room(len(spec.ranks), held, label))
-        self.agree(spec.digest(), spec.ranks, description, label)
+        if not agreed:
+            self.agree(spec.digest(), spec.ranks, description, label)
         connect_timeout = self.connect_timeout(spec)
         group = self.connect(spec.ranks, label, lambda: _torch.create_group(
             spec.ranks,

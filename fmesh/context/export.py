@@ -12,7 +12,7 @@ caches treat equal meshes as interchangeable, so a value must always give the sa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed as dist
@@ -55,6 +55,15 @@ class Exporter:
             )
         if mesh.coordinate(rank) is None:
             raise ValueError(f"rank {rank} is not covered by {mesh!r}; only covered ranks can export it")
+
+    def export(self, mesh: Mesh, rank: int, groups: Callable[[], Sequence[dist.ProcessGroup]]) -> Any:
+        """The ``DeviceMesh`` of ``mesh`` (cached; ``groups()``: one per axis, this rank's, asked for the first
+        time only), once :meth:`check` passes."""
+        exported = self.cached(mesh)
+        if exported is None:
+            self.check(mesh, rank)
+            exported = self.device_mesh(mesh, groups())
+        return exported
 
     def cached(self, mesh: Mesh) -> Any:
         """The export of ``mesh`` if there is one, else ``None``."""

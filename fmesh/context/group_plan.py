@@ -3,18 +3,21 @@
 A plan lists each distinct communicator once, in the order of :func:`fmesh.plan.communicators.plan_communicators`
 (the pure planner the manifest also writes down), with its size, how many groups it has, how many hosts one
 group touches, the backend, this rank's group, and whether that group exists yet.
-:meth:`fmesh.Context.materialize` creates what a plan lists through the registry, like any other group.
+:meth:`fmesh.Context.materialize` creates what a plan lists through the registry, like any other group, after
+one meeting of the ranks the meshes cover on every group of the plan (:class:`Agenda`): one digest of all the
+groups' descriptions, one arrival count, one verdict, instead of one agreement per group.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 
 from fmesh.context import _torch
-from fmesh.context.groups import GroupRegistry
+from fmesh.context.groups import GroupRegistry, describe_group, describe_mesh
+from fmesh.context.options import GroupSettings
 from fmesh.context.world import World
 from fmesh.mesh import Mesh
 from fmesh.plan.communicators import PlanItem as PlanItem  # what Context.plan takes: the planner's
@@ -68,6 +71,73 @@ class GroupPlan:
     def __str__(self) -> str:
         header = f"{len(self.groups)} distinct group layouts, {self.to_create} to create on this rank"
         return "\n".join([header, *(str(g) for g in self.groups)])
+
+
+@attrs.frozen
+class Agenda:
+    """The groups of some meshes as every rank must mean them, for one meeting on all of them: each group layout's
+    description (``layouts``, as :meth:`~fmesh.context.groups.Target.describe` gives it, in plan order), and what
+    the ranks compare (``description``: every mesh once, then each layout's axes, backend, options and timeout).
+
+    >>> import fmesh
+    >>> settings = GroupSettings.of(None, 60, backend="gloo")
+    >>> agenda = Agenda.of([fmesh.make_mesh((2, 2), ("dp", "tp"))], settings)
+    >>> len(agenda.layouts), agenda.description.split(": ", 1)[1]
+    (2, "axes ('dp',) gloo none 60s, axes ('tp',) gloo none 60s")
+    """
+
+    layouts: tuple[str, ...]
+    description: str
+    meshes: tuple[Mesh, ...]
+
+    @classmethod
+    def of(cls, items: Iterable[object], settings: GroupSettings) -> Agenda:
+        """The agenda of ``items`` (meshes and ``(mesh, axes)`` pairs, as :meth:`fmesh.Context.plan` takes them)
+        under ``settings``."""
+        layouts: list[str] = []
+        by_mesh: dict[Mesh, list[str]] = {}
+        for request in requests_of(items, "meshes"):
+            spec = settings.spec(request.axes, ())
+            layout = describe_group(request.mesh, request.axes, spec)
+            if layout not in layouts:
+                layouts.append(layout)
+                by_mesh.setdefault(request.mesh, []).append(
+                    f"axes {request.axes} {spec.backend} {spec.options_key} {spec.timeout.total_seconds():g}s")
+        description = " | ".join(f"{describe_mesh(mesh)}: {', '.join(axes)}" for mesh, axes in by_mesh.items())
+        return cls(tuple(layouts), description, tuple(by_mesh))
+
+    def participants(self, world_size: int) -> tuple[int, ...]:
+        """The ranks the meshes cover: those that meet on this agenda."""
+        if any(mesh.num_covered == world_size for mesh in self.meshes):
+            return tuple(range(world_size))
+        return tuple(r for r in range(world_size) if any(m.coordinate(r) is not None for m in self.meshes))
+
+
+def starting_with(items: Iterable[object], settings: GroupSettings) -> Callable[[str], str] | None:
+    """What the ranks compare as they start with the meshes ``items`` (``Context(meshes=...)``), given the backend
+    their world will have; ``None`` without meshes. The items are checked now, before any group is touched."""
+    items = tuple(items)
+    if not items:
+        return None
+    Agenda.of(items, settings)
+    return lambda backend: Agenda.of(items, attrs.evolve(settings, backend=backend)).description
+
+
+def agree_at_start(items: Iterable[object], registry: GroupRegistry, world: World) -> None:
+    """The groups of the meshes ``items`` a context starts with, agreed on by every rank they cover: in the start's
+    own meeting where it carried them (fmesh's env:// rendezvous, :func:`starting_with`), else in one meeting now.
+    Their groups are then created on first use (or by :meth:`fmesh.Context.materialize`) without meeting again."""
+    items = tuple(items)
+    if not items:
+        return
+    agenda = Agenda.of(items, registry.settings)
+    for mesh in agenda.meshes:
+        registry.check_mesh(mesh)
+    if agenda.description == world.agreed_at_start:
+        registry.agreed(agenda.layouts)
+    else:
+        registry.meet(agenda.layouts, agenda.participants(world.world_size), agenda.description,
+                      f"the groups of {', '.join(map(repr, agenda.meshes))}")
 
 
 def plan_items(items: Iterable[object], registry: GroupRegistry) -> list[tuple[Mesh, tuple[str, ...]]]:
@@ -137,6 +207,10 @@ def materialize(items: Iterable[object], registry: GroupRegistry, world: World) 
     (:meth:`fmesh.Context.materialize`); the plan, with every group of this rank existing."""
     plan = plan_groups(items, registry, world)
     split = _torch.bound_device() is not None and not world.fake
+    if not split:  # every group of the plan agreed on at once (a split agrees on each layout with the whole world)
+        agenda = Agenda.of(items, registry.settings)
+        registry.meet(agenda.layouts, agenda.participants(world.world_size), agenda.description,
+                      f"the groups of {', '.join(map(repr, agenda.meshes))}")
     for planned in plan.groups:
         if planned.exists:
             continue

@@ -213,6 +213,10 @@ class GroupRegistry:
         self._threads = GroupThreads()  # which thread uses each group, and which creates one now
         self._maker = GroupMaker(world, settings, board)
         self._splits: set[str] = set()  # split_group calls made (every rank makes the same ones)
+        # The group layouts (Target.describe) the ranks agreed on at once (a meeting, or the start): their groups are
+        # created without meeting again. How many meetings this rank held with each set of participants, by digest.
+        self._agreed: set[str] = set()
+        self._meetings: dict[str, int] = {}
         self._hits = 0
         self._adopted: dict[GroupSpec, Action] = {}  # groups a recovery handed over: kept or shrunk
         self._seconds = 0.0
@@ -363,7 +367,9 @@ class GroupRegistry:
                 "collectives"
             )
         started = time.perf_counter()
-        group = self._maker.create(target.spec, target.axes, target.label(), target.describe(), len(self._groups))
+        description = target.describe()
+        group = self._maker.create(target.spec, target.axes, target.label(), description, len(self._groups),
+                                   agreed=description in self._agreed)
         self._record(target.spec, group, started)
         return group
 
@@ -387,6 +393,29 @@ class GroupRegistry:
     def _record(self, spec: GroupSpec, group: dist.ProcessGroup, started: float) -> None:
         self._groups[spec] = group
         self._seconds += time.perf_counter() - started
+
+    def meet(self, layouts: tuple[str, ...], participants: tuple[int, ...], description: str, what: str) -> None:
+        """One meeting of the ``participants`` on every group layout of ``layouts`` (their ``description``,
+        ``what`` in errors), unless they agreed on all of them already: every rank the layouts' meshes cover calls
+        this alike, and afterwards their groups are created without meeting again. A mismatch is
+        :class:`~fmesh.MeshMismatchError` naming both ranks' descriptions; a participant that never comes,
+        :class:`~fmesh.GroupTimeoutError` naming it."""
+        if self._board is None or self._world.rank not in participants or self._agreed.issuperset(layouts):
+            return
+        with self._threads.creating(what, self.check_open):
+            who = digest(repr(participants))
+            count = self._meetings[who] = self._meetings.get(who, 0) + 1  # the n-th with these ranks, on each
+            self._maker.agree(f"meeting-{who}-{count}", participants, description, what)
+            self._agreed.update(layouts)
+
+    def agreed(self, layouts: tuple[str, ...]) -> None:
+        """The ranks agreed on ``layouts`` as they started (the start's meeting carried them): no meeting now."""
+        self._agreed.update(layouts)
+
+    @property
+    def settings(self) -> GroupSettings:
+        """The settings the groups are made with (the world's backend included)."""
+        return self._settings
 
     def spec(self, axes: tuple[str, ...], ranks: tuple[int, ...]) -> GroupSpec:
         """The spec of a group of ``ranks`` along ``axes`` under this registry's settings."""

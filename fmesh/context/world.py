@@ -116,9 +116,9 @@ def checked_launch(environ: Mapping[str, str]) -> None:
         raise
 
 
-def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None,
-         timeout: timedelta) -> tuple[dist.Store, int, int]:
-    """The job's store, this rank and the world size, once every rank has come (``env://``)."""
+def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None, timeout: timedelta,
+         agenda: str = "") -> tuple[dist.Store, int, int]:
+    """The job's store, this rank and the world size, once every rank has come (``env://``), meaning ``agenda``."""
     try:
         store, rank, world_size = rendezvous.open_store(environ, rank, world_size, timeout)
     except ValueError as error:
@@ -128,7 +128,7 @@ def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None,
         rendezvous.report_bad_environment(environ, error, host=False)
         raise
     rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout,
-                    hosts=rendezvous.hosts_store(environ, rank))
+                    hosts=rendezvous.hosts_store(environ, rank), agenda=agenda)
     return store, rank, world_size
 
 
@@ -178,6 +178,9 @@ class World:
     epoch: int
     owns_default_group: bool
     generation: int = 0
+    # What the ranks agreed on in the start's meeting besides the world size (fmesh's env:// rendezvous: the
+    # description of the groups of the meshes they start with), or "" where no such meeting ran.
+    agreed_at_start: str = ""
 
     @property
     def namespace(self) -> str:
@@ -194,11 +197,13 @@ class World:
         cls, *, rank: int | None = None, world_size: int | None = None, backend: str | None = None,
         device: torch.device | str | None = None, gpus_per_node: int | None = None, name: str = "fmesh",
         store: dist.Store | None = None, init_method: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT,
-        generation: int = 0,
+        generation: int = 0, agenda: Callable[[str], str] | None = None,
     ) -> World:
         """Join the default process group, initialising it first if nobody has.
 
-        Every argument is checked before the default group is touched.
+        Every argument is checked before the default group is touched. ``agenda``: given the backend the world
+        will have, what else the ranks must mean as they start, compared in fmesh's env:// rendezvous where it runs
+        (:attr:`agreed_at_start` then holds it).
         """
         backend = normalize_backend(backend)
         if not isinstance(name, str) or not name or "/" in name:
@@ -212,10 +217,13 @@ class World:
         if init_method == "env://" or (launched and rank is None):
             checked_launch(os.environ)
         owns = not dist.is_initialized()
+        agreed = ""
         if owns and launched and backend != "fake":
             # fmesh's own env:// rendezvous: the ranks meet in the store by polling, so that a rank that cannot
             # start ends its peers' wait at once; torch's then runs with every rank present.
-            store, rank, world_size = _met(os.environ, rank, world_size, timeout)
+            chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            agreed = agenda(chosen) if agenda is not None else ""
+            store, rank, world_size = _met(os.environ, rank, world_size, timeout, agreed)
             store = dist.PrefixStore("default_pg", store)  # the namespace torch's env:// rendezvous gives it
             init_method = None
         if owns:
@@ -248,6 +256,7 @@ class World:
             epoch=epoch,
             owns_default_group=owns,
             generation=generation,
+            agreed_at_start=agreed,
         )
 
     @classmethod

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of t
 
 SCRIPT = ROOT / "bench" / "scale.py"
 BOUND = 16  # store operations per member of one agreement (tests/context/test_store_operations.py, #27)
-PHASES = ["start", "agree", "mismatch", "recover", "torch barrier"]
+PHASES = ["start", "materialize", "agree", "mismatch", "recover", "torch barrier"]
 
 
 def test_quick_scale_benchmark_runs(tmp_path: Path) -> None:
@@ -38,11 +38,17 @@ def test_quick_scale_benchmark_runs(tmp_path: Path) -> None:
         assert row["lost_rank_fenced"]
         ops = row["ops"]
         assert max(ops["start"]) <= BOUND
+        assert max(ops["materialize"]) <= BOUND  # one meeting on every group of the mesh
         assert max(ops["agree"]) <= BOUND * row["groups_per_rank"]  # one agreement per group of the rank
         assert max(ops["mismatch"]) <= BOUND
         # the recovery: the bound, plus one counter per group the rank holds (who holds it), whatever N
         assert max(ops["recover"]) <= BOUND + row["groups_per_rank"]
-    for phase in PHASES[:4]:  # operations per rank do not grow with the world
+    for phase in PHASES[:5]:  # operations per rank do not grow with the world
         per_rank = [sum(row["ops"][phase]) / row["ranks"] for row in rows]
         assert per_rank[1] <= 1.25 * per_rank[0], (phase, per_rank)
     assert results["capacity"]["ops_per_s"] > 0
+    # A start carrying every group of the mesh costs at most twice torch's own start barrier (issue 37).
+    assert "| start carrying the mesh | start, then materialize |" in proc.stdout
+    for row in rows:
+        start, barrier = (sum(row["ops"][phase]) / row["ranks"] for phase in ("start", "torch barrier"))
+        assert start <= 2 * barrier, (row["ranks"], start, barrier)

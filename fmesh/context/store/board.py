@@ -18,7 +18,7 @@ import atexit
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -45,6 +45,27 @@ def read_list(store: dist.Store, key: str) -> set[int]:
     (set(), None, {4})
     """
     return ranks_of(store.compare_set(key, "", ""))
+
+
+def absent(store: dist.Store, ranks: Sequence[int], key_of: Callable[[int], str]) -> list[int]:
+    """Those of ``ranks`` whose key (``key_of(rank)``) is not set, found by halving the ranks checked: one
+    ``check`` where every key is set, a few per rank whose key is not.
+
+    >>> store = dist.HashStore(); store.set("k/1", "x")
+    >>> absent(store, [0, 1, 2], lambda rank: f"k/{rank}")
+    [0, 2]
+    """
+    found: list[int] = []
+    pending = [list(ranks)] if ranks else []
+    while pending:
+        part = pending.pop()
+        if store.check([key_of(rank) for rank in part]):
+            continue
+        if len(part) == 1:
+            found += part
+        else:
+            pending += [part[:len(part) // 2], part[len(part) // 2:]]
+    return sorted(found)
 
 
 def mark_ended(store: dist.Store, rank: int, exitcode: object) -> None:
@@ -168,15 +189,9 @@ class Board:
         ``posted_before``: ranks known to have posted (a status is never taken back), not checked again, and updated
         with those found now: a watcher's later looks read its members' statuses in one round trip."""
         known = posted_before if posted_before is not None else set()
-        posted = [rank for rank in ranks if rank in known]
         unknown = [rank for rank in ranks if rank not in known]
-        pending = [unknown] if unknown else []
-        while pending:
-            part = pending.pop()
-            if self.store.check([self.keys.status(rank) for rank in part]):
-                posted += part
-            elif len(part) > 1:
-                pending += [part[:len(part) // 2], part[len(part) // 2:]]
+        never = set(absent(self.store, unknown, self.keys.status))
+        posted = [rank for rank in ranks if rank in known] + [rank for rank in unknown if rank not in never]
         known.update(posted)
         read = (dict(zip(posted, self.store.multi_get([self.keys.status(rank) for rank in posted]), strict=True))
                 if posted else {})

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import attrs
 import torch.distributed as dist
 
-from fmesh.context.store.board import Board, read_list
+from fmesh.context.store.board import Board, absent, read_list
 from fmesh.context.store.meeting import Meeting, watches
 from fmesh.context.store.records import (
     CLOSED,
@@ -208,9 +208,9 @@ def _cut_kept_away(board: Board, survivors: Sequence[int], held: Sequence[HeldGr
             waiting[group.digest] = others
     if not waiting:
         return
-    absent = _absent(board, sorted({m for others in waiting.values() for m in others}))
-    statuses = board.statuses(absent)
-    kept_away = {m for m in absent if statuses[m].state not in (*FINAL_STATES, RECOVERING, FAILING)}
+    missing = absent(board.store, sorted({m for others in waiting.values() for m in others}), board.keys.fate)
+    statuses = board.statuses(missing)
+    kept_away = {m for m in missing if statuses[m].state not in (*FINAL_STATES, RECOVERING, FAILING)}
     chosen = [digest for digest, others in waiting.items() if kept_away.intersection(others)]
     if not chosen or not _add_cuts(board, chosen):
         return
@@ -218,22 +218,6 @@ def _cut_kept_away(board: Board, survivors: Sequence[int], held: Sequence[HeldGr
         if group.digest in chosen:
             board.connections.sever(group.name)
     cut.update(chosen)
-
-
-def _absent(board: Board, ranks: list[int]) -> list[int]:
-    """Those of ``ranks`` that have not claimed their place in the recovery (found by halving the ranks checked,
-    as :meth:`~fmesh.context.store.board.Board.statuses` finds those that never posted)."""
-    absent: list[int] = []
-    pending = [ranks] if ranks else []
-    while pending:
-        part = pending.pop()
-        if board.store.check([board.keys.fate(m) for m in part]):
-            continue
-        if len(part) == 1:
-            absent += part
-        else:
-            pending += [part[:len(part) // 2], part[len(part) // 2:]]
-    return sorted(absent)
 
 
 def _add_cuts(board: Board, digests: Sequence[str]) -> bool:

@@ -44,11 +44,14 @@ import attrs
 import torch.distributed as dist
 
 from fmesh.context.store import keys
+from fmesh.context.store.board import absent
 from fmesh.context.store.keys import START_FAILED as FAILED
 from fmesh.context.store.keys import START_SEEN as SEEN
+from fmesh.context.store.keys import digest
 from fmesh.context.store.meeting import Meeting, watches
+from fmesh.context.store.records import MISMATCH, Verdict
 from fmesh.context.store.wait import Waiter
-from fmesh.errors import GroupTimeoutError, LaunchError, RankLostError
+from fmesh.errors import GroupTimeoutError, LaunchError, MeshMismatchError, RankLostError
 
 ALL_CAME = "1"  # an outcome: every rank came
 REPORTED = "failed"  # an outcome: a rank reported that it cannot start (under keys.START_FAILED)
@@ -147,7 +150,7 @@ def _client(address: str, port: int, world_size: int | None, timeout: timedelta,
 
 
 def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, hosts: bool = False,
-         gone: Callable[[], list[int]] | None = None) -> None:
+         gone: Callable[[], list[int]] | None = None, agenda: str = "") -> None:
     """Wait until all ``world_size`` ranks have come to ``store`` (steps 1-4 above).
 
     :class:`~fmesh.RankLostError` as soon as a rank reports a bad launcher environment (naming what it read), or
@@ -155,18 +158,34 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     ``ValueError`` when ranks disagree about the world size, :class:`~fmesh.GroupTimeoutError` after ``timeout``.
     ``hosts``: this rank hosts the store, so before raising it waits (a few seconds at most) until the waiting
     ranks have read why.
+
+    ``agenda``: what else every rank must mean as it starts (the description of the groups of the meshes it will
+    use, :func:`fmesh.context.group_plan.agenda`), compared in the same ``compare_set`` as the world size, at no
+    store operation more: a rank that means another agenda ends the meeting with a mismatch, and every rank raises
+    :class:`~fmesh.MeshMismatchError` naming both.
+
+    >>> store = dist.HashStore()
+    >>> meet(store, rank=0, world_size=1, timeout=timedelta(seconds=5), agenda="Mesh(dp=1)")
     """
     _claim(store, rank, world_size, hosts)
     meeting = Meeting(store, keys.start(int(store.add(keys.start_count(rank), 1))), world_size)
-    first = meeting.compare(str(world_size))
-    if first != str(world_size):
+    mine = f"{world_size}\n{digest(agenda)}\n{agenda}" if agenda else str(world_size)
+    first_size, _, first_agenda = meeting.compare(mine).partition("\n")
+    if first_size != str(world_size):
         error = ValueError(f"rank {rank} started with WORLD_SIZE={world_size}, but another rank of this job started "
-                           f"with WORLD_SIZE={first}; expected every rank to be started with the same WORLD_SIZE")
+                           f"with WORLD_SIZE={first_size}; expected every rank to be started with the same "
+                           "WORLD_SIZE")
         post_failure(store, {"RANK": str(rank), "WORLD_SIZE": str(world_size)}, error)
         if hosts:
             _linger(store, world_size - 1, HOST_LINGER_SECONDS)
         raise error
-    # The one key every outcome writes: "1" (all came), "failed" (a rank reported) or "ended" and the ranks.
+    theirs_digest, _, theirs = first_agenda.partition("\n")
+    if theirs_digest != (digest(agenda) if agenda else ""):
+        meeting.decide(Verdict(MISMATCH, (
+            f"ranks disagree about the meshes they start with. Rank {rank} means: {agenda or 'none given'}; the "
+            f"first rank to start means: {theirs or 'none given'}")).dumps())
+    # The one key every outcome writes: "1" (all came), "failed" (a rank reported), "ended" and the ranks, or a
+    # mismatch of the agendas.
     arrived = meeting.arrive(ALL_CAME)
 
     def look() -> bool:  # the first two to arrive watch for a rank that reports it cannot start, or that ended
@@ -184,6 +203,9 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
         outcome = came.decode() if came is not None else None
         if outcome == REPORTED or (outcome is None and store.check([FAILED])):
             raise _reported(store, rank, world_size, hosts)
+        if outcome is not None and outcome.startswith(MISMATCH):
+            raise MeshMismatchError(f"on rank {rank}: {Verdict.loads(outcome).message}. Expected every rank to start "
+                                    "with the same meshes (the same sizes, names and rank_map, and the same options)")
         if outcome is not None and outcome.startswith(ENDED):
             raise RankLostError(f"on rank {rank}: the processes of ranks {outcome.removeprefix(ENDED).strip()} ended "
                                 "before the job's default group could form (the launcher saw them end); see their "
@@ -192,9 +214,18 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
         raise RankLostError(f"on rank {rank}: the store this job meets in is unreachable while its processes "
                             f"start (its host, rank 0 or torchrun's agent, is gone): {error}") from None
     if outcome is None:
+        missing = _unclaimed(store, world_size)
         raise GroupTimeoutError(
             f"on rank {rank}: only {meeting.arrived()} of the job's {world_size} processes started within "
-            f"{timeout.total_seconds():g}s; check that every rank was started, with the same WORLD_SIZE")
+            f"{timeout.total_seconds():g}s (ranks {missing[:16]}{'...' if len(missing) > 16 else ''} never came); "
+            "check that every rank was started, with the same WORLD_SIZE")
+
+
+def _unclaimed(store: dist.Store, world_size: int) -> list[int]:
+    """The ranks no process claimed in this start of the workers (found by halving the ranks checked: a few checks
+    per missing rank), the slow path of a timeout."""
+    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return absent(store, range(world_size), lambda rank: keys.start_claim(restarts, rank))
 
 
 def _claim(store: dist.Store, rank: int, world_size: int, hosts: bool) -> None:
@@ -333,7 +364,7 @@ def _linger(store: dist.Store, readers: int | None, seconds: float) -> None:
     with contextlib.suppress(Exception):
         while time.monotonic() < deadline:
             if readers is None and store.check([posted]):
-                readers = int(store.get(posted).decode()) - 1
+                readers = int(store.get(posted).decode().partition("\n")[0]) - 1
             if readers is not None and store.add(SEEN, 0) >= readers:
                 return
             time.sleep(0.02)
