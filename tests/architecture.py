@@ -3,9 +3,13 @@
 * **Layers**: a module imports only from its own layer or below. Bottom to top: errors <- layout <- mesh (the
   values) <- plan (reasoning about a job without a process group, itself in four steps: the planner
   (communicators, topology) <- the recipes (parallel, costs, rescale) <- the reports (jobs, manifest, manifest
-  diff, recovery) <- the tables the command line prints) <- pictures (rendering) <- context <- spmd <- cli <-
-  bench; ``fmesh/__init__.py`` is the facade. A module of ``fmesh.plan`` that is not listed below stands at the
-  top of the plan (the ``fmesh.plan`` package itself).
+  diff, recovery) <- the tables the command line prints) <- pictures (in two steps: the drawing (the grid model,
+  its text and HTML, the sharding picture from plain shapes) <- the pictures of values (meshes, traffic; the
+  package, and ``fmesh.rendering``, its former name)) <- context <- spmd <- cli <- bench; ``fmesh/__init__.py`` is
+  the facade. A module of ``fmesh.plan`` that is not listed below stands at the top of the plan (the
+  ``fmesh.plan`` package itself); a module of ``fmesh.pictures`` not listed stands with the pictures of values.
+  The sharding picture's values (``Sharding``, a DTensor) live above the context, in ``fmesh.spmd``, which
+  cuts them into plain pieces for :mod:`fmesh.pictures.sharding`.
 * **The runtime stands on the planner**: ``fmesh.context`` takes from ``fmesh.plan`` only the planner
   (:data:`CONTEXT_MAY_USE`), not the recipes or the reports.
 * **No cycles**: no two modules import each other, even through imports inside functions (an import under
@@ -46,7 +50,9 @@ _ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plan: tables", ("fmesh.plan.table", "fmesh.plan.job_table", "fmesh.plan.manifest_table",
                       "fmesh.plan.diff_table", "fmesh.plan.recovery_table", "fmesh.plan.model_table")),
     ("plan", ("fmesh.plan",)),
-    ("pictures", ("fmesh.rendering",)),
+    ("pictures: drawing", ("fmesh.pictures.grid", "fmesh.pictures.text", "fmesh.pictures.markup",
+                           "fmesh.pictures.sharding")),
+    ("pictures", ("fmesh.pictures", "fmesh.rendering")),
     ("context", ("fmesh.context",)),
     ("spmd", ("fmesh.spmd",)),
     ("cli", ("fmesh.cli", "fmesh.__main__")),

@@ -78,6 +78,7 @@ PLANTED = [
     ("fmesh.plan.parallel", "from fmesh.plan.jobs import job\n", "layers", "from the plan: reports layer"),
     ("fmesh.plan.recovery", "from fmesh.context import Context\n", "layers", "imports fmesh.context"),
     ("fmesh.plan.communicators", "from fmesh.rendering import render\n", "layers", "pictures layer"),
+    ("fmesh.pictures.text", "from fmesh.pictures.mesh import render\n", "layers", "from the pictures layer"),
     ("fmesh.context.world", "from fmesh.plan.jobs import job\n", "layers", "the context imports fmesh.plan.jobs"),
     ("fmesh.plan.manifest", "def later():\n    from fmesh.plan import recovery\n", "cycles",
      "fmesh.plan.manifest -> fmesh.plan.recovery -> fmesh.plan.manifest"),
