@@ -33,8 +33,8 @@ import attrs
 
 from fmesh.layout import flat
 from fmesh.layout.flat import Modes
-from fmesh.layout.int_tuple import product
-from fmesh.layout.int_tuple import row_major_coordinate as unravel  # one row-major helper: int_tuple's
+from fmesh.layout.int_tuple import product, row_major_index
+from fmesh.layout.int_tuple import row_major_coordinate as unravel  # the row-major helpers: int_tuple's
 from fmesh.mesh.mesh import Mesh
 from fmesh.pictures.grid import (
     ELLIPSIS,
@@ -84,13 +84,6 @@ def _axis_offset(modes: Modes, coordinate: int) -> int:
     return offset
 
 
-def _ravel(coordinate: Sequence[int], sizes: Sequence[int]) -> int:
-    index = 0
-    for digit, size in zip(coordinate, sizes, strict=True):
-        index = index * size + digit
-    return index
-
-
 @attrs.frozen
 class _Instance:
     """One instance of a mesh, and its groups along the highlighted axes."""
@@ -124,7 +117,7 @@ class _Instance:
         return product(tuple(self.sizes[i] for i in self.highlight))
 
     def group_of(self, coordinate: Sequence[int]) -> int:
-        return _ravel([coordinate[i] for i in self.others], [self.sizes[i] for i in self.others])
+        return row_major_index([coordinate[i] for i in self.others], [self.sizes[i] for i in self.others])
 
     def group_label(self, group: int) -> str:
         digits = unravel(group, [self.sizes[i] for i in self.others])

@@ -85,7 +85,9 @@ def _boxes(grid: Grid) -> list[str]:
     """One box per cell, as wide and as tall as its piece; ``‖`` and ``=`` where the host changes."""
     assert grid.column_sizes is not None
     rows = [row for block in grid.blocks for row in block.rows]
-    least = [max([len(label)] + [len(row.cells[c].text) for row in rows]) + 2 for c, label in enumerate(grid.columns)]
+    # One least width for every drawn column (a gap's is its ellipsis'), so that only the sizes make them differ.
+    widest = max([len(label) for label in grid.columns] + [len(cell.text) for row in rows for cell in row.cells]) + 2
+    least = [3 if label == ELLIPSIS else widest for label in grid.columns]
     widths = scale(grid.column_sizes, least, BOX_REACH, BOX_WIDTH)
     heights = dict(zip(map(id, rows), scale([row.size for row in rows], [1] * len(rows), ROW_REACH, ROW_LINES),
                        strict=True))
@@ -117,8 +119,9 @@ def _boxes(grid: Grid) -> list[str]:
         body += _block_head(block)
         if block.hidden:
             continue
-        body.append((lead + " " + " ".join(label.center(width) for label, width in zip(grid.columns, widths,
-                                                                                        strict=True))).rstrip())
+        if any(grid.columns):
+            body.append((lead + " " + " ".join(label.center(width)
+                                               for label, width in zip(grid.columns, widths, strict=True))).rstrip())
         above: tuple[Cell, ...] | None = None
         for row in block.rows:
             body.append(rule(above, row.cells))
