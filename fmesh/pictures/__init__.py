@@ -4,8 +4,8 @@ Every picture is one :class:`~fmesh.pictures.grid.Grid` (cells with their text, 
 row and column headers, in blocks), drawn as text by :mod:`fmesh.pictures.text` and as HTML by
 :mod:`fmesh.pictures.markup`:
 
-* :mod:`fmesh.pictures.mesh`: one instance of a mesh, its groups tagged (:func:`render`, :func:`html`);
-* :mod:`fmesh.pictures.traffic`: a job's mesh once per axis that moves bytes (:func:`traffic_html`);
+* ``fmesh.pictures.mesh``: one instance of a mesh, its groups tagged (:func:`render`, :func:`html`);
+* ``fmesh.pictures.traffic``: a job's mesh once per axis that moves bytes (:func:`traffic_html`);
 * :mod:`fmesh.pictures.sharding`: which ranks hold which block of a tensor, each block as large as it is
   (from plain shapes and splits; :func:`fmesh.spmd.sharding_text` and :func:`fmesh.spmd.sharding_html` draw a
   sharding or a DTensor with it).

@@ -33,8 +33,7 @@ def _shape(shape: Any) -> tuple[int, ...]:
 
 
 def _drawn(value: Any, shape: Sequence[int] | None) -> tuple[Sharding, tuple[int, ...]]:
-    """The sharding and global shape a picture of ``value`` (a :class:`Sharding` with ``shape``, or a DTensor)
-    draws."""
+    """The sharding and global shape a picture of ``value`` (a sharding with ``shape``, or a DTensor) draws."""
     if isinstance(value, Sharding):
         if shape is None:
             raise ValueError(f"expected the tensor's global shape with {value!r}, but got shape=None")
@@ -84,9 +83,9 @@ def _grid(sharding: Sharding, shape: tuple[int, ...], hosts: Topology | None, li
 
 def sharding_text(value: Any, shape: Sequence[int] | None = None, topology: Topology | None = None,
                   gpus_per_node: int | None = None) -> str:
-    """Which ranks hold which block of a tensor, as text: ``value`` is a :class:`Sharding` with the tensor's
-    global ``shape``, or a DTensor. Each box is as wide and as tall as its block; ``‖`` and ``=`` mark where
-    the host changes.
+    """Which ranks hold which block of a tensor, as text: ``value`` is a :class:`~fmesh.spmd.spec.Sharding` with
+    the tensor's global ``shape``, or a DTensor. Each box is as wide and as tall as its block; ``‖`` and ``=`` mark
+    where the host changes.
 
     >>> import fmesh
     >>> from fmesh.spmd import P
