@@ -27,7 +27,7 @@ standing for the rest, and the header says what was left out.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -327,14 +327,16 @@ def _grid(mesh: Mesh, inst: _Instance, view: _View, rank: int | None, hosts: Top
         _legend(inst, drawn, colours))
 
 
-def render(
-    mesh: Mesh,
-    highlight: HighlightArg = None,
-    rank: int | None = None,
-    *,
-    gpus_per_node: int | None = None,
-    topology: Topology | None = None,
-) -> str:
+def _picture(mesh: Mesh, highlight: HighlightArg, rank: int | None, hosts: tuple[Topology | None, int | None],
+             view: Callable[[tuple[int, ...]], _View]) -> Grid:
+    """The grid of the instance of ``mesh`` holding ``rank``, as much of it as ``view`` draws, with the host lines
+    of ``hosts`` (a topology or a number of GPUs per node), each argument checked in that order."""
+    inst = _instance(mesh, highlight, rank)
+    return _grid(mesh, inst, view(mesh.axis_sizes), rank, picture_hosts(mesh.world_size, *hosts))
+
+
+def render(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None, *, gpus_per_node: int | None = None,
+           topology: Topology | None = None) -> str:
     """A text picture of one instance of ``mesh``, with the groups along ``highlight`` tagged.
 
     Each cell shows a rank, and with ``highlight`` its group's tag (``5·b``); ``rank``'s own cell is marked
@@ -359,19 +361,11 @@ def render(
       a  dp=0: 0, 1, 2
       b  dp=1: 3, 4, 5
     """
-    inst = _instance(mesh, highlight, rank)
-    hosts = picture_hosts(mesh.world_size, topology, gpus_per_node)
-    return text(_grid(mesh, inst, _text_view(mesh.axis_sizes), rank, hosts))
+    return text(_picture(mesh, highlight, rank, (topology, gpus_per_node), _text_view))
 
 
-def html(
-    mesh: Mesh,
-    highlight: HighlightArg = None,
-    rank: int | None = None,
-    *,
-    gpus_per_node: int | None = None,
-    topology: Topology | None = None,
-) -> str:
+def html(mesh: Mesh, highlight: HighlightArg = None, rank: int | None = None, *, gpus_per_node: int | None = None,
+         topology: Topology | None = None) -> str:
     """An HTML table of one instance of ``mesh``, one colour and one tag per group along ``highlight``.
 
     ``highlight`` defaults to the last axis. Each cell shows its rank and its group's tag (``5·b``: readable
@@ -389,9 +383,7 @@ def html(
     """
     if highlight is None and isinstance(mesh, Mesh) and mesh.ndim:
         highlight = mesh.axis_names[-1]
-    inst = _instance(mesh, highlight, rank)
-    hosts = picture_hosts(mesh.world_size, topology, gpus_per_node)
-    return markup(_grid(mesh, inst, _html_view(mesh.axis_sizes), rank, hosts))
+    return markup(_picture(mesh, highlight, rank, (topology, gpus_per_node), _html_view))
 
 
 def show_in_notebooks() -> bool:

@@ -75,11 +75,11 @@ HTML_LIMITS = Limits(views=4, rows=16, columns=16)
 def holders_text(ranks: Sequence[int]) -> str:
     """A cell's text: the ranks holding its block (the first two and the last of many).
 
-    >>> holders_text([3]), holders_text([0, 4]), holders_text(range(0, 64, 2))
-    ('rank 3', 'rank 0,4', '32 ranks 0,2,…,62')
+    >>> holders_text([3]), holders_text([0, 2, 4, 6]), holders_text(range(0, 64, 2))
+    ('rank 3', 'rank 0,2,4,6', '32 ranks 0,2,…,62')
     """
     ranks = list(ranks)
-    if len(ranks) <= 3:
+    if len(ranks) <= 4:
         return "rank " + ",".join(map(str, ranks))
     return f"{len(ranks)} ranks {ranks[0]},{ranks[1]},{ELLIPSIS},{ranks[-1]}"
 

@@ -8,6 +8,8 @@ changes). Header lines, block labels and the legend are the same for both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fmesh.pictures.grid import ELLIPSIS, RANK_MARK, Block, Cell, Grid, Legend, Row, crosses_hosts, scale
 
 __all__ = ["text"]
@@ -54,6 +56,16 @@ def _block_head(block: Block) -> list[str]:
     return ["", f"{block.label}:"] if block.label else [""]
 
 
+def _blocks(grid: Grid, header: str, block_rows: Callable[[Block], list[str]]) -> list[str]:
+    """Each block under its label: the column headers (where there are any), then its rows as drawn."""
+    body: list[str] = []
+    for block in grid.blocks:
+        body += _block_head(block)
+        if not block.hidden:
+            body += ([header] if any(grid.columns) else []) + block_rows(block)
+    return body
+
+
 def _columns(grid: Grid) -> list[str]:
     """Aligned columns of one width; ``|`` and ``-`` where the host changes."""
     rows = [row for block in grid.blocks for row in block.rows]
@@ -67,18 +79,15 @@ def _columns(grid: Grid) -> list[str]:
             out += (" |" if crosses_hosts(left, right) else "  ") + right.text.ljust(width)
         return ((row.label.ljust(label_width) + "  " if label_width else "") + out).rstrip()
 
-    body: list[str] = []
-    for block in grid.blocks:
-        body += _block_head(block)
-        if block.hidden:
-            continue
-        if any(grid.columns):
-            body.append((lead + "  ".join(label.ljust(width) for label in grid.columns)).rstrip())
+    def block_rows(block: Block) -> list[str]:
+        out = []
         for above, row in zip((None, *block.rows), block.rows, strict=False):
             if above is not None and any(map(crosses_hosts, above.cells, row.cells)):
-                body.append("-" * ((label_width + 2 if label_width else 0) + len(row.cells) * (width + 2) - 2))
-            body.append(line(row))
-    return body
+                out.append("-" * ((label_width + 2 if label_width else 0) + len(row.cells) * (width + 2) - 2))
+            out.append(line(row))
+        return out
+
+    return _blocks(grid, (lead + "  ".join(label.ljust(width) for label in grid.columns)).rstrip(), block_rows)
 
 
 def _boxes(grid: Grid) -> list[str]:
@@ -114,21 +123,15 @@ def _boxes(grid: Grid) -> list[str]:
                        .rstrip())
         return out
 
-    body: list[str] = []
-    for block in grid.blocks:
-        body += _block_head(block)
-        if block.hidden:
-            continue
-        if any(grid.columns):
-            body.append((lead + " " + " ".join(label.center(width)
-                                               for label, width in zip(grid.columns, widths, strict=True))).rstrip())
-        above: tuple[Cell, ...] | None = None
-        for row in block.rows:
-            body.append(rule(above, row.cells))
-            body += lines(row)
-            above = row.cells
-        body.append(rule(None, None))
-    return body
+    def block_rows(block: Block) -> list[str]:
+        out = []
+        for above, row in zip((None, *block.rows), block.rows, strict=False):
+            out.append(rule(above.cells if above is not None else None, row.cells))
+            out += lines(row)
+        return [*out, rule(None, None)]
+
+    header = lead + " " + " ".join(label.center(width) for label, width in zip(grid.columns, widths, strict=True))
+    return _blocks(grid, header.rstrip(), block_rows)
 
 
 def _legend(legend: Legend | None) -> list[str]:

@@ -145,17 +145,19 @@ def test_every_cell_is_the_block_dtensor_puts_on_its_ranks() -> None:
     @given(sharding_meshes(), st.integers(0, 2**32 - 1))
     def law(mesh: fmesh.Mesh, seed: int) -> None:
         rng = random.Random(seed)
-        ndim = rng.randrange(0, 5)
-        # Axes on dimensions in the mesh's order (DTensor's); lengths that divide, and many that do not.
+        ndim = rng.choice((0, 1, 2, 2, 3, 3, 4, 4))
+        # Axes on dimensions in the mesh's order (DTensor's); lengths that divide, and more that do not (some
+        # shorter than the number of pieces: empty blocks).
         dims: dict[int, list[str]] = {}
         for axis in mesh.axis_names:
-            where = rng.randrange(-1, ndim) if ndim else -1
+            where = rng.randrange(ndim) if ndim and rng.random() < 0.8 else -1
             if where >= 0:
                 dims.setdefault(where, []).append(axis)
         spec = P(*(tuple(dims.get(d, ())) for d in range(max(dims, default=-1) + 1)))  # as DTensor's placements say it
         sharding = Sharding(mesh, spec)
-        shape = tuple(rng.randint(0, 9) if rng.random() < 0.7 else sharding.split(tuple(dims.get(d, ()))) * 2
-                      for d in range(ndim))
+        splits = [sharding.split(tuple(dims.get(d, ()))) for d in range(ndim)]
+        shape = tuple(n * rng.randint(0, 2) + rng.randint(1, n - 1) if n > 1 and rng.random() < 0.6
+                      else n * rng.randint(1, 2) if n > 1 else rng.randint(0, 9) for n in splits)
         whole = torch.arange(float(math.prod(shape))).reshape(shape)
         # rank -> (its block's shape, its first element's coordinate), read back from the values DTensor gave it
         truth: dict[int, tuple[tuple[int, ...], tuple[int, ...] | None]] = {}
@@ -195,9 +197,10 @@ def test_every_cell_is_the_block_dtensor_puts_on_its_ranks() -> None:
             ordered = [next(iter(by_length[n])) for n in sorted(by_length)]
             assert ordered == sorted(ordered), by_length
         reached.example(*(branch for branch, taken in (
-            ("uneven", any(n % sharding.split(tuple(dims.get(d, ()))) for d, n in enumerate(shape))),
+            ("uneven", any(length % n for length, n in zip(shape, splits, strict=True))),
             ("an empty block", any(0 in local for local, _ in truth.values())),
             ("3 or more dimensions", ndim >= 3)) if taken))
 
     law()
-    reached.floor({"uneven": 0.2, "an empty block": 0.1, "3 or more dimensions": 0.25})  # drawn 37%, 25%, 52%
+    # reached in ten runs: uneven 50-80%, an empty block 40-68%, 3 or more dimensions 37-60%
+    reached.floor({"uneven": 0.3, "an empty block": 0.1, "3 or more dimensions": 0.25})
