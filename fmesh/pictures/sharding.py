@@ -183,7 +183,7 @@ def sharding_grid(title: str, splits: Sequence[Split], holders: Callable[[tuple[
     total = product(tuple(s.count for s in splits))
     summary = (f"summary: {total} blocks; showing {', '.join(elided)}; {ELLIPSIS} marks the rest"
                if elided else None)
-    corner = " \\ ".join(f"dimension {d}" for d in range(max(ndim - 2, 0), ndim))
+    corner = " \\ ".join(f"dim {d}" for d in range(max(ndim - 2, 0), ndim))
     return Grid(
         (title, _layout_line(splits), _blocks_line(splits)) if ndim else (title, _layout_line(splits)), corner,
         tuple(ELLIPSIS if col is None else _span(cols_split.bounds(col)) if ndim else "" for col in cols),

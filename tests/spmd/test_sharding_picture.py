@@ -55,6 +55,19 @@ def test_uneven_blocks_are_drawn_as_large_as_they_are() -> None:
     ]
 
 
+def test_the_html_cells_are_sized_by_their_blocks() -> None:
+    page = ET.fromstring(sharding_html(Sharding(MESH, P("dp", "tp")), (5, 7), gpus_per_node=2))
+    assert page.get("class") == "fmesh-sharding"
+    assert [th.text for th in page.iter("th")] == ["dim 0 \\ dim 1", "0:4", "4:7", "0:3", "3:5"]
+    cells = list(page.iter("td"))
+    sizes = [re.search(r"width:(\d+)px;height:(\d+)px", td.get("style", "")).groups() for td in cells]  # type: ignore[union-attr]
+    assert sizes == [("160", "80"), ("120", "80"), ("160", "53"), ("120", "53")]  # 4 : 3 wide, 3 : 2 tall
+    assert [td.text for td in cells] == ["rank 0,4", "rank 1,5", "rank 2,6", "rank 3,7"]
+    assert cells[2].get("title") == "[3:5, 0:4] held by ranks 2, 6; hosts 1, 3"
+    assert ["border-top:3px solid #000" in td.get("style", "") for td in cells] == [False, False, True, True]
+    assert len({td.get("style", "").split(";")[1] for td in cells}) == 4  # a colour per block
+
+
 def test_three_dimensions_draw_one_view_per_block_of_the_first() -> None:
     assert sharding_text(Sharding(MESH, P("pp", "dp", "tp")), (4, 6, 8), gpus_per_node=4) == "\n".join([
         "P('pp', 'dp', 'tp') of (4, 6, 8) on (pp=2, dp=2, tp=2)",
