@@ -92,12 +92,11 @@ def _columns(grid: Grid) -> list[str]:
 
 def _boxes(grid: Grid) -> list[str]:
     """One box per cell, as wide and as tall as its piece; ``‖`` and ``=`` where the host changes."""
-    assert grid.column_sizes is not None
     rows = [row for block in grid.blocks for row in block.rows]
     # One least width for every drawn column (a gap's is its ellipsis'), so that only the sizes make them differ.
     widest = max([len(label) for label in grid.columns] + [len(cell.text) for row in rows for cell in row.cells]) + 2
     least = [3 if label == ELLIPSIS else widest for label in grid.columns]
-    widths = scale(grid.column_sizes, least, BOX_REACH, BOX_WIDTH)
+    widths = scale(grid.column_sizes or (), least, BOX_REACH, BOX_WIDTH)
     heights = dict(zip(map(id, rows), scale([row.size for row in rows], [1] * len(rows), ROW_REACH, ROW_LINES),
                        strict=True))
     label_width = max([len(row.label) for row in rows] + [0])
