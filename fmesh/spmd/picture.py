@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fmesh.layout.int_tuple import row_major_coordinate, row_major_index
+from fmesh.mesh import Mesh
 from fmesh.pictures.grid import Grid, picture_hosts
 from fmesh.pictures.markup import markup
 from fmesh.pictures.sharding import HTML_LIMITS, TEXT_LIMITS, Limits, Split, sharding_grid
@@ -32,14 +33,22 @@ def _shape(shape: Any) -> tuple[int, ...]:
     raise ValueError(f"expected the tensor's global shape as a sequence of non-negative ints, but got {shape!r}")
 
 
-def _drawn(value: Any, shape: Sequence[int] | None) -> tuple[Sharding, tuple[int, ...]]:
-    """The sharding and global shape a picture of ``value`` (a sharding with ``shape``, or a DTensor) draws."""
+def _rank(mesh: Mesh, rank: Any) -> int:
+    """``rank`` if ``mesh`` covers it (the picture draws the instance holding it), else a ``ValueError``."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or mesh.coordinate(rank) is None:
+        raise ValueError(f"expected rank= as a rank that {mesh!r} covers, but got {rank!r}")
+    return rank
+
+
+def _drawn(value: Any, shape: Sequence[int] | None, rank: int | None) -> tuple[Sharding, tuple[int, ...], int]:
+    """The sharding, global shape and a rank of the instance that a picture of ``value`` (a sharding with ``shape``,
+    or a DTensor: this process's instance) draws."""
     if isinstance(value, Sharding):
         if shape is None:
             raise ValueError(f"expected the tensor's global shape with {value!r}, but got shape=None")
         shape = _shape(shape)
         check_spec(value.mesh, value.spec, len(shape))
-        return value, shape
+        return value, shape, value.mesh.rank_at(0) if rank is None else _rank(value.mesh, rank)
     tensors = sys.modules.get("torch.distributed.tensor")  # a DTensor exists only if this module was imported
     if tensors is not None and isinstance(value, tensors.DTensor):
         from fmesh.context import from_device_mesh
@@ -49,16 +58,17 @@ def _drawn(value: Any, shape: Sequence[int] | None) -> tuple[Sharding, tuple[int
         if shape is not None and _shape(shape) != global_shape:
             raise ValueError(f"expected no shape (or the DTensor's own, {global_shape}) with a DTensor, but got "
                              f"{tuple(shape)!r}")
-        return from_placements(from_device_mesh(value.device_mesh), value.placements), global_shape
+        sharding = from_placements(from_device_mesh(value.device_mesh), value.placements)
+        return sharding, global_shape, _rank(sharding.mesh, value.device_mesh.get_rank() if rank is None else rank)
     raise TypeError(f"expected an fmesh.spmd.Sharding (with the global shape) or a DTensor, but got "
                     f"{type(value).__name__}: {value!r}")
 
 
-def _grid(sharding: Sharding, shape: tuple[int, ...], hosts: Topology | None, limits: Limits) -> Grid:
+def _grid(sharding: Sharding, shape: tuple[int, ...], rank: int, hosts: Topology | None, limits: Limits) -> Grid:
     mesh, spec = sharding.mesh, sharding.spec
     entries = spec.entries + (None,) * (len(shape) - len(spec))
     splits = [Split(n, tuple(mesh.shape[a] for a in dim_axes(e))) for n, e in zip(shape, entries, strict=True)]
-    members = mesh.group(mesh.rank_at(0), mesh.axis_names) if mesh.size else ()  # the first instance, row-major
+    members = mesh.group(rank, mesh.axis_names)  # the instance holding rank, row-major
 
     def holders(index: tuple[int, ...]) -> tuple[int, ...]:
         """The ranks whose coordinates along each dimension's axes spell its piece ``index[d]``: the group, along
@@ -75,17 +85,18 @@ def _grid(sharding: Sharding, shape: tuple[int, ...], hosts: Topology | None, li
     sizes = ", ".join(f"{n}={s}" for n, s in mesh.shape.items())
     title = f"{spec!r} of {shape} on ({sizes})"
     if mesh.num_instances > 1:
-        title += f", the first of its {mesh.num_instances} instances"
+        title += f", the instance holding rank {rank} (one of {mesh.num_instances})"
     if spec.partial:
         title += f"; a pending sum along {', '.join(spec.partial)}"
     return sharding_grid(title, splits, holders, hosts, limits)
 
 
 def sharding_text(value: Any, shape: Sequence[int] | None = None, topology: Topology | None = None,
-                  gpus_per_node: int | None = None) -> str:
+                  gpus_per_node: int | None = None, *, rank: int | None = None) -> str:
     """Which ranks hold which block of a tensor, as text: ``value`` is a :class:`~fmesh.spmd.spec.Sharding` with
     the tensor's global ``shape``, or a DTensor. Each box is as wide and as tall as its block; ``‖`` and ``=`` mark
-    where the host changes.
+    where the host changes. A mesh of several instances (a sub-mesh) is drawn in the one holding ``rank`` (by
+    default a DTensor's own process, else the first).
 
     >>> import fmesh
     >>> from fmesh.spmd import P
@@ -102,13 +113,13 @@ def sharding_text(value: Any, shape: Sequence[int] | None = None, topology: Topo
     2:4  | rank 2,3 |
          +----------+
     """
-    sharding, shape = _drawn(value, shape)
+    sharding, shape, rank = _drawn(value, shape, rank)
     hosts = picture_hosts(sharding.mesh.world_size, topology, gpus_per_node)
-    return text(_grid(sharding, shape, hosts, TEXT_LIMITS))
+    return text(_grid(sharding, shape, rank, hosts, TEXT_LIMITS))
 
 
 def sharding_html(value: Any, shape: Sequence[int] | None = None, topology: Topology | None = None,
-                  gpus_per_node: int | None = None) -> str:
+                  gpus_per_node: int | None = None, *, rank: int | None = None) -> str:
     """The same picture as notebook HTML: one coloured cell per block, as large as the block, thick host lines.
 
     >>> import fmesh
@@ -116,6 +127,6 @@ def sharding_html(value: Any, shape: Sequence[int] | None = None, topology: Topo
     >>> "rank 0,2" in sharding_html(Sharding(fmesh.make_mesh((2, 2), ("dp", "tp")), P("tp")), (4, 6))
     True
     """
-    sharding, shape = _drawn(value, shape)
+    sharding, shape, rank = _drawn(value, shape, rank)
     hosts = picture_hosts(sharding.mesh.world_size, topology, gpus_per_node)
-    return markup(_grid(sharding, shape, hosts, HTML_LIMITS), "fmesh-sharding")
+    return markup(_grid(sharding, shape, rank, hosts, HTML_LIMITS), "fmesh-sharding")

@@ -99,6 +99,19 @@ def test_a_scalar_and_a_replicated_tensor_are_one_block() -> None:
     assert "| 8 ranks 0,1,…,7 |" in sharding_text(Sharding(MESH, P()), (3, 3))
 
 
+def test_a_sub_mesh_is_drawn_in_the_instance_holding_rank() -> None:
+    tp = fmesh.make_mesh((2, 4), ("dp", "tp")).slice("tp")  # two instances: ranks 0-3 and 4-7
+    first, second = (sharding_text(Sharding(tp, P("tp")), (8,), rank=r) for r in (None, 5))
+    assert first.splitlines()[0] == "P('tp') of (8,) on (tp=4), the instance holding rank 0 (one of 2)"
+    assert second.splitlines()[0] == "P('tp') of (8,) on (tp=4), the instance holding rank 5 (one of 2)"
+    assert second.splitlines()[-2] == "| rank 4 | rank 5 | rank 6 | rank 7 |"
+    with pytest.raises(ValueError, match=r"rank 8 is outside the universe: valid ranks are 0..7"):
+        sharding_html(Sharding(tp, P("tp")), (8,), rank=8)
+    stage = fmesh.select(fmesh.make_mesh((2, 4), ("dp", "tp")), dp=0)  # covers ranks 0-3 only
+    with pytest.raises(ValueError, match=r"expected rank= as a rank that Mesh\(tp=4; .*\) covers, but got 5"):
+        sharding_html(Sharding(stage, P("tp")), (8,), rank=5)
+
+
 def test_host_lines_follow_the_holders_hosts() -> None:
     mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))
     text = sharding_text(Sharding(mesh, P(("dp", "tp"))), (16,), gpus_per_node=4)
@@ -174,7 +187,6 @@ def test_every_cell_is_the_block_dtensor_puts_on_its_ranks() -> None:
         whole = torch.arange(float(math.prod(shape))).reshape(shape)
         # rank -> (its block's shape, its first element's coordinate), read back from the values DTensor gave it
         truth: dict[int, tuple[tuple[int, ...], tuple[int, ...] | None]] = {}
-        drawn_by_dtensor = None
         for rank in (r for r in range(mesh.world_size) if mesh.coordinate(r) is not None):
             with fmesh.Context.fake(mesh.world_size, rank=rank) as ctx:
                 try:
@@ -187,9 +199,8 @@ def test_every_cell_is_the_block_dtensor_puts_on_its_ranks() -> None:
                 local = tensor.to_local()
                 first = row_major_coordinate(int(local.flatten()[0].item()), shape) if local.numel() else None
                 truth[rank] = (tuple(local.shape), first)
-                if rank == mesh.rank_at(0):
-                    drawn_by_dtensor = sharding_text(tensor)
-        assert drawn_by_dtensor == sharding_text(sharding, shape)  # a DTensor draws as its sharding and shape
+                # a DTensor draws as its sharding and shape, in the instance of its own process
+                assert sharding_text(tensor) == sharding_text(sharding, shape, rank=rank)
         page = sharding_html(sharding, shape)
         cells = _cells(page)
         drawn = sorted(r for _, ranks, _ in cells for r in ranks)
