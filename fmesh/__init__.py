@@ -15,7 +15,8 @@ The package is layered, each layer importing only from those below it (``tests/a
 * :mod:`fmesh.mesh`: ``Universe``, ``Mesh``, the pure transforms and the elastic mesh functions;
 * :mod:`fmesh.plan`: the communicator planner, topology, recipes, costs, the job plan, manifests, the
   recovery plan and the tables the command line prints;
-* :mod:`fmesh.rendering`: pictures of meshes;
+* :mod:`fmesh.pictures`: pictures of meshes, a job's traffic and a tensor's sharding, as text and HTML
+  (:mod:`fmesh.rendering`, the former name, serves the same functions);
 * :mod:`fmesh.context`: the only code that touches ``torch.distributed``;
 * :mod:`fmesh.cli`: ``python -m fmesh``.
 
@@ -31,8 +32,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from fmesh import errors as errors  # the modules one package away from the front door
+from fmesh import pictures as pictures
 from fmesh import plan as plan
-from fmesh import rendering
+from fmesh import rendering as rendering
 from fmesh.errors import (
     ContextClosedError,
     GroupTimeoutError,
@@ -61,10 +63,10 @@ from fmesh.mesh import (
     unflatten,
     without,
 )
+from fmesh.pictures import render
 from fmesh.plan.costs import cost
 from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.topology import Topology
-from fmesh.rendering import render
 
 if TYPE_CHECKING:
     from fmesh import context as context
@@ -95,7 +97,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | _CONTEXT_NAMES | {"context"})
 
 
-rendering.show_in_notebooks()
+pictures.show_in_notebooks()
 
 __all__ = [  # noqa: RUF022 (grouped as the API reference groups them)
     # values and their transforms

@@ -28,15 +28,21 @@ import fmesh
 def public_modules() -> list[types.ModuleType]:
     """The modules whose names are public beside the front door: the values' (:mod:`fmesh.mesh`), the Context's
     (:mod:`fmesh.context`), :mod:`fmesh.errors`, :mod:`fmesh.plan` and each of its modules, the pictures
-    (:mod:`fmesh.rendering`) and :mod:`fmesh.layout` (the algebra's own functions)."""
+    (:mod:`fmesh.pictures` and its grid, text, markup and sharding modules) and :mod:`fmesh.layout` (the algebra's own
+    functions)."""
     import fmesh.context
     import fmesh.layout
     import fmesh.mesh
+    import fmesh.pictures
+    import fmesh.pictures.grid
+    import fmesh.pictures.markup
+    import fmesh.pictures.sharding
+    import fmesh.pictures.text
     import fmesh.plan
-    import fmesh.rendering
 
     plan = [getattr(fmesh.plan, name) for name in fmesh.plan.__all__]
-    return [fmesh.mesh, fmesh.context, fmesh.errors, fmesh.plan, *plan, fmesh.rendering, fmesh.layout]
+    pictures = [fmesh.pictures, *(getattr(fmesh.pictures, name) for name in ("grid", "text", "markup", "sharding"))]
+    return [fmesh.mesh, fmesh.context, fmesh.errors, fmesh.plan, *plan, *pictures, fmesh.layout]
 
 
 def public_paths() -> dict[int, str]:
@@ -151,13 +157,13 @@ class ErrorCatalogue(SphinxDirective):
 
 class MeshPicture(SphinxDirective):
     """``.. fmesh-picture::`` with a Python expression as content (``fmesh`` in scope): the HTML picture
-    :func:`fmesh.rendering.html` draws of it, made when the docs are built (never a stale copy)."""
+    :func:`fmesh.pictures.html` draws of it, made when the docs are built (never a stale copy)."""
 
     has_content = True
 
     def run(self) -> list[nodes.Node]:
         value = eval("\n".join(self.content), {"fmesh": fmesh})  # the docs' own source, not user input
-        picture = value if isinstance(value, str) else fmesh.rendering.html(value)
+        picture = value if isinstance(value, str) else fmesh.pictures.html(value)
         return [nodes.raw("", picture, format="html")]
 
 

@@ -129,3 +129,15 @@ def row_major_coordinate(index: int, shape: Sequence[int]) -> tuple[int, ...]:
         coordinate.append(digit)
     coordinate.reverse()
     return tuple(coordinate)
+
+
+def row_major_index(coordinate: Sequence[int], shape: Sequence[int]) -> int:
+    """The linear index of a coordinate of ``shape``, last entry fastest (:func:`row_major_coordinate`'s inverse).
+
+    >>> row_major_index((1, 3), (2, 4))
+    7
+    """
+    index = 0
+    for digit, size in zip(coordinate, shape, strict=True):
+        index = index * size + digit
+    return index

@@ -29,7 +29,7 @@ import attrs
 from fmesh.layout.int_tuple import is_int
 from fmesh.mesh import Lineage, Mesh, flatten, make_mesh, rename, unflatten
 
-__all__ = ["DEGREE_NAMES", "MESH_ALIASES", "MESH_NAMES", "WORLD_AXES", "ParallelDims"]
+__all__ = ["DEGREE_NAMES", "DERIVED_MESHES", "MESH_ALIASES", "MESH_NAMES", "WORLD_AXES", "ParallelDims"]
 
 WORLD_AXES: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """The axes of the world mesh, outermost first (torchtitan's order)."""
@@ -52,13 +52,14 @@ MESH_ALIASES: Mapping[str, str] = MappingProxyType({"batch": "dp", "fsdp": "dp_s
 """torchtitan's newer names for the same groups: ``batch`` = ``dp``, ``fsdp`` = ``dp_shard_cp``,
 ``loss`` = ``dp_cp``."""
 
-_DERIVED: Mapping[str, tuple[str, ...]] = MappingProxyType(
+DERIVED_MESHES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "dp": ("dp_replicate", "dp_shard"),
         "dp_shard_cp": ("dp_shard", "cp"),
         "dp_cp": ("dp_replicate", "dp_shard", "cp"),
     }
 )
+"""The world axes each derived mesh of :meth:`ParallelDims.mesh` flattens, in order."""
 
 
 def _check_degree(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -271,7 +272,7 @@ class ParallelDims:
 'dp_cp': 4, 'ep': 1, 'efsdp': 4, 'etp': 1}
         """
         sizes = {name: getattr(self, name) for name in WORLD_AXES}
-        for name, parts in _DERIVED.items():
+        for name, parts in DERIVED_MESHES.items():
             sizes[name] = 1
             for part in parts:
                 sizes[name] *= getattr(self, part)
@@ -414,8 +415,8 @@ class ParallelDims:
         canonical = MESH_ALIASES.get(name, name)
         if canonical in WORLD_AXES:
             mesh = self._world[canonical]
-        elif canonical in _DERIVED:
-            parts = _DERIVED[canonical]
+        elif canonical in DERIVED_MESHES:
+            parts = DERIVED_MESHES[canonical]
             mesh = flatten(self._world[parts], parts, canonical)
         elif canonical in ("ep", "efsdp", "etp"):
             mesh = self.expert_mesh[canonical]

@@ -119,20 +119,6 @@ def test_spec_to_placements_to_spec_round_trips_and_dtensor_places_every_block_w
             assert from_placements(mesh, tuple(tensor.placements)) == sharding
 
 
-def test_the_picture_marks_blocks_holders_and_host_changes() -> None:
-    from fmesh.spmd import sharding_html, sharding_text
-
-    mesh = fmesh.make_mesh((2, 4), ("dp", "tp"))
-    text = sharding_text(Sharding(mesh, P(("dp", "tp"))), (16,), gpus_per_node=4)
-    assert "| rank 3 || rank 4 |" in text and text.count("rank ") == 8
-    text = sharding_text(Sharding(mesh, P("dp", "tp")), (4, 8), gpus_per_node=4)
-    assert "+========+" in text.splitlines()[3]
-    page = sharding_html(Sharding(mesh, P("tp")), (8, 4), gpus_per_node=4)
-    assert page.count("<td") == 4 and "rank 0,4" in page and "border-top-width:3px" not in page
-    with pytest.raises(ValueError, match="expected a 1-D or 2-D shape"):
-        sharding_text(Sharding(mesh, P()), (2, 2, 2))
-
-
 def test_the_pure_parts_import_no_torch_distributed() -> None:
     import subprocess
     import sys

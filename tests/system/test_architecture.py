@@ -90,6 +90,7 @@ PLANTED = [
     ("fmesh.plan.parallel", "from fmesh.plan.jobs import job\n", "layers", "from the plan: reports layer"),
     ("fmesh.plan.recovery", "from fmesh.context import Context\n", "layers", "imports fmesh.context"),
     ("fmesh.plan.communicators", "from fmesh.rendering import render\n", "layers", "pictures layer"),
+    ("fmesh.pictures.text", "from fmesh.pictures.mesh import render\n", "layers", "from the pictures layer"),
     ("fmesh.context.world", "from fmesh.plan.jobs import job\n", "layers", "the context imports fmesh.plan.jobs"),
     # The store protocols stand under the Context's rooms, and their words under the meeting and the board.
     ("fmesh.context.store.roll_call", "from fmesh.context.groups import Route\n", "layers", "from the context layer"),
@@ -128,6 +129,8 @@ print(flat.group(0, "dp_cp"), split.groups("q")[0], mesh.rank_grid()[0][0], fmes
 dims = fmesh.ParallelDims(64, pp=2, cp=2, tp=4)
 print(fmesh.Topology(8, 8).span(dims.world_mesh, "tp"))
 print(fmesh.render(mesh, highlight="tp").splitlines()[0], len(fmesh.rendering.html(mesh)) > 0)
+import fmesh.spmd  # the sharding picture is pure too: specs, shardings and the grid it is drawn on
+print(fmesh.spmd.sharding_text(fmesh.spmd.Sharding(mesh, fmesh.spmd.P("dp", None, "tp")), (4, 3, 8, 5)).splitlines()[2])
 print(fmesh.plan.job_table.format_plan(fmesh.plan.jobs.build_plan(64, 8, tp=8)).splitlines()[0])
 from fmesh.cli import main
 main(["plan", "--world-size", "16", "--gpus-per-node", "8", "--tp", "8", "--json"])
@@ -145,4 +148,5 @@ def test_the_pure_layers_run_without_torch() -> None:
     # Rank 0 sits in the last slot (dp=1, cp=1, tp=3): its dp_cp group is the last tp column, reversed.
     assert lines[0] == "(12, 8, 4, 0) (0, 1, 4) (15, 14, 13, 12) (7, 6, 5, 4)"
     assert lines[1] == "AxisSpan(tp: size=4, groups=16, hosts/group=1)"
+    assert "each block (2, 3, 2, 5)" in lines
     assert lines[-1] == "the context needs torch"

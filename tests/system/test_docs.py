@@ -11,6 +11,7 @@ import subprocess
 import sys
 import types
 
+import chromium
 import pytest
 from paths import ROOT
 
@@ -138,3 +139,29 @@ def test_pictures_are_drawn_when_the_docs_are_built(site: pathlib.Path) -> None:
     page = (site / "getting-started.html").read_text()
     assert page.count('class="fmesh-mesh"') == 2
     assert "rank 5 is outlined" in page and "hosts: 2 hosts of 8 ranks" in page
+
+
+WINDOW = (1280, 900)  # a laptop's browser window, in CSS pixels
+
+
+@pytest.mark.slow
+def test_no_page_is_wider_than_its_window_and_every_error_line_is_seen_whole(site: pathlib.Path,
+                                                                             tmp_path: pathlib.Path) -> None:
+    # Measured as a browser lays the pages out (headless Chromium over its DevTools pipe: tests/chromium.py):
+    # a wide table, code line or picture scrolls inside its own box, never the page; an error message wraps.
+    if chromium.browser() is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium; .ci/run installs it): the pages' "
+                    "widths are not measured")
+    # Every page but the highlighted sources (_modules/) and the raw texts (_sources/), which are code listings.
+    pages = sorted(path for path in site.rglob("*.html")
+                   if not {"_modules", "_sources"} & set(path.relative_to(site).parts))
+    assert len(pages) >= 100
+    control = tmp_path / "wide.html"  # the check sees a page that is too wide, as the elastic guide was (5,006 px)
+    control.write_text('<pre style="white-space:pre">' + "x" * 2000 + "</pre>")
+    widths = chromium.page_widths([control, *pages], *WINDOW)
+    assert widths.pop(control).scroll > WINDOW[0]
+    too_wide = {str(page.relative_to(site)): (width.scroll, width.sticking_out[:3])
+                for page, width in widths.items() if width.scroll > width.window}
+    assert too_wide == {}
+    assert {str(page.relative_to(site)): width.errors_cut for page, width in widths.items() if width.errors_cut} == {}
+    assert all(width.window == WINDOW[0] for width in widths.values())
