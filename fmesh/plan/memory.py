@@ -19,7 +19,9 @@ Its memory is split into
   when ``m >= pp``; with ``pp == 1`` one micro-batch of every layer. The logits (fp32, split over ``tp``) count
   where the output layer is;
 * **buffers**: with FSDP, the all-gathered weights of two layers (the one computing and the one prefetched) and
-  one layer's unsharded gradients before the reduce_scatter;
+  one layer's unsharded gradients before the reduce_scatter; with FSDP under a pipeline (``pp > 1``), every
+  layer of the stage unsharded, weights and gradients, for the whole step (torch's pipeline schedules gather
+  once and reduce once per step: :mod:`fmesh.plan.traffic`);
 * **communicators**: NCCL's own buffers for every communicator the rank joins, from the job's manifest
   (:func:`with_communicators`, :mod:`fmesh.plan.manifest`'s memory model); :func:`memory` leaves it 0, as it
   knows nothing of hosts.
@@ -41,7 +43,7 @@ from fmesh.plan.model import Model, Options, Weight, first_stage_weights, layer_
 from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.topology import RankOrder
 
-__all__ = ["Memory", "layer_activation_bytes", "memory", "micro_batches", "owned_parameters", "with_communicators"]
+__all__ = ["Memory", "activation_memory", "layer_activation_bytes", "memory", "micro_batches", "owned_parameters", "with_communicators"]
 
 
 @attrs.frozen
@@ -117,6 +119,8 @@ def layer_activation_bytes(model: Model, options: Options, tp: int = 1, cp: int 
     tensor-parallel regions (the two norms' inputs, the attention's and the MLP's inputs, two dropout masks),
     24 inside (q, k, v, the attention output, the MLP's two ``4h`` activations), and ``5as/h`` for the
     attention scores (softmax output, dropout mask, dropout output), which selective recomputation drops.
+    With context parallelism (``cp > 1``) ``s`` is the local share of the sequence, except for the keys and
+    values, which the attention keeps all-gathered (``cp`` times the local ones).
 
     >>> from fmesh.plan.model import preset
     >>> m, gpt = preset("megatron-22b"), Options(flash_attention=False, dropout=True, recompute="none",
@@ -138,7 +142,10 @@ def layer_activation_bytes(model: Model, options: Options, tp: int = 1, cp: int 
     outside = 4 * width * sbh + masks  # the norm inputs and the attention's and the MLP's inputs
     tokens = s * b * (model.top_k if model.experts else 1)  # tokens an MLP sees (each routed k times)
     mlp = (4 if model.gated_mlp else 2) * width * tokens * ffn
-    inside = width * s * b * (2 * h + 2 * kv) + mlp  # q, k, v and the attention output; the MLP
+    # q and the attention output; k and v as the attention keeps them: with context parallelism the keys and
+    # values all-gathered over cp (the whole sequence), which the backward reads (fmesh.plan.traffic gathers
+    # them once per forward); the MLP
+    inside = width * s * b * (2 * h + 2 * kv * cp) + mlp
     # FlashAttention keeps only an fp32 log-sum-exp per row; otherwise the scores (and their dropout)
     scores = 4 * a * s * b if options.flash_attention else (5 if options.dropout else 2) * a * s * s * b
     if options.mode == "selective":
@@ -162,23 +169,42 @@ def memory(model: Model, options: Options, dims: ParallelDims) -> Memory:
     """
     owned = owned_parameters(model, dims)
     layers = -(-model.layers // dims.pp)
+    buffers = 0
+    if dims.dp_shard * dims.cp > 1:
+        one_layer = sum(_local(w, dims) * (model.experts // dims.ep if w.expert else 1) for w in layer_weights(model))
+        if dims.pp > 1:  # the pipeline keeps the stage's weights and gradients unsharded all step (traffic.py)
+            buffers = layers * one_layer * (options.param_bytes + options.grad_bytes)
+        else:
+            buffers = one_layer * (2 * options.param_bytes + options.grad_bytes)
+    return Memory(
+        weights=owned * options.param_bytes,
+        gradients=owned * options.grad_bytes,
+        optimizer=owned * (options.master_bytes + options.moment_bytes),
+        activations=activation_memory(model, options, dims),
+        buffers=buffers,
+    )
+
+
+def activation_memory(model: Model, options: Options, dims: ParallelDims) -> int:
+    """The activations part of :func:`memory`: the first stage's layers times the micro-batches in flight
+    (module docstring), the layer being recomputed with full recomputation, the logits where the output layer
+    is.
+
+    >>> from fmesh.plan.model import preset
+    >>> dims = ParallelDims(8, tp=8)
+    >>> options = Options(recompute="selective", flash_attention=False, dropout=True)
+    >>> activation_memory(preset("megatron-22b"), options, dims) == memory(preset("megatron-22b"), options,
+    ...                                                                    dims).activations
+    True
+    """
+    layers = -(-model.layers // dims.pp)
     in_flight = min(dims.pp, micro_batches(model, dims)) if dims.pp > 1 else 1
     activations = layers * in_flight * layer_activation_bytes(model, options, dims.tp, dims.cp)
     if options.mode == "full":  # the layer being recomputed holds its whole activations once
         activations += layer_activation_bytes(model, attrs.evolve(options, recompute="none"), dims.tp, dims.cp)
     if dims.pp == 1:
         activations += _logits(model, dims)
-    buffers = 0
-    if dims.dp_shard * dims.cp > 1:
-        one_layer = sum(_local(w, dims) * (model.experts // dims.ep if w.expert else 1) for w in layer_weights(model))
-        buffers = one_layer * (2 * options.param_bytes + options.grad_bytes)
-    return Memory(
-        weights=owned * options.param_bytes,
-        gradients=owned * options.grad_bytes,
-        optimizer=owned * (options.master_bytes + options.moment_bytes),
-        activations=activations,
-        buffers=buffers,
-    )
+    return activations
 
 
 def with_communicators(used: Memory, dims: ParallelDims, gpus_per_node: int,

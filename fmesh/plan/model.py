@@ -27,9 +27,11 @@ import attrs
 from fmesh.layout.int_tuple import is_int
 
 __all__ = [
+    "GRADIENT_SYNCS",
     "PRESETS",
     "RECOMPUTE_CHOICES",
     "RECOMPUTE_MODES",
+    "GradientSync",
     "Model",
     "Options",
     "Recompute",
@@ -48,6 +50,9 @@ Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
 """Activation recomputation: keep every activation, recompute the attention core only (Korthikanti et al.
 2022's *selective*), or keep only each layer's input and recompute the layer (*full*)."""
+GradientSync = Literal["micro_batch", "step"]
+GRADIENT_SYNCS: tuple[GradientSync, ...] = ("micro_batch", "step")
+"""When data-parallel gradients are reduced: after every micro-batch's backward, or once per step."""
 RecomputeChoice = Literal["auto", "none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[RecomputeChoice, ...] = ("auto", *RECOMPUTE_MODES)
 """What :class:`Options` takes: one of :data:`RECOMPUTE_MODES`, forced, or ``"auto"``: the least recomputation
@@ -160,6 +165,10 @@ class Options:
       paper's models store them (``False``);
     * ``dropout``: dropout masks are stored (GPT-3 style models; Llama has no dropout);
     * ``loss_all_reduce``: the step's loss is averaged over the data-parallel ranks (one scalar);
+    * ``gradient_sync``: when the data-parallel gradients are reduced with several micro-batches and no pipeline:
+      ``"micro_batch"`` (FSDP2's default in a plain accumulation loop: every backward) or ``"step"`` (once, after
+      the last micro-batch: Megatron-LM's DDP, FSDP2 with ``set_requires_gradient_sync(False)`` until then).
+      With a pipeline (``pp > 1``) torch's schedules and Megatron-LM both reduce once per step, whatever this says;
     * ``efficiency``: the fraction of the GPU's peak FLOP/s the matrix multiplies reach (:mod:`fmesh.plan.step`).
 
     >>> Options().recompute, Options(recompute="full").recompute
@@ -179,11 +188,14 @@ class Options:
     flash_attention: bool = attrs.field(default=True)
     dropout: bool = attrs.field(default=False)
     loss_all_reduce: bool = attrs.field(default=True)
+    gradient_sync: GradientSync = attrs.field(default="micro_batch")
     efficiency: float = attrs.field(default=0.5)
 
     def __attrs_post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_CHOICES:
             raise ValueError(f"expected recompute among {RECOMPUTE_CHOICES}, but got {self.recompute!r}")
+        if self.gradient_sync not in GRADIENT_SYNCS:
+            raise ValueError(f"expected gradient_sync among {GRADIENT_SYNCS}, but got {self.gradient_sync!r}")
         if not isinstance(self.efficiency, (int, float)) or not 0 < self.efficiency <= 1:
             raise ValueError(f"expected efficiency in (0, 1], but got {self.efficiency!r}")
 

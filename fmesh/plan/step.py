@@ -1,8 +1,11 @@
 """Time per training step, from the model's FLOPs and its bytes per axis: :func:`step_time`.
 
 **Compute.** The FLOPs of a step are counted as Narayanan et al. 2021 count them (a multiply-add is 2 FLOPs;
-the attention scores ``QK^T`` and their product with ``V`` are ``4·s·h`` per token per layer, the causal mask
-not discounted): one forward pass is ``tokens · (layers · (2 · active layer parameters + 4 · s · h) + 2 · v · h)``,
+the attention scores ``QK^T`` and their product with ``V`` are ``4·s·h`` per token per layer), except that with
+FlashAttention (``Options.flash_attention``) the causal mask halves the attention's (``2·s·h``): its kernels
+skip the blocks above the diagonal, where the unfused attention of Megatron-LM 2021-22 computes every score and
+masks it after. One forward pass is ``tokens · (layers · (2 · active layer parameters + a · s · h) + 2 · v · h)``
+(``a`` = 4, or 2 with FlashAttention),
 and a step runs 3 of them (forward, and backward at twice the forward), plus the recomputation: a forward of
 the attention scores with selective recomputation, a whole forward with full recomputation. Every GPU does an
 equal share at ``efficiency`` times the GPU's peak, and a 1F1B pipeline of ``pp`` stages and ``m``
@@ -24,12 +27,12 @@ prefetches), so only what exceeds the compute counts.
 >>> t = step_time(preset("llama3-8b"), Options(recompute="selective"), ParallelDims(64, dp_shard=8, tp=8),
 ...               hardware("h100"), Topology(8, 8))
 >>> round(t.total, 2), round(t.compute, 2)
-(23.68, 16.49)
+(23.68, 14.21)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -38,10 +41,10 @@ from fmesh.plan.hardware import Hardware
 from fmesh.plan.memory import micro_batches, owned_parameters
 from fmesh.plan.model import Model, Options, active_parameter_count
 from fmesh.plan.parallel import ParallelDims
-from fmesh.plan.topology import Topology
+from fmesh.plan.topology import AxisSpan, Topology
 from fmesh.plan.traffic import Transfer, traffic
 
-__all__ = ["CRITICAL_AXES", "AxisTime", "StepTime", "step_flops", "step_time", "transfer_seconds"]
+__all__ = ["CRITICAL_AXES", "AxisTime", "StepTime", "axis_spans", "step_flops", "step_time", "transfer_seconds"]
 
 CRITICAL_AXES: tuple[str, ...] = ("tp", "cp", "ep", "pp")
 """Axes whose collectives wait on the critical path of every micro-batch; the others overlap the compute."""
@@ -88,12 +91,14 @@ def step_flops(model: Model, options: Options) -> float:
     """FLOPs of one step, the whole job, the recomputation included (module docstring).
 
     >>> from fmesh.plan.model import preset
-    >>> round(step_flops(preset("megatron-22b"), Options(recompute="full")) / 1e15, 3)
+    >>> round(step_flops(preset("megatron-22b"), Options(recompute="full", flash_attention=False)) / 1e15, 3)
     1.52
+    >>> round(step_flops(preset("megatron-22b"), Options(recompute="full")) / 1e15, 3)  # causal FlashAttention
+    1.48
     """
     tokens = model.global_batch * model.seq_len
     layer_matmuls = (active_parameter_count(model) - model.vocab * model.hidden) // model.layers
-    scores = 4 * model.seq_len * model.hidden
+    scores = (2 if options.flash_attention else 4) * model.seq_len * model.hidden  # causal blocks skipped
     forward = tokens * (model.layers * (2 * layer_matmuls + scores) + 2 * model.vocab * model.hidden)
     total = 3.0 * forward
     if options.mode == "full":
@@ -103,8 +108,20 @@ def step_flops(model: Model, options: Options) -> float:
     return total
 
 
-def transfer_seconds(transfer: Transfer, dims: ParallelDims, topology: Topology, hardware: Hardware) -> float:
-    """Seconds one rank spends in ``transfer``'s calls: each call costed on the hosts its group spans.
+def axis_spans(dims: ParallelDims, topology: Topology, axes: Iterable[str]) -> dict[str, AxisSpan]:
+    """How the groups along each of ``axes`` (mesh names of ``dims``) sit on ``topology``'s hosts: what
+    :func:`transfer_seconds` costs a transfer on. The search computes them once per layout and rank order.
+
+    >>> axis_spans(ParallelDims(16, tp=8), Topology(2, 8), ["tp"])["tp"].intra_host
+    True
+    """
+    return {axis: topology.span(dims.mesh(axis), axis) for axis in axes}
+
+
+def transfer_seconds(transfer: Transfer, dims: ParallelDims, topology: Topology, hardware: Hardware,
+                     span: AxisSpan | None = None) -> float:
+    """Seconds one rank spends in ``transfer``'s calls: each call costed on the hosts its group spans (``span``,
+    when the caller has it already: :func:`axis_spans`).
 
     >>> from fmesh.plan.hardware import hardware
     >>> dims = ParallelDims(16, tp=8)
@@ -114,7 +131,8 @@ def transfer_seconds(transfer: Transfer, dims: ParallelDims, topology: Topology,
     """
     if transfer.calls == 0:
         return 0.0
-    span = topology.span(dims.mesh(transfer.axis), transfer.axis)
+    if span is None:
+        span = topology.span(dims.mesh(transfer.axis), transfer.axis)
     return transfer.calls * estimate_span(transfer.collective, transfer.per_call, span, hardware.links).seconds
 
 
@@ -133,17 +151,21 @@ def _assumptions(options: Options, hardware: Hardware) -> tuple[str, ...]:
 
 
 def step_time(model: Model, options: Options, dims: ParallelDims, hardware: Hardware, topology: Topology,
-              moved: Sequence[Transfer] | None = None) -> StepTime:
+              moved: Sequence[Transfer] | None = None, spans: Mapping[str, AxisSpan] | None = None) -> StepTime:
     """The step's estimated time (module docstring); ``moved`` is :func:`~fmesh.plan.traffic.traffic`'s answer
-    when the caller has it already.
+    and ``spans`` :func:`axis_spans`' (for every axis that moves bytes) when the caller has them already.
     """
     m = micro_batches(model, dims)
     bubble_factor = (m + dims.pp - 1) / m
     ideal = step_flops(model, options) / (dims.world_size * hardware.flops * options.efficiency)
     compute = ideal * bubble_factor
+    transfers = traffic(model, options, dims) if moved is None else moved
+    if spans is None:
+        spans = axis_spans(dims, topology, {t.axis for t in transfers})
     times = tuple(
-        AxisTime(t.axis, t.collective, transfer_seconds(t, dims, topology, hardware), t.axis in CRITICAL_AXES)
-        for t in (traffic(model, options, dims) if moved is None else moved)
+        AxisTime(t.axis, t.collective, transfer_seconds(t, dims, topology, hardware, spans[t.axis]),
+                 t.axis in CRITICAL_AXES)
+        for t in transfers
     )
     critical = sum(t.seconds for t in times if t.critical) * bubble_factor
     overlapped = sum(t.seconds for t in times if not t.critical)

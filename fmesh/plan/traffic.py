@@ -12,10 +12,15 @@ seq_len / cp`` tokens and activation width ``w`` bytes:
 
 * **FSDP2** (``fully_shard`` per layer and once at the root, over ``dp_shard_cp``; experts over ``efsdp``):
   each weight is split along its first dimension into ``F`` padded shards of ``ceil(rows / F)`` rows, so a
-  unit's ``all_gather`` output is the sum of ``ceil(rows / F) * F * rest`` elements of ``param_bytes``. A layer
-  is gathered twice per micro-batch (forward, and again for backward: resharded after forward), the root once;
-  every unit's gradients are ``reduce_scatter``-ed once per micro-batch in ``grad_bytes``. With HSDP the
-  reduced shard is then ``all_reduce``-d over ``dp_replicate``; with ``F == 1`` only that ``all_reduce`` is left.
+  unit's ``all_gather`` output is the sum of ``ceil(rows / F) * F * rest`` elements of ``param_bytes``. Without a
+  pipeline a layer is gathered twice per micro-batch (forward, and again for backward: resharded after
+  forward), the root once; every unit's gradients are ``reduce_scatter``-ed once per micro-batch in
+  ``grad_bytes`` (once per step with ``Options.gradient_sync == "step"``). With a pipeline (``pp > 1``) every
+  unit is gathered once per step and its gradients reduced once per step, as torch's pipeline schedules run
+  FSDP2 (torchtitan: no reshard after forward; the schedule turns off the reshard after backward and the
+  gradient sync until the last micro-batch): the stage's weights and gradients stay unsharded meanwhile
+  (:func:`fmesh.plan.memory.memory` counts them). With HSDP the reduced shard is then ``all_reduce``-d over
+  ``dp_replicate`` as often; with ``F == 1`` only that ``all_reduce`` is left (Megatron-LM's data parallelism).
 * **Tensor parallelism** (Megatron's column- then row-parallel pairs, DTensor's ``ColwiseParallel`` and
   ``RowwiseParallel``): without sequence parallelism, an ``all_reduce`` of ``T * h * w`` bytes after each
   row-parallel linear in the forward (two per layer), and in the backward one per column-parallel input
@@ -111,9 +116,12 @@ def _fsdp(found: dict[tuple[str, Collective, str], list[int]], model: Model, opt
     expert = [w for w in layer_weights(model) if w.expert]
     experts_here = model.experts // dims.ep if model.experts else 0
     root = list(first_stage_weights(model, dims.pp))
-    units = [("dp_shard_cp", dims.dp_shard * dims.cp, dims.tp, dense, 2 * m, layers),
-             ("dp_shard_cp", dims.dp_shard * dims.cp, dims.tp, root, m, 1),
-             ("efsdp", dims.efsdp, dims.etp, expert * experts_here, 2 * m, layers)]
+    piped = dims.pp > 1
+    layer_gathers, root_gathers = (1, 1) if piped else (2 * m, m)
+    reduces = 1 if piped or options.gradient_sync == "step" else m
+    units = [("dp_shard_cp", dims.dp_shard * dims.cp, dims.tp, dense, layer_gathers, layers),
+             ("dp_shard_cp", dims.dp_shard * dims.cp, dims.tp, root, root_gathers, 1),
+             ("efsdp", dims.efsdp, dims.etp, expert * experts_here, layer_gathers, layers)]
     for axis, shards, tp, weights, gathers, count in units:
         if not weights or dims.dp_shard * dims.cp * dims.dp_replicate == 1:
             continue
@@ -121,10 +129,11 @@ def _fsdp(found: dict[tuple[str, Collective, str], list[int]], model: Model, opt
         if shards > 1:
             _add(found, axis, "all_gather", "FSDP weights", gathers * count, gathers * count * elements
                  * options.param_bytes)
-            _add(found, axis, "reduce_scatter", "FSDP gradients", m * count, m * count * elements * options.grad_bytes)
+            _add(found, axis, "reduce_scatter", "FSDP gradients", reduces * count,
+                 reduces * count * elements * options.grad_bytes)
         if dims.dp_replicate > 1:
-            _add(found, "dp_replicate", "all_reduce", "HSDP gradients", m * count,
-                 m * count * elements // shards * options.grad_bytes)
+            _add(found, "dp_replicate", "all_reduce", "HSDP gradients", reduces * count,
+                 reduces * count * elements // shards * options.grad_bytes)
 
 
 def traffic(model: Model, options: Options, dims: ParallelDims) -> tuple[Transfer, ...]:
