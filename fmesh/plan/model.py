@@ -169,7 +169,22 @@ class Options:
       ``"micro_batch"`` (FSDP2's default in a plain accumulation loop: every backward) or ``"step"`` (once, after
       the last micro-batch: Megatron-LM's DDP, FSDP2 with ``set_requires_gradient_sync(False)`` until then).
       With a pipeline (``pp > 1``) torch's schedules and Megatron-LM both reduce once per step, whatever this says;
-    * ``efficiency``: the fraction of the GPU's peak FLOP/s the matrix multiplies reach (:mod:`fmesh.plan.step`).
+    * ``efficiency``: the fraction of the GPU's peak FLOP/s the matrix multiplies reach (:mod:`fmesh.plan.step`);
+      ``efficiency_half_width``: with it above 0, narrow matrix multiplies reach less: the fraction is
+      ``efficiency * w / (w + efficiency_half_width)`` for ``w = hidden / tp``, the width one GPU multiplies
+      (:func:`fmesh.plan.step.compute_efficiency`);
+    * ``link_efficiency``: the fraction of the links' peak bandwidth the collectives reach;
+    * ``pipeline_interleave``: the model chunks each pipeline rank holds (Narayanan et al. 2021's interleaved
+      1F1B: ``v`` chunks cut the bubble to ``(pp - 1) / (v m)`` and send ``v`` times as often); 1: plain 1F1B;
+    * ``elementwise_bytes``: bytes the non-matmul operations (norms, activations, dropout, residuals, softmax)
+      read and write per token, per hidden unit, per layer over a step, at the GPU's memory bandwidth
+      (0: not counted);
+    * ``overlap_data_parallel``: the data-parallel collectives (FSDP's, HSDP's and the loss's) run beside the
+      compute (FSDP2 prefetches; only what exceeds the compute counts); off, they count in full (Megatron-LM's
+      gradient all-reduce of 2021-22, after the backward).
+
+    ``efficiency``, ``efficiency_half_width``, ``link_efficiency`` and ``elementwise_bytes`` are the free
+    parameters ``bench/planner_validation.py`` fits on published runs; the defaults are stated guesses.
 
     >>> Options().recompute, Options(recompute="full").recompute
     ('auto', 'full')
@@ -190,14 +205,25 @@ class Options:
     loss_all_reduce: bool = attrs.field(default=True)
     gradient_sync: GradientSync = attrs.field(default="micro_batch")
     efficiency: float = attrs.field(default=0.5)
+    efficiency_half_width: float = attrs.field(default=0.0)
+    link_efficiency: float = attrs.field(default=1.0)
+    elementwise_bytes: float = attrs.field(default=0.0)
+    pipeline_interleave: int = attrs.field(default=1, validator=_positive)
+    overlap_data_parallel: bool = attrs.field(default=True)
 
     def __attrs_post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_CHOICES:
             raise ValueError(f"expected recompute among {RECOMPUTE_CHOICES}, but got {self.recompute!r}")
         if self.gradient_sync not in GRADIENT_SYNCS:
             raise ValueError(f"expected gradient_sync among {GRADIENT_SYNCS}, but got {self.gradient_sync!r}")
-        if not isinstance(self.efficiency, (int, float)) or not 0 < self.efficiency <= 1:
-            raise ValueError(f"expected efficiency in (0, 1], but got {self.efficiency!r}")
+        for name in ("efficiency", "link_efficiency"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ValueError(f"expected {name} in (0, 1], but got {value!r}")
+        for name in ("efficiency_half_width", "elementwise_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+                raise ValueError(f"expected {name} as a non-negative number, but got {value!r}")
 
     @property
     def mode(self) -> Recompute:

@@ -44,7 +44,8 @@ from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.topology import AxisSpan, Topology
 from fmesh.plan.traffic import Transfer, traffic
 
-__all__ = ["CRITICAL_AXES", "AxisTime", "StepTime", "axis_spans", "step_flops", "step_time", "transfer_seconds"]
+__all__ = ["CRITICAL_AXES", "AxisTime", "StepTime", "axis_spans", "compute_efficiency", "elementwise_seconds",
+           "step_flops", "step_time", "transfer_seconds"]
 
 CRITICAL_AXES: tuple[str, ...] = ("tp", "cp", "ep", "pp")
 """Axes whose collectives wait on the critical path of every micro-batch; the others overlap the compute."""
@@ -118,6 +119,41 @@ def axis_spans(dims: ParallelDims, topology: Topology, axes: Iterable[str]) -> d
     return {axis: topology.span(dims.mesh(axis), axis) for axis in axes}
 
 
+def compute_efficiency(model: Model, options: Options, dims: ParallelDims) -> float:
+    """The fraction of peak FLOP/s the matrix multiplies reach: ``options.efficiency``, times
+    ``w / (w + options.efficiency_half_width)`` for the width ``w = hidden / tp`` each GPU multiplies (narrow
+    multiplies keep the tensor cores less busy; Narayanan et al. 2021 see the same model throughput rise with
+    the width per GPU).
+
+    >>> from fmesh.plan.model import preset
+    >>> compute_efficiency(preset("megatron-22b"), Options(efficiency=0.6), ParallelDims(8, tp=8))
+    0.6
+    >>> round(compute_efficiency(preset("megatron-22b"), Options(efficiency=0.6, efficiency_half_width=256),
+    ...                          ParallelDims(8, tp=8)), 6)
+    0.45
+    """
+    width = model.hidden / dims.tp
+    return options.efficiency * width / (width + options.efficiency_half_width)
+
+
+def elementwise_seconds(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> float:
+    """Seconds of the operations that are not matrix multiplies, which memory bandwidth bounds: every token
+    of the step passes ``options.elementwise_bytes`` bytes per hidden unit per layer through memory, the work
+    spread over every GPU as the FLOPs are.
+
+    >>> from fmesh.plan.hardware import hardware
+    >>> from fmesh.plan.model import preset
+    >>> m = preset("megatron-22b")
+    >>> elementwise_seconds(m, Options(), ParallelDims(8, tp=8), hardware("a100"))
+    0.0
+    >>> round(elementwise_seconds(m, Options(elementwise_bytes=100), ParallelDims(8, tp=8), hardware("a100")), 4)
+    0.0148
+    """
+    tokens = model.global_batch * model.seq_len
+    return tokens * model.layers * model.hidden * options.elementwise_bytes / (dims.world_size
+                                                                                * hardware.memory_bandwidth)
+
+
 def transfer_seconds(transfer: Transfer, dims: ParallelDims, topology: Topology, hardware: Hardware,
                      span: AxisSpan | None = None) -> float:
     """Seconds one rank spends in ``transfer``'s calls: each call costed on the hosts its group spans (``span``,
@@ -136,13 +172,25 @@ def transfer_seconds(transfer: Transfer, dims: ParallelDims, topology: Topology,
     return transfer.calls * estimate_span(transfer.collective, transfer.per_call, span, hardware.links).seconds
 
 
-def _assumptions(options: Options, hardware: Hardware) -> tuple[str, ...]:
+def _schedule(options: Options) -> str:
+    v = options.pipeline_interleave
+    return "1F1B" if v == 1 else f"interleaved 1F1B ({v} chunks per rank)"
+
+
+def _assumptions(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> tuple[str, ...]:
+    narrow = (f" ({options.efficiency:.0%} x w / (w + {options.efficiency_half_width:g}) at the width per GPU "
+              f"w = {model.hidden // dims.tp})" if options.efficiency_half_width else "")
+    overlap = ("FSDP/HSDP/loss collectives overlap the compute (only their excess counts)"
+               if options.overlap_data_parallel else "FSDP/HSDP/loss collectives after the backward, in full")
     return (
-        f"compute at {options.efficiency:.0%} of {hardware.flops / 1e12:.0f} TFLOP/s per GPU ({hardware.name})",
-        "tp/cp/ep/pp collectives on the critical path, not overlapped; FSDP/HSDP/loss collectives overlap the "
-        "compute (only their excess counts)",
-        "collectives at NCCL's ring/tree model on peak link bandwidth (fmesh.plan.costs)",
-        f"1F1B pipeline; activation recomputation: {options.mode}",
+        f"compute at {compute_efficiency(model, options, dims):.0%}{narrow} of {hardware.flops / 1e12:.0f} "
+        f"TFLOP/s per GPU ({hardware.name})",
+        f"tp/cp/ep/pp collectives on the critical path, not overlapped; {overlap}",
+        f"collectives at NCCL's ring/tree model on {options.link_efficiency:.0%} of peak link bandwidth "
+        "(fmesh.plan.costs)",
+        f"{_schedule(options)} pipeline; activation recomputation: {options.mode}",
+        f"non-matmul operations: {options.elementwise_bytes:g} bytes per token per hidden unit per layer at "
+        f"{hardware.memory_bandwidth / 1e12:.2f} TB/s",
         f"sequence parallelism {'on' if options.sequence_parallel else 'off'} (with tp > 1); FlashAttention "
         f"{'on' if options.flash_attention else 'off'}; dropout {'on' if options.dropout else 'off'}; per parameter "
         f"{options.param_bytes} B weights, {options.grad_bytes} B gradients, {options.master_bytes} + "
@@ -156,8 +204,14 @@ def step_time(model: Model, options: Options, dims: ParallelDims, hardware: Hard
     and ``spans`` :func:`axis_spans`' (for every axis that moves bytes) when the caller has them already.
     """
     m = micro_batches(model, dims)
-    bubble_factor = (m + dims.pp - 1) / m
-    ideal = step_flops(model, options) / (dims.world_size * hardware.flops * options.efficiency)
+    bubble_factor = 1 + (dims.pp - 1) / (options.pipeline_interleave * m)
+    ideal = (step_flops(model, options) / (dims.world_size * hardware.flops * compute_efficiency(model, options, dims))
+             + elementwise_seconds(model, options, dims, hardware))
+    if options.link_efficiency != 1:
+        links = hardware.links
+        hardware = attrs.evolve(hardware, links=attrs.evolve(
+            links, intra_bandwidth=links.intra_bandwidth * options.link_efficiency,
+            inter_bandwidth=links.inter_bandwidth * options.link_efficiency))
     compute = ideal * bubble_factor
     transfers = traffic(model, options, dims) if moved is None else moved
     if spans is None:
@@ -169,7 +223,9 @@ def step_time(model: Model, options: Options, dims: ParallelDims, hardware: Hard
     )
     critical = sum(t.seconds for t in times if t.critical) * bubble_factor
     overlapped = sum(t.seconds for t in times if not t.critical)
+    if not options.overlap_data_parallel:  # after the backward, in full
+        critical, overlapped = critical + overlapped, 0.0
     touched = 2 * (options.param_bytes + options.master_bytes + options.moment_bytes) + options.grad_bytes
     optimizer = owned_parameters(model, dims) * touched / hardware.memory_bandwidth
     return StepTime(compute, compute - ideal, optimizer, times, critical, max(0.0, overlapped - compute),
-                    _assumptions(options, hardware))
+                    _assumptions(model, options, dims, hardware))
