@@ -162,6 +162,19 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
                        help="the s x s attention scores are never stored (default on)")
     model.add_argument("--dropout", action=argparse.BooleanOptionalAction,
                        help="dropout masks are stored (default off, as in Llama)")
+    model.add_argument("--pipeline-interleave", type=int, metavar="V",
+                       help="model chunks per pipeline rank (interleaved 1F1B; default 1: plain 1F1B)")
+    model.add_argument("--efficiency-half-width", type=float, metavar="W",
+                       help="matmul efficiency falls as w / (w + W) with the width per GPU w = hidden / tp (default 0: "
+                            "constant; bench/planner_validation.py fits it)")
+    model.add_argument("--link-efficiency", type=float, metavar="F",
+                       help="the fraction of the links' peak bandwidth the collectives reach (default 1)")
+    model.add_argument("--elementwise-bytes", type=float, metavar="B",
+                       help="bytes the non-matmul operations move per token, hidden unit and layer in a step, at the "
+                            "GPU's memory bandwidth (default 0: not counted)")
+    model.add_argument("--overlap-data-parallel", action=argparse.BooleanOptionalAction,
+                       help="the FSDP/HSDP/loss collectives run beside the compute (default on); off: after the "
+                            "backward, in full (Megatron-LM 2021-22)")
     model.add_argument("--gradient-sync", choices=GRADIENT_SYNCS,
                        help="without a pipeline, reduce the data-parallel gradients after every micro-batch "
                             "(micro_batch, FSDP2's default) or once per step (step); with pp > 1 once per step")
@@ -182,7 +195,8 @@ _BYTES_HELP = (
     ("moment_bytes", 8, "bytes per parameter of the optimizer's moments (Adam: two fp32)"),
 )
 _OPTION_NAMES = ("recompute", "sequence_parallel", "efficiency", "flash_attention", "dropout", "gradient_sync",
-                 *(name for name, _, _ in _BYTES_HELP))
+                 "pipeline_interleave", "efficiency_half_width", "link_efficiency", "elementwise_bytes",
+                 "overlap_data_parallel", *(name for name, _, _ in _BYTES_HELP))
 _BATCH_NAMES = ("global_batch", "seq_len", "micro_batch")
 
 

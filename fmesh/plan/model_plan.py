@@ -34,7 +34,7 @@ from fmesh.plan.costs import format_bytes
 from fmesh.plan.hardware import Hardware
 from fmesh.plan.jobs import build_plan, job
 from fmesh.plan.memory import Memory, memory, micro_batches, with_communicators
-from fmesh.plan.model import Model, Options, Recompute
+from fmesh.plan.model import RECOMPUTE_MODES, Model, Options, Recompute
 from fmesh.plan.parallel import DEGREE_NAMES, ParallelDims
 from fmesh.plan.rescale import ELASTIC_AXES, scale_down
 from fmesh.plan.search import Candidate, alternatives, check_degrees, degree_fits, fits, reason, search
@@ -212,6 +212,12 @@ def plan_model(model: Model, options: Options, hardware: Hardware, world_size: i
                              f"{dims!r} does not with {how} ({instead})")
         recompute, used = fit
         used = with_communicators(used, dims, gpus_per_node, rank_order)
+        for more in RECOMPUTE_MODES[RECOMPUTE_MODES.index(recompute) + 1:] if options.recompute == "auto" else ():
+            if used.total <= hardware.memory:
+                break  # the communicators' buffers fit too; else recompute more (auto only)
+            recompute = more
+            used = with_communicators(memory(model, attrs.evolve(options, recompute=more), dims), dims,
+                                      gpus_per_node, rank_order)
         if used.total > hardware.memory:
             raise ValueError(f"expected degrees whose memory fits in {format_bytes(hardware.memory)} per GPU, but "
                              f"{dims!r} needs {format_bytes(used.total)} with its communicators' buffers")

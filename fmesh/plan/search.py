@@ -24,18 +24,21 @@ bandwidth-hungry axes (tp, cp, ep) whose groups cross hosts.
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Iterator, Mapping, Sequence
 
 import attrs
 
+from fmesh.mesh import Mesh
 from fmesh.plan.costs import format_seconds
 from fmesh.plan.hardware import Hardware
 from fmesh.plan.memory import Memory, activation_memory, memory, with_communicators
 from fmesh.plan.model import RECOMPUTE_MODES, Model, Options, Recompute
 from fmesh.plan.parallel import ParallelDims
-from fmesh.plan.step import StepTime, axis_spans, step_time
+from fmesh.plan.step import StepTime, compute_seconds, step_time
 from fmesh.plan.topology import HUNGRY_AXES, ORDERS, AxisSpan, RankOrder, Topology
-from fmesh.plan.traffic import traffic
+from fmesh.plan.traffic import Transfer, traffic
 
 __all__ = ["DEGREE_AXES", "MICRO_BATCHES", "RANK_ORDERS", "Candidate", "alternatives", "candidates",
            "check_degrees", "crossing_axes", "degree_fits", "differences", "fits", "micro_batch_choices", "reason", "search"]
@@ -213,19 +216,18 @@ def fits(model: Model, options: Options, dims: ParallelDims, hardware: Hardware)
     return None
 
 
-def _fitting(model: Model, options: Options, dims: ParallelDims, hardware: Hardware, sizes: Sequence[int]
-             ) -> Iterator[tuple[int, Recompute, Memory]]:
+def _fitting(sized: Mapping[int, Model], chosen: Mapping[Recompute, Options], dims: ParallelDims,
+             hardware: Hardware, sizes: Sequence[int]) -> Iterator[tuple[int, Recompute, Memory]]:
     """Each micro-batch of ``sizes`` with the least recomputation that fits, and its memory: :func:`fits`,
-    with the parts that depend on neither (weights, gradients, optimizer, buffers) computed once."""
-    modes = RECOMPUTE_MODES if options.recompute == "auto" else (options.mode,)
-    fixed = memory(model, attrs.evolve(options, recompute=modes[0]), dims)
+    with the parts that depend on neither (weights, gradients, optimizer, buffers) computed once. ``sized``: the
+    model with each micro-batch; ``chosen``: the options with each recomputation mode to try, in order."""
+    modes = list(chosen)
+    fixed = memory(sized[sizes[0]], chosen[modes[0]], dims) if sizes else None
     for size in sizes:
-        sized = attrs.evolve(model, micro_batch=size)
         for mode in modes:
-            used = attrs.evolve(fixed, activations=activation_memory(sized, attrs.evolve(options, recompute=mode),
-                                                                     dims))
-            if used.total <= hardware.memory:
-                yield size, mode, used
+            activations = activation_memory(sized[size], chosen[mode], dims)
+            if fixed is not None and fixed.total - fixed.activations + activations <= hardware.memory:
+                yield size, mode, attrs.evolve(fixed, activations=activations)
                 break
 
 
@@ -238,31 +240,48 @@ def search(model: Model, options: Options, gpus: int, gpus_per_node: int, hardwa
     sizes = MICRO_BATCHES if micro_batches is None else tuple(micro_batches)
     one = attrs.evolve(model, micro_batch=1)  # the data-parallel degree divides the batch; sizes are chosen below
     topologies = [Topology(hosts, gpus_per_node, rank_order=order) for order in RANK_ORDERS]
-    found = []
-    for dims in candidates(one if micro_batches is None else model, gpus):
-        fitting = list(_fitting(model, options, dims, hardware, micro_batch_choices(model, dims, sizes)))
-        if not fitting:
-            continue
-        axes = {t.axis for t in traffic(attrs.evolve(model, micro_batch=fitting[0][0]),
-                                        attrs.evolve(options, recompute=fitting[0][1]), dims)}
-        hungry = {axis for axis in HUNGRY_AXES if getattr(dims, axis) > 1 and (axis != "ep" or model.experts)}
-        meshes = {axis: dims.mesh(axis) for axis in axes | hungry}
-        for order, topology in zip(RANK_ORDERS, topologies):
-            spans = {axis: topology.span(mesh, axis) for axis, mesh in meshes.items()}
-            crossing = crossing_axes(spans)
-            for size, mode, used in fitting:
-                sized, chosen = attrs.evolve(model, micro_batch=size), attrs.evolve(options, recompute=mode)
-                time = step_time(sized, chosen, dims, hardware, topology, spans=spans)
-                found.append(Candidate(dims, order, mode, used, time, size, crossing))
-    found.sort(key=lambda c: c.time.total)
+    # Branch and bound: every (degrees, micro-batch) that fits, by its compute time (a lower bound of its step
+    # time); its collectives are costed, for both rank orders, only while some layout not yet ranked could
+    # still beat the `top`-th that fits with its communicators. The answer is the exhaustive ranking's.
+    sized = {size: attrs.evolve(model, micro_batch=size) for size in sizes}
+    chosen = {mode: attrs.evolve(options, recompute=mode)
+              for mode in (RECOMPUTE_MODES if options.recompute == "auto" else (options.mode,))}
+    bounded = []
+    for index, dims in enumerate(candidates(one if micro_batches is None else model, gpus)):
+        for size, mode, used in _fitting(sized, chosen, dims, hardware, micro_batch_choices(model, dims, sizes)):
+            bounded.append((compute_seconds(sized[size], chosen[mode], dims, hardware), index, size, dims, mode,
+                            used))
+    bounded.sort(key=lambda entry: entry[:3])
+    placed: dict[int, list[tuple[RankOrder, Topology, dict[str, AxisSpan]]]] = {}
+    costed: list[tuple[float, tuple[int, int, int], Candidate]] = []  # a heap: (step time, generation order, ...)
     kept: list[Candidate] = []
-    for candidate in found:  # the communicators' buffers, from the job's manifest, for the fastest only
-        used = with_communicators(candidate.memory, candidate.dims, gpus_per_node, candidate.rank_order)
-        if used.total <= hardware.memory:
-            kept.append(attrs.evolve(candidate, memory=used))
-            if len(kept) == top:
-                break
+    for bound, index, size, dims, mode, used in [*bounded, (math.inf, 0, 0, None, "none", None)]:
+        while costed and costed[0][0] <= bound:  # no layout not yet costed can beat these
+            candidate = heapq.heappop(costed)[2]
+            with_buffers = with_communicators(candidate.memory, candidate.dims, gpus_per_node, candidate.rank_order)
+            if with_buffers.total <= hardware.memory:
+                kept.append(attrs.evolve(candidate, memory=with_buffers))
+                if len(kept) == top:
+                    return tuple(kept)
+        if dims is None or used is None:
+            break
+        moved = traffic(sized[size], chosen[mode], dims)
+        if index not in placed:
+            meshes = _meshes(model, dims, moved)
+            placed[index] = [(order, topology, {axis: topology.span(mesh, axis) for axis, mesh in meshes.items()})
+                             for order, topology in zip(RANK_ORDERS, topologies)]
+        for number, (order, topology, spans) in enumerate(placed[index]):
+            time = step_time(sized[size], chosen[mode], dims, hardware, topology, moved, spans)
+            heapq.heappush(costed, (time.total, (index, number, sizes.index(size)),
+                                    Candidate(dims, order, mode, used, time, size, crossing_axes(spans))))
     return tuple(kept)
+
+
+def _meshes(model: Model, dims: ParallelDims, moved: Sequence[Transfer]) -> dict[str, Mesh]:
+    """The 1-D mesh of every axis that moves bytes (``moved``), and of every bandwidth-hungry axis (placed once
+    per rank order)."""
+    hungry = {axis for axis in HUNGRY_AXES if getattr(dims, axis) > 1 and (axis != "ep" or model.experts)}
+    return {axis: dims.mesh(axis) for axis in {t.axis for t in moved} | hungry}
 
 
 def differences(best: Candidate, other: Candidate) -> tuple[str, ...]:

@@ -44,7 +44,8 @@ from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.topology import AxisSpan, Topology
 from fmesh.plan.traffic import Transfer, traffic
 
-__all__ = ["CRITICAL_AXES", "AxisTime", "StepTime", "axis_spans", "compute_efficiency", "elementwise_seconds",
+__all__ = ["CRITICAL_AXES", "AxisTime", "StepTime", "axis_spans", "compute_efficiency", "compute_seconds",
+           "elementwise_seconds",
            "step_flops", "step_time", "transfer_seconds"]
 
 CRITICAL_AXES: tuple[str, ...] = ("tp", "cp", "ep", "pp")
@@ -136,6 +137,31 @@ def compute_efficiency(model: Model, options: Options, dims: ParallelDims) -> fl
     return options.efficiency * width / (width + options.efficiency_half_width)
 
 
+def _compute(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> tuple[float, float]:
+    """The compute's seconds without the bubble, and the factor the bubble multiplies it (and the critical
+    collectives) by."""
+    m = micro_batches(model, dims)
+    bubble_factor = 1 + (dims.pp - 1) / (options.pipeline_interleave * m)
+    ideal = (step_flops(model, options) / (dims.world_size * hardware.flops * compute_efficiency(model, options, dims))
+             + elementwise_seconds(model, options, dims, hardware))
+    return ideal, bubble_factor
+
+
+def compute_seconds(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> float:
+    """:attr:`StepTime.compute` alone (the bubble included), without placing a group on a host: a lower bound of
+    the step time, which the search ranks by before it costs the collectives.
+
+    >>> from fmesh.plan.hardware import hardware
+    >>> from fmesh.plan.model import preset
+    >>> from fmesh.plan.topology import Topology
+    >>> m, o, d = preset("llama3-8b"), Options(recompute="none"), ParallelDims(16, pp=2, tp=8)
+    >>> compute_seconds(m, o, d, hardware("h100")) == step_time(m, o, d, hardware("h100"), Topology(2, 8)).compute
+    True
+    """
+    ideal, bubble_factor = _compute(model, options, dims, hardware)
+    return ideal * bubble_factor
+
+
 def elementwise_seconds(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> float:
     """Seconds of the operations that are not matrix multiplies, which memory bandwidth bounds: every token
     of the step passes ``options.elementwise_bytes`` bytes per hidden unit per layer through memory, the work
@@ -203,10 +229,7 @@ def step_time(model: Model, options: Options, dims: ParallelDims, hardware: Hard
     """The step's estimated time (module docstring); ``moved`` is :func:`~fmesh.plan.traffic.traffic`'s answer
     and ``spans`` :func:`axis_spans`' (for every axis that moves bytes) when the caller has them already.
     """
-    m = micro_batches(model, dims)
-    bubble_factor = 1 + (dims.pp - 1) / (options.pipeline_interleave * m)
-    ideal = (step_flops(model, options) / (dims.world_size * hardware.flops * compute_efficiency(model, options, dims))
-             + elementwise_seconds(model, options, dims, hardware))
+    ideal, bubble_factor = _compute(model, options, dims, hardware)
     if options.link_efficiency != 1:
         links = hardware.links
         hardware = attrs.evolve(hardware, links=attrs.evolve(
