@@ -186,14 +186,16 @@ def table(results: Sequence[Result], fitted: Mapping[str, Mapping[str, float]]) 
     lines = ["| row | source | published | planner (held out) | error | Calculon | error |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
-        calc = ("n/a", "n/a") if r.calculon is None else (f"{r.calculon:.2f} s", f"{r.calculon / r.run.published - 1:+.1%}")
+        calc = ("n/a", "n/a") if r.calculon is None else (f"{r.calculon:.2f} s",
+                                                          f"{r.calculon / r.run.published - 1:+.1%}")
         lines.append(f"| {r.run.id} | {r.run.source} | {r.run.published:.2f} s | {r.predicted:.2f} s | "
                      f"{r.error:+.1%} | {calc[0]} | {calc[1]} |")
     lines.append("")
     for source, parameters in fitted.items():
         errors = [r.error for r in results if r.run.source == source]
         lines.append(f"- {source} held out ({len(errors)} rows): {_summary(errors)}; fitted on the others: "
-                     f"efficiency {parameters['efficiency']:.3f}, half width {parameters['efficiency_half_width']:.0f}, "
+                     f"efficiency {parameters['efficiency']:.3f}, "
+                     f"half width {parameters['efficiency_half_width']:.0f}, "
                      f"link efficiency {parameters['link_efficiency']:.3f}, elementwise bytes "
                      f"{parameters['elementwise_bytes']:.0f}")
     lines.append(f"- all {len(results)} rows, each predicted out of sample: {_summary([r.error for r in results])}")
@@ -210,9 +212,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     runs = load_runs()
     if args.fit_all:
-        parameters = fit(runs)
-        errors = [predict(r, parameters) / r.published - 1 for r in runs]
-        print(f"fitted on all {len(runs)} rows: {parameters}; in-sample error {_summary(errors)}")
+        inside = [r for r in runs if not r.outside]
+        parameters = fit(inside)
+        errors = [predict(r, parameters) / r.published - 1 for r in inside]
+        shown = ", ".join(f"{name} {value:.3g}" for name, value in parameters.items())
+        print(f"fitted on all {len(inside)} rows: {shown}; in-sample error {_summary(errors)}")
         return
     print("\n".join(table(*leave_one_source_out(runs))))
     apart = outside(runs, fit([r for r in runs if not r.outside]))

@@ -43,7 +43,8 @@ from fmesh.plan.model import Model, Options, Weight, first_stage_weights, layer_
 from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.topology import RankOrder
 
-__all__ = ["Memory", "activation_memory", "layer_activation_bytes", "memory", "micro_batches", "owned_parameters", "with_communicators"]
+__all__ = ["Memory", "activation_memory", "layer_activation_bytes", "memory", "micro_batches", "owned_parameters",
+           "with_communicators"]
 
 
 @attrs.frozen

@@ -41,7 +41,8 @@ from fmesh.plan.topology import HUNGRY_AXES, ORDERS, AxisSpan, RankOrder, Topolo
 from fmesh.plan.traffic import Transfer, traffic
 
 __all__ = ["DEGREE_AXES", "MICRO_BATCHES", "RANK_ORDERS", "Candidate", "alternatives", "candidates",
-           "check_degrees", "crossing_axes", "degree_fits", "differences", "fits", "micro_batch_choices", "reason", "search"]
+           "check_degrees", "crossing_axes", "degree_fits", "differences", "fits", "micro_batch_choices", "reason",
+           "search"]
 
 RANK_ORDERS = ORDERS  # every rank order the search tries
 MICRO_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -255,25 +256,31 @@ def search(model: Model, options: Options, gpus: int, gpus_per_node: int, hardwa
     placed: dict[int, list[tuple[RankOrder, Topology, dict[str, AxisSpan]]]] = {}
     costed: list[tuple[float, tuple[int, int, int], Candidate]] = []  # a heap: (step time, generation order, ...)
     kept: list[Candidate] = []
-    for bound, index, size, dims, mode, used in [*bounded, (math.inf, 0, 0, None, "none", None)]:
-        while costed and costed[0][0] <= bound:  # no layout not yet costed can beat these
+
+    def rank_below(bound: float) -> bool:
+        """Keep, fastest first, the costed layouts no layout yet to cost can beat; True when ``top`` are kept."""
+        while costed and costed[0][0] <= bound:
             candidate = heapq.heappop(costed)[2]
             with_buffers = with_communicators(candidate.memory, candidate.dims, gpus_per_node, candidate.rank_order)
             if with_buffers.total <= hardware.memory:
                 kept.append(attrs.evolve(candidate, memory=with_buffers))
                 if len(kept) == top:
-                    return tuple(kept)
-        if dims is None or used is None:
-            break
+                    return True
+        return False
+
+    for bound, index, size, dims, mode, used in bounded:
+        if rank_below(bound):
+            return tuple(kept)
         moved = traffic(sized[size], chosen[mode], dims)
         if index not in placed:
             meshes = _meshes(model, dims, moved)
             placed[index] = [(order, topology, {axis: topology.span(mesh, axis) for axis, mesh in meshes.items()})
-                             for order, topology in zip(RANK_ORDERS, topologies)]
+                             for order, topology in zip(RANK_ORDERS, topologies, strict=True)]
         for number, (order, topology, spans) in enumerate(placed[index]):
             time = step_time(sized[size], chosen[mode], dims, hardware, topology, moved, spans)
             heapq.heappush(costed, (time.total, (index, number, sizes.index(size)),
                                     Candidate(dims, order, mode, used, time, size, crossing_axes(spans))))
+    rank_below(math.inf)
     return tuple(kept)
 
 
@@ -295,7 +302,8 @@ def differences(best: Candidate, other: Candidate) -> tuple[str, ...]:
     ((), True)
     """
     found = [f"{n} {getattr(best.dims, n)} instead of {getattr(other.dims, n)}"
-             for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep") if getattr(best.dims, n) != getattr(other.dims, n)]
+             for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+             if getattr(best.dims, n) != getattr(other.dims, n)]
     for name, mine, theirs in (("rank order", best.rank_order, other.rank_order),
                                ("micro-batch", best.micro_batch, other.micro_batch),
                                ("recompute", best.recompute, other.recompute)):
@@ -385,7 +393,7 @@ def alternatives(model: Model, options: Options, dims: ParallelDims, gpus_per_no
     for size in (model.micro_batch // 2 if model.micro_batch % 2 == 0 else 0, model.micro_batch * 2):
         if size and share % size == 0:
             costed(f"micro-batch {size} instead of {model.micro_batch}", attrs.evolve(model, micro_batch=size), dims)
-    flipped = "cyclic" if rank_order == "block" else "block"
+    flipped: RankOrder = "cyclic" if rank_order == "block" else "block"
     seconds = step_time(model, attrs.evolve(options, recompute=mode), dims, hardware,
                         Topology(hosts, gpus_per_node, rank_order=flipped)).total
     used = with_communicators(fit[1], dims, gpus_per_node, flipped) if fit else None

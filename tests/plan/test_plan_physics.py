@@ -134,7 +134,7 @@ def test_changes_worth_trying_fit_with_their_communicators(name: str, gpus: int)
 
 def _applied(model: Model, dims: ParallelDims, text: str) -> tuple[ParallelDims, Model]:
     degrees = {n: getattr(dims, n) for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")}
-    for name, new, old in re.findall(r"([\w-]+) (\d+) instead of (\d+)", text):
+    for name, new, _ in re.findall(r"([\w-]+) (\d+) instead of (\d+)", text):
         if name == "micro-batch":
             model = attrs.evolve(model, micro_batch=int(new))
         else:
@@ -211,9 +211,46 @@ def test_byte_columns_read_as_a_person_reads_them() -> None:
 def test_reasons_name_every_difference() -> None:
     plan = plan_model(preset("llama3-70b"), Options(), H100, 256, 8)
     assert len(plan.reasons) == len(plan.ranked) - 1
-    for other, line in zip(plan.ranked[1:], plan.reasons):
+    for other, line in zip(plan.ranked[1:], plan.reasons, strict=True):
         for change in differences(plan.ranked[0], other):
             assert change in line
         assert "\n" not in line
     text = format_model_plan(plan)
     assert all(r in text for r in plan.reasons)
+
+
+def test_an_interleaved_pipeline_cuts_the_bubble_and_sends_more() -> None:
+    model, dims = preset("megatron-175b"), ParallelDims(64, pp=8, tp=8, dp_shard=1)
+    plain, interleaved = Options(recompute="selective"), Options(recompute="selective", pipeline_interleave=3)
+    a100, hosts = hardware("a100"), Topology(8, 8)
+    m = micro_batches(model, dims)
+    one, three = step_time(model, plain, dims, a100, hosts), step_time(model, interleaved, dims, a100, hosts)
+    ideal = one.compute - one.bubble
+    assert one.bubble == pytest.approx(ideal * 7 / m) and three.bubble == pytest.approx(ideal * 7 / (3 * m))
+    sends = _calls(traffic(model, interleaved, dims), "pp", "send")
+    assert sends == tuple(3 * x for x in _calls(traffic(model, plain, dims), "pp", "send"))
+
+
+def test_data_parallel_collectives_after_the_backward_count_in_full() -> None:
+    model, dims = preset("llama3-8b"), ParallelDims(64, dp_replicate=8, tp=8, dp_shard=1)
+    hosts = Topology(8, 8)
+    beside = step_time(model, Options(recompute="none"), dims, H100, hosts)
+    after = step_time(model, Options(recompute="none", overlap_data_parallel=False), dims, H100, hosts)
+    dp_seconds = sum(t.seconds for t in after.collectives if not t.critical)
+    assert dp_seconds > 0 and after.exposed_overlapped == 0.0
+    assert after.total == pytest.approx(beside.total - beside.exposed_overlapped + dp_seconds)
+
+
+def test_link_efficiency_and_non_matmul_time_scale_as_stated() -> None:
+    model, dims, hosts = preset("llama3-8b"), ParallelDims(16, tp=8, dp_shard=2), Topology(2, 8)
+    base = step_time(model, Options(recompute="none"), dims, H100, hosts)
+    slow = step_time(model, Options(recompute="none", link_efficiency=0.5), dims, H100, hosts)
+    tp_base = [t.seconds for t in base.collectives if t.axis == "tp"]
+    tp_slow = [t.seconds for t in slow.collectives if t.axis == "tp"]
+    ratios = [b.seconds / a.seconds for a, b in zip(base.collectives, slow.collectives, strict=True) if a.seconds]
+    assert all(1 < r <= 2 for r in ratios) and max(ratios) > 1.95  # the bandwidth term doubles, the latency stays
+    assert tp_base and tp_slow
+    busy = step_time(model, Options(recompute="none", elementwise_bytes=100), dims, H100, hosts)
+    tokens = model.global_batch * model.seq_len
+    expected = tokens * model.layers * model.hidden * 100 / (16 * H100.memory_bandwidth)
+    assert busy.compute - base.compute == pytest.approx(expected)

@@ -43,7 +43,7 @@ def test_each_source_is_predicted_by_parameters_fitted_on_the_others(runs: list[
 
     results, fitted = validation.leave_one_source_out(runs, spy)
     assert list(fitted) == [s for s in dict.fromkeys(r.source for r in runs if not r.outside)]
-    for source, sources in zip(fitted, seen):
+    for source, sources in zip(fitted, seen, strict=True):
         assert source not in sources and sources  # held out, and fitted on something
     for result in results:  # and each row is predicted with its own source's parameters
         assert result.predicted == validation.predict(result.run, fitted[result.run.source])
