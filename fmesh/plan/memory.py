@@ -16,8 +16,8 @@ Its memory is split into
   (:func:`layer_activation_bytes` derives them from the layer's tensors, so a gated MLP, grouped-query attention,
   no dropout or FlashAttention change them). The first stage of a 1F1B pipeline holds ``min(pp, m)``
   micro-batches of its layers (``m``: micro-batches per step per pipeline), which is ``layers`` layers' worth
-  when ``m >= pp``; with ``pp == 1`` one micro-batch of every layer. The logits (fp32, split over ``tp``) count
-  where the output layer is;
+  when ``m >= pp``; with ``pp == 1`` one micro-batch of every layer. The output layer's (the final norm's input and
+  output, the fp32 log-probabilities, split over ``tp`` when the vocabulary is) count where it is;
 * **buffers**: with FSDP, the all-gathered weights of two layers (the one computing and the one prefetched) and
   one layer's unsharded gradients before the reduce_scatter; with FSDP under a pipeline (``pp > 1``), every
   layer of the stage unsharded, weights and gradients, for the whole step (torch's pipeline schedules gather
@@ -31,7 +31,7 @@ Its memory is split into
 >>> m = memory(preset("megatron-22b"), Options(recompute="selective", flash_attention=False, dropout=True),
 ...            ParallelDims(8, tp=8))
 >>> round(m.weights / 2**30, 2), round(m.activations / 2**30, 2)
-(5.14, 2.44)
+(5.14, 2.49)
 """
 
 from __future__ import annotations
@@ -147,7 +147,9 @@ def layer_activation_bytes(model: Model, options: Options, tp: int = 1, cp: int 
     # values all-gathered over cp (the whole sequence), which the backward reads (fmesh.plan.traffic gathers
     # them once per forward); the MLP
     inside = width * s * b * (2 * h + 2 * kv * cp) + mlp
-    # FlashAttention keeps only an fp32 log-sum-exp per row; otherwise the scores (and their dropout)
+    # FlashAttention keeps only an fp32 log-sum-exp per row (its output, which its backward reads, is the output
+    # projection's input: the kernel lays it out heads-last, so merging the heads is a view); otherwise the
+    # scores (and their dropout)
     scores = 4 * a * s * b if options.flash_attention else (5 if options.dropout else 2) * a * s * s * b
     if options.mode == "selective":
         scores = 0
@@ -155,8 +157,12 @@ def layer_activation_bytes(model: Model, options: Options, tp: int = 1, cp: int 
     return outside + (inside + scores) // tp
 
 
-def _logits(model: Model, dims: ParallelDims) -> int:
-    return 4 * (model.seq_len // dims.cp) * model.micro_batch * model.vocab // dims.tp
+def _head(model: Model, dims: ParallelDims) -> int:
+    """What the output layer keeps: the final norm's input and output, and the fp32 log-probabilities of the
+    loss (split over ``tp`` with a vocabulary-parallel output layer)."""
+    s, b = model.seq_len // dims.cp, model.micro_batch
+    return 2 * model.dtype_bytes * s * b * model.hidden + 4 * s * b * model.vocab // (
+        dims.tp if model.vocab_parallel else 1)
 
 
 def memory(model: Model, options: Options, dims: ParallelDims) -> Memory:
@@ -188,7 +194,7 @@ def memory(model: Model, options: Options, dims: ParallelDims) -> Memory:
 
 def activation_memory(model: Model, options: Options, dims: ParallelDims) -> int:
     """The activations part of :func:`memory`: the first stage's layers times the micro-batches in flight
-    (module docstring), the layer being recomputed with full recomputation, the logits where the output layer
+    (module docstring), the layer being recomputed with full recomputation, the output layer's where it
     is.
 
     >>> from fmesh.plan.model import preset
@@ -204,7 +210,7 @@ def activation_memory(model: Model, options: Options, dims: ParallelDims) -> int
     if options.mode == "full":  # the layer being recomputed holds its whole activations once
         activations += layer_activation_bytes(model, attrs.evolve(options, recompute="none"), dims.tp, dims.cp)
     if dims.pp == 1:
-        activations += _logits(model, dims)
+        activations += _head(model, dims)
     return activations
 
 
