@@ -19,6 +19,7 @@ import multiprocessing
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import pytest
 import torch
 import torch.distributed as dist
@@ -31,7 +32,7 @@ from fmesh.plan.model import Model, Options
 from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.traffic import traffic
 
-pytestmark = pytest.mark.slow  # 24 one-step trainings in this process: ~20 s on two busy cores
+pytestmark = pytest.mark.slow  # 33 one-step trainings in a spawned process: ~30 s on two busy cores
 
 _spec = importlib.util.spec_from_file_location("train_for_bytes", ROOT / "examples" / "train.py")
 assert _spec is not None and _spec.loader is not None
@@ -85,10 +86,16 @@ def train_model(args: argparse.Namespace, dims: ParallelDims, micro_batches: int
     return Model("train.py", layers=args.layers, hidden=args.dim, heads=args.heads, vocab=256, seq_len=args.seq_len,
                  global_batch=args.batch_size, micro_batch=args.batch_size // (dp * micro_batches),
                  attention_biases=False,
-                 mlp_biases=True, learned_positions=True, fused_qkv=False, vocab_parallel=False, dtype_bytes=4)
+                 mlp_biases=True, learned_positions=True, fused_qkv=False, vocab_parallel=False,
+                 dtype_bytes=2 if args.bf16 else 4)
 
 
 TRAIN_OPTIONS = Options(recompute="none", sequence_parallel=False, param_bytes=4, grad_bytes=4, master_bytes=0)
+
+
+def train_options(args: argparse.Namespace) -> Options:
+    """fp32 throughout, or with ``--bf16`` FSDP2's mixed precision: bf16 weights gathered, fp32 gradients reduced."""
+    return attrs.evolve(TRAIN_OPTIONS, param_bytes=2) if args.bf16 else TRAIN_OPTIONS
 
 
 def group_names(ctx: fmesh.Context, dims: ParallelDims) -> dict[str, tuple[int, ...]]:
@@ -111,7 +118,7 @@ def recorded_step(world: int, rank: int, argv: list[str], micro_batches: int = 1
         dims = train.check_degrees(args, world)
         torch.manual_seed(args.seed)
         model = train.LanguageModel(256, args.dim, args.heads, args.layers, args.seq_len)
-        train.shard_model(model, ctx, dims)
+        train.shard_model(model, ctx, dims, mixed_precision=args.bf16)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         dp_mesh = dims.mesh("dp")
         (dp_index,) = dp_mesh.coordinate(ctx.rank) or (0,)
@@ -121,7 +128,7 @@ def recorded_step(world: int, rank: int, argv: list[str], micro_batches: int = 1
             local = batch.chunk(dp_mesh.size)[dp_index]
             for part in local.chunk(micro_batches):
                 logits = model(part[:, :-1])
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), part[:, 1:].reshape(-1))
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), part[:, 1:].reshape(-1))
                 (loss / micro_batches).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -131,7 +138,7 @@ def recorded_step(world: int, rank: int, argv: list[str], micro_batches: int = 1
 
 def planned(args: argparse.Namespace, dims: ParallelDims, rank: int, micro_batches: int = 1) -> dict[Key, list[int]]:
     found: dict[Key, list[int]] = {}
-    for transfer in traffic(train_model(args, dims, micro_batches), TRAIN_OPTIONS, dims):
+    for transfer in traffic(train_model(args, dims, micro_batches), train_options(args), dims):
         entry = found.setdefault((dims.mesh(transfer.axis).group(rank), transfer.collective), [0, 0])
         entry[0] += transfer.calls
         entry[1] += transfer.nbytes
@@ -169,6 +176,11 @@ CONFIGS: list[tuple[int, list[str]]] = [
     (2, [*flags(tp=2), "--batch-size=3", "--heads=2"]),
     (6, [*flags(dp_replicate=3, dp_shard=2), "--batch-size=12", "--dim=72", "--heads=3"]),
     (16, [*flags(dp_shard=16), "--batch-size=16", "--seq-len=24"]),
+    # bf16: FSDP2's mixed precision (bf16 weights gathered, fp32 gradients reduced, bf16 activations over tp)
+    (4, [*flags(dp_shard=4), "--bf16"]),
+    (8, [*flags(dp_shard=2, tp=4), "--bf16"]),
+    (8, [*flags(dp_replicate=2, dp_shard=2, tp=2), "--bf16"]),
+    (6, [*flags(dp_replicate=3, dp_shard=2), "--batch-size=12", "--dim=72", "--heads=3", "--bf16"]),
 ]
 
 
@@ -198,6 +210,7 @@ MICRO_CONFIGS: list[tuple[int, list[str], int]] = [
     (8, [*flags(dp_replicate=2, dp_shard=2, tp=2), "--batch-size=16"], 4),
     (4, [*flags(tp=4), "--batch-size=6"], 3),
     (6, [*flags(dp_shard=3, tp=2), "--batch-size=12", "--dim=96", "--heads=6"], 2),
+    (8, [*flags(dp_shard=4, tp=2), "--batch-size=16", "--bf16"], 2),
 ]
 
 
