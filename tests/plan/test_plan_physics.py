@@ -117,10 +117,11 @@ def test_every_ranked_layout_names_the_axes_that_cross_hosts() -> None:
 @pytest.mark.parametrize(("name", "gpus"), [("llama3-70b", 64), ("llama3-8b", 16), ("mixtral-8x7b", 64)])
 def test_changes_worth_trying_fit_with_their_communicators(name: str, gpus: int) -> None:
     model = preset(name)
-    checked = 0
+    checked = layouts = 0
     for dims in list(candidates(model, gpus))[::7]:
-        if fits(model, Options(), dims, H100) is None:
+        if fits(model, Options(), dims, H100) is None or layouts == 8:  # a fixed sample of 8 layouts that fit
             continue
+        layouts += 1
         for text, _ in alternatives(model, Options(), dims, 8, H100):
             if text.startswith("rank order"):
                 continue
