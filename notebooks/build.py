@@ -159,7 +159,8 @@ for name, collective in [("tp", "all_reduce"), ("cp", "all_gather"), ("ep", "all
     ("md", """## A 70B model on these 4,096 GPUs, laid out by the search
 Until now the degrees were given. With a model, the planner chooses them: every degree set, micro-batch and rank
 order for 4,096 GPUs of 8 per node, kept if it fits in an H100's memory with the least recomputation, ranked by
-estimated step time (`python -m fmesh plan --model llama3-70b --world-size 4096 --gpus-per-node 8 --search --lose 5,9`)."""),
+estimated step time
+(`python -m fmesh plan --model llama3-70b --world-size 4096 --gpus-per-node 8 --search --lose 5,9`)."""),
     ("code", """from fmesh.plan.hardware import hardware
 from fmesh.plan.model import Options, preset
 from fmesh.plan.model_plan import plan_model

@@ -27,7 +27,7 @@ prefetches), so only what exceeds the compute counts.
 >>> t = step_time(preset("llama3-8b"), Options(recompute="selective"), ParallelDims(64, dp_shard=8, tp=8),
 ...               hardware("h100"), Topology(8, 8))
 >>> round(t.total, 2), round(t.compute, 2)
-(23.68, 14.21)
+(23.77, 14.21)
 """
 
 from __future__ import annotations

@@ -26,7 +26,10 @@ seq_len / cp`` tokens and activation width ``w`` bytes:
   row-parallel linear in the forward (two per layer), and in the backward one per column-parallel input
   (one for fused q/k/v, three for separate q, k, v; one more for a gate projection); with sequence parallelism,
   an ``all_gather`` before each column-parallel pair and a ``reduce_scatter`` after each row-parallel one, twice
-  each in forward and backward. Full recomputation repeats the forward's collectives.
+  each in forward and backward; where the layers meet the embedding and the output layer, one ``all_gather``
+  each (and one ``reduce_scatter`` each when the vocabulary is split over ``tp``) per micro-batch; the norms'
+  weight gradients summed over ``tp`` once per step (one ``all_reduce``). Full recomputation repeats the forward's
+  collectives (the layers', not the edges').
 * **Context parallelism**: each layer all-gathers its keys and values over ``cp`` in the forward
   (``2 * T * cp * kv_dim / tp`` elements out) and reduce-scatters their gradients in the backward.
 * **Pipeline parallelism**: a stage sends ``T * h / (tp if SP)`` activations forward and as many gradients back
@@ -50,7 +53,7 @@ import attrs
 
 from fmesh.plan.costs import Collective
 from fmesh.plan.memory import micro_batches
-from fmesh.plan.model import Model, Options, Weight, first_stage_weights, layer_weights
+from fmesh.plan.model import Model, Options, Weight, first_stage_weights, layer_weights, outer_weights
 from fmesh.plan.parallel import ParallelDims
 
 __all__ = ["Transfer", "bytes_by_axis", "fsdp_gather_elements", "traffic"]
@@ -136,6 +139,24 @@ def _fsdp(found: dict[tuple[str, Collective, str], list[int]], model: Model, opt
                  reduces * count * elements // shards * options.grad_bytes)
 
 
+def _sequence_parallel_edges(found: dict[tuple[str, Collective, str], list[int]], model: Model, options: Options,
+                             dims: ParallelDims, m: int, layers: int, activation: int) -> None:
+    """Sequence parallelism where the layers meet the rest of the model, and the norms' gradients: the
+    embedding's output is split along the sequence (a reduce_scatter when the vocabulary is split over tp, else
+    a slice) and its gradient gathered; on the stage with the output layer, its input is gathered and, with the
+    vocabulary split, its gradient reduce-scattered; the norms' weight gradients, computed from a part of the
+    sequence, are summed over tp once per step in one all_reduce (Megatron-LM's, after the backward)."""
+    head = 1 if dims.pp == 1 else 0  # the first stage holds the output layer only without a pipeline
+    _add(found, "tp", "all_gather", "sequence parallel: embedding and output layer", m * (1 + head),
+         m * (1 + head) * activation)
+    if model.vocab_parallel:
+        _add(found, "tp", "reduce_scatter", "sequence parallel: embedding and output layer", m * (1 + head),
+             m * (1 + head) * activation)
+    norms = sum(w.numel for w in layer_weights(model) if w.name.startswith("norm")) * layers
+    norms += head * sum(w.numel for w in outer_weights(model) if w.name.startswith("norm"))
+    _add(found, "tp", "all_reduce", "sequence parallel: norm gradients", 1, norms * options.grad_bytes)
+
+
 def traffic(model: Model, options: Options, dims: ParallelDims) -> tuple[Transfer, ...]:
     """Every collective one rank runs in a step, summed per (axis, collective, purpose); the module docstring
     says what is counted. The rank is the first pipeline stage's (its FSDP root holds the embedding), except
@@ -158,6 +179,7 @@ def traffic(model: Model, options: Options, dims: ParallelDims) -> tuple[Transfe
             for collective in ("all_gather", "reduce_scatter"):
                 calls = m * layers * 2 * (forward_passes + 1)
                 _add(found, "tp", collective, "tensor parallel (SP)", calls, calls * activation)
+            _sequence_parallel_edges(found, model, options, dims, m, layers, activation)
         else:
             calls = m * layers * (2 * forward_passes + _tp_inputs(model))
             _add(found, "tp", "all_reduce", "tensor parallel", calls, calls * activation)

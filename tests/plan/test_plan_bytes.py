@@ -223,6 +223,87 @@ def test_planned_bytes_equal_recorded_bytes_with_micro_batches(elsewhere: concur
     assert planned(args, dims, 0) != seen  # one micro-batch would be wrong: the count matters
 
 
+def sequence_parallel(model: Any, ctx: fmesh.Context, dims: ParallelDims) -> None:
+    """``examples/train.py``'s model under tensor parallelism with sequence parallelism, as Megatron-LM and
+    torchtitan lay it out: the norms on a part of the sequence (``SequenceParallel``), the attention's and the
+    MLP's inputs gathered once each, the row-parallel outputs reduce-scattered along the sequence; the residual
+    stream split from the first layer on, and gathered again for the output layer (which, like the embedding, is
+    not split over tp in this model)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    plan: dict[str, Any] = {
+        "blocks.0": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),)),
+        "norm": SequenceParallel(),
+        "head": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                   use_local_output=True),
+    }
+    for i in range(len(model.blocks)):
+        plan |= {f"blocks.{i}.norm1": SequenceParallel(), f"blocks.{i}.norm2": SequenceParallel(),
+                 f"blocks.{i}.attention": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                             desired_input_layouts=(Replicate(),)),
+                 **{f"blocks.{i}.attention.{n}": ColwiseParallel() for n in ("q", "k", "v")},
+                 f"blocks.{i}.attention.o": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+                 f"blocks.{i}.up": ColwiseParallel(input_layouts=Shard(1)),
+                 f"blocks.{i}.down": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)}
+    parallelize_module(model, ctx.device_mesh(dims.mesh("tp")), plan)
+
+
+def recorded_sequence_parallel_step(world: int, argv: list[str], micro_batches: int
+                                    ) -> tuple[dict[Key, list[int]], argparse.Namespace, ParallelDims]:
+    """One step of the sequence-parallel model (:func:`sequence_parallel`, tensor parallelism alone) as rank 0:
+    ``micro_batches`` forwards and backwards, then the norms' gradients (partial sums over the sequence's
+    parts) summed over tp in one all_reduce, as Megatron-LM does once per step, and AdamW."""
+    args = train.parse(argv)
+    with fmesh.Context.fake(world, rank=0) as ctx:
+        dims = train.check_degrees(args, world)
+        torch.manual_seed(args.seed)
+        model = train.LanguageModel(256, args.dim, args.heads, args.layers, args.seq_len)
+        sequence_parallel(model, ctx, dims)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        recorder = Recorder(group_names(ctx, dims))
+        with recorder:
+            for part in train.batches(args.seed, args.batch_size, args.seq_len).chunk(micro_batches):
+                logits = model(part[:, :-1])
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), part[:, 1:].reshape(-1))
+                (loss / micro_batches).backward()
+            norms = [p for name, p in model.named_parameters() if ".norm" in f".{name}" and p.grad is not None]
+            summed = ctx.all_reduce(torch.cat([p.grad.to_local().flatten() for p in norms]), dims.mesh("tp"))
+            offset = 0
+            for p in norms:
+                local = p.grad.to_local()
+                local.copy_(summed[offset:offset + local.numel()].view_as(local))
+                offset += local.numel()
+            optimizer.step()
+    return recorder.seen, args, dims
+
+
+SEQUENCE_PARALLEL = [(2, flags(tp=2), 1), (4, flags(tp=4), 1), (4, [*flags(tp=4), "--layers=3"], 2),
+                     (2, [*flags(tp=2), "--batch-size=12", "--dim=96", "--heads=6"], 3)]
+
+
+@pytest.mark.parametrize(("world", "argv", "micro_batches"), [
+    pytest.param(world, argv, m, id=f"{world}:{' '.join(argv)} SP x{m}") for world, argv, m in SEQUENCE_PARALLEL])
+def test_planned_bytes_equal_recorded_bytes_with_sequence_parallelism(
+        elsewhere: concurrent.futures.Executor, world: int, argv: list[str], micro_batches: int) -> None:
+    seen, args, dims = elsewhere.submit(recorded_sequence_parallel_step, world, argv, micro_batches).result(
+        timeout=300)
+    model = attrs.evolve(train_model(args, dims, micro_batches), micro_batch=args.batch_size // micro_batches)
+    planned: dict[Key, list[int]] = {}
+    for transfer in traffic(model, attrs.evolve(TRAIN_OPTIONS, sequence_parallel=True), dims):
+        entry = planned.setdefault((dims.mesh(transfer.axis).group(0), transfer.collective), [0, 0])
+        entry[0] += transfer.calls
+        entry[1] += transfer.nbytes
+    assert {collective for _, collective in seen} == {"all_gather", "reduce_scatter", "all_reduce"}
+    assert planned == seen
+
+
 def test_the_comparison_sees_a_missing_collective(elsewhere: concurrent.futures.Executor) -> None:
     seen, args, dims = elsewhere.submit(recorded_step, 8, 0, flags(dp_replicate=2, tp=2)).result(timeout=300)
     plan = planned(args, dims, 0)
