@@ -157,7 +157,8 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
                             "sequence (all_gather/reduce_scatter instead of all_reduce; default on)")
     model.add_argument("--efficiency", type=float,
                        help="the fraction of the GPU's peak FLOP/s the matrix multiplies reach (default 0.5, a "
-                            "stated guess; 0.63 reproduces Korthikanti et al. 2022 on A100s)")
+                            "stated guess; on A100s, bench/planner_validation.py --fit-all fits 0.73 with "
+                            "--efficiency-half-width 162 --elementwise-bytes 1090)")
     model.add_argument("--flash-attention", action=argparse.BooleanOptionalAction,
                        help="the s x s attention scores are never stored (default on)")
     model.add_argument("--dropout", action=argparse.BooleanOptionalAction,
