@@ -28,7 +28,9 @@ seq_len / cp`` tokens and activation width ``w`` bytes:
   an ``all_gather`` before each column-parallel pair and a ``reduce_scatter`` after each row-parallel one, twice
   each in forward and backward; where the layers meet the embedding and the output layer, one ``all_gather``
   each (and one ``reduce_scatter`` each when the vocabulary is split over ``tp``) per micro-batch; the norms'
-  weight gradients summed over ``tp`` once per step (one ``all_reduce``). Full recomputation repeats the forward's
+  weight gradients summed over ``tp`` once per step (one ``all_reduce``), or, under FSDP, one ``all_reduce`` per
+  norm parameter each time FSDP reduces the gradients (FSDP2 sums a DTensor's partial gradient before its
+  reduce-scatter). Full recomputation repeats the forward's
   collectives (the layers', not the edges').
 * **Context parallelism**: each layer all-gathers its keys and values over ``cp`` in the forward
   (``2 * T * cp * kv_dim / tp`` elements out) and reduce-scatters their gradients in the backward.
@@ -113,15 +115,20 @@ def _add(found: dict[tuple[str, Collective, str], list[int]], axis: str, collect
     entry[1] += nbytes
 
 
+def _fsdp_reduces(options: Options, dims: ParallelDims, m: int) -> int:
+    """How often FSDP reduces each unit's gradients per step: once with a pipeline or the sync held to the last
+    micro-batch, else after every micro-batch's backward."""
+    return 1 if dims.pp > 1 or options.gradient_sync == "step" else m
+
+
 def _fsdp(found: dict[tuple[str, Collective, str], list[int]], model: Model, options: Options, dims: ParallelDims,
           m: int, layers: int) -> None:
     dense = [w for w in layer_weights(model) if not w.expert]
     expert = [w for w in layer_weights(model) if w.expert]
     experts_here = model.experts // dims.ep if model.experts else 0
     root = list(first_stage_weights(model, dims.pp))
-    piped = dims.pp > 1
-    layer_gathers, root_gathers = (1, 1) if piped else (2 * m, m)
-    reduces = 1 if piped or options.gradient_sync == "step" else m
+    layer_gathers, root_gathers = (1, 1) if dims.pp > 1 else (2 * m, m)
+    reduces = _fsdp_reduces(options, dims, m)
     units = [("dp_shard_cp", dims.dp_shard * dims.cp, dims.tp, dense, layer_gathers, layers),
              ("dp_shard_cp", dims.dp_shard * dims.cp, dims.tp, root, root_gathers, 1),
              ("efsdp", dims.efsdp, dims.etp, expert * experts_here, layer_gathers, layers)]
@@ -152,9 +159,15 @@ def _sequence_parallel_edges(found: dict[tuple[str, Collective, str], list[int]]
     if model.vocab_parallel:
         _add(found, "tp", "reduce_scatter", "sequence parallel: embedding and output layer", m * (1 + head),
              m * (1 + head) * activation)
-    norms = sum(w.numel for w in layer_weights(model) if w.name.startswith("norm")) * layers
-    norms += head * sum(w.numel for w in outer_weights(model) if w.name.startswith("norm"))
-    _add(found, "tp", "all_reduce", "sequence parallel: norm gradients", 1, norms * options.grad_bytes)
+    weights = [w for w in layer_weights(model) if w.name.startswith("norm")] * layers
+    weights += [w for w in outer_weights(model) if w.name.startswith("norm")] * head
+    norms = sum(w.numel for w in weights)
+    if dims.dp_shard * dims.cp == 1:
+        _add(found, "tp", "all_reduce", "sequence parallel: norm gradients", 1, norms * options.grad_bytes)
+    else:  # FSDP2 sums each norm's partial gradient over tp itself, before each of its reduce-scatters
+        reduces = _fsdp_reduces(options, dims, m)
+        _add(found, "tp", "all_reduce", "sequence parallel: norm gradients", reduces * len(weights),
+             reduces * norms * options.grad_bytes)
 
 
 def traffic(model: Model, options: Options, dims: ParallelDims) -> tuple[Transfer, ...]:
