@@ -38,7 +38,17 @@ from fmesh.plan.jobs import DEFAULT_COST_BYTES, build_plan, job
 from fmesh.plan.manifest import Manifest, dump_manifest, load_manifest, plan_manifest
 from fmesh.plan.manifest_diff import compare
 from fmesh.plan.manifest_table import format_manifest
-from fmesh.plan.model import GRADIENT_SYNCS, PRESETS, RECOMPUTE_CHOICES, Model, Options, from_config, preset
+from fmesh.plan.model import (
+    GRADIENT_SYNCS,
+    PIPELINE_SCHEDULES,
+    PRESETS,
+    RECOMPUTE_CHOICES,
+    ZERO_STAGES,
+    Model,
+    Options,
+    from_config,
+    preset,
+)
 from fmesh.plan.model_plan import plan_model
 from fmesh.plan.model_table import format_model_plan
 from fmesh.plan.parallel import DEGREE_NAMES
@@ -165,6 +175,15 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
                        help="dropout masks are stored (default off, as in Llama)")
     model.add_argument("--pipeline-interleave", type=int, metavar="V",
                        help="model chunks per pipeline rank (interleaved 1F1B; default 1: plain 1F1B)")
+    model.add_argument("--pipeline-schedule", choices=PIPELINE_SCHEDULES,
+                       help="1f1b (default; interleaved with --pipeline-interleave) or zb-h1 (zero-bubble: the "
+                            "weight gradients fill the bubble, a third of 1F1B's, with 1F1B's memory)")
+    model.add_argument("--zero", type=int, choices=ZERO_STAGES,
+                       help="what the data-parallel shards split: 3 (default, FSDP: weights, gradients, optimizer), "
+                            "2 (gradients and optimizer state), 1 (optimizer state)")
+    model.add_argument("--fp8", action=argparse.BooleanOptionalAction,
+                       help="the layers' linear layers in FP8 at the GPU's FP8 peak, their FSDP all-gather in FP8 "
+                            "(default off; activations and optimizer state keep their dtypes)")
     model.add_argument("--efficiency-half-width", type=float, metavar="W",
                        help="matmul efficiency falls as w / (w + W) with the width per GPU w = hidden / tp (default 0: "
                             "constant; bench/planner_validation.py fits it)")
@@ -197,7 +216,7 @@ _BYTES_HELP = (
 )
 _OPTION_NAMES = ("recompute", "sequence_parallel", "efficiency", "flash_attention", "dropout", "gradient_sync",
                  "pipeline_interleave", "efficiency_half_width", "link_efficiency", "elementwise_bytes",
-                 "overlap_data_parallel", *(name for name, _, _ in _BYTES_HELP))
+                 "overlap_data_parallel", "pipeline_schedule", "zero", "fp8", *(name for name, _, _ in _BYTES_HELP))
 _BATCH_NAMES = ("global_batch", "seq_len", "micro_batch")
 
 
@@ -340,10 +359,15 @@ def _model(args: argparse.Namespace, out: TextIO) -> int:
     if args.world_size < 1 or args.gpus_per_node < 1 or args.world_size % args.gpus_per_node:
         raise CommandLineError(f"expected --world-size a positive multiple of --gpus-per-node {args.gpus_per_node}, "
                                f"but got {args.world_size}")
+    gpu = hardware(args.hardware)
+    if args.fp8 and not gpu.fp8_flops:
+        raise CommandLineError(f"expected --hardware with FP8 tensor cores for --fp8 "
+                               f"({', '.join(n for n, h in HARDWARE.items() if h.fp8_flops)}), but got "
+                               f"{args.hardware}")
     model = _model_of(args.model)
     batch = {name: getattr(args, name) for name in _BATCH_NAMES if getattr(args, name) is not None}
     model = attrs.evolve(model, **batch) if batch else model
-    plan = plan_model(model, _options(args), hardware(args.hardware), args.world_size, args.gpus_per_node,
+    plan = plan_model(model, _options(args), gpu, args.world_size, args.gpus_per_node,
                       degrees=None if args.search else _degrees(args), rank_order=args.rank_order, lose=args.lose,
                       absorb=args.absorb or ELASTIC_AXES,
                       micro_batches=None if args.micro_batch is None else [args.micro_batch])

@@ -28,12 +28,15 @@ from fmesh.layout.int_tuple import is_int
 
 __all__ = [
     "GRADIENT_SYNCS",
+    "PIPELINE_SCHEDULES",
     "PRESETS",
     "RECOMPUTE_CHOICES",
     "RECOMPUTE_MODES",
+    "ZERO_STAGES",
     "GradientSync",
     "Model",
     "Options",
+    "PipelineSchedule",
     "Recompute",
     "RecomputeChoice",
     "Weight",
@@ -53,6 +56,14 @@ RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
 GradientSync = Literal["micro_batch", "step"]
 GRADIENT_SYNCS: tuple[GradientSync, ...] = ("micro_batch", "step")
 """When data-parallel gradients are reduced: after every micro-batch's backward, or once per step."""
+PipelineSchedule = Literal["1f1b", "zb-h1"]
+PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = ("1f1b", "zb-h1")
+"""A pipeline's schedule: 1F1B (interleaved with ``Options.pipeline_interleave`` > 1), or Qi et al. 2023's
+zero-bubble ZB-H1 (the backward split into its input and weight gradients, the weight gradients filling the
+bubble, 1F1B's memory)."""
+ZERO_STAGES: tuple[int, ...] = (1, 2, 3)
+"""What the data-parallel shards hold (Rajbhandari et al. 2020): 1, the optimizer state; 2, the gradients too;
+3, the weights too (FSDP)."""
 RecomputeChoice = Literal["auto", "none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[RecomputeChoice, ...] = ("auto", *RECOMPUTE_MODES)
 """What :class:`Options` takes: one of :data:`RECOMPUTE_MODES`, forced, or ``"auto"``: the least recomputation
@@ -181,7 +192,18 @@ class Options:
       (0: not counted);
     * ``overlap_data_parallel``: the data-parallel collectives (FSDP's, HSDP's and the loss's) run beside the
       compute (FSDP2 prefetches; only what exceeds the compute counts); off, they count in full (Megatron-LM's
-      gradient all-reduce of 2021-22, after the backward).
+      gradient all-reduce of 2021-22, after the backward);
+    * ``zero``: what the data-parallel shards (``dp_shard * cp``, ``efsdp`` for experts) split
+      (:data:`ZERO_STAGES`): 3, FSDP (weights gathered per use); 2, gradients and optimizer state (the weights
+      replicated, the gradients reduce-scattered after every micro-batch's backward, the updated weights
+      all-gathered once per step); 1, the optimizer state alone (the gradients accumulated whole and
+      reduce-scattered once per step, the weights all-gathered once per step: Megatron-LM's distributed optimizer);
+    * ``fp8``: the layers' linear layers multiply in FP8 (torchao's float8 training, as torchtitan applies it): at
+      the GPU's FP8 peak (``Hardware.fp8_flops``) times the same ``efficiency``; the attention core and the output
+      layer stay in bf16; with FSDP their weights are all-gathered in FP8 (1 byte; torchtitan's float8 all-gather)
+      and held gathered in FP8. The activations saved for the backward, the tp/cp/ep/pp traffic and the optimizer
+      state keep their dtypes (torchao keeps the high-precision inputs for the backward by default);
+    * ``pipeline_schedule``: :data:`PIPELINE_SCHEDULES` (``"zb-h1"`` only with ``pipeline_interleave == 1``).
 
     ``efficiency``, ``efficiency_half_width``, ``link_efficiency`` and ``elementwise_bytes`` are the free
     parameters ``bench/planner_validation.py`` fits on published runs; the defaults are stated guesses.
@@ -210,8 +232,19 @@ class Options:
     elementwise_bytes: float = attrs.field(default=0.0)
     pipeline_interleave: int = attrs.field(default=1, validator=_positive)
     overlap_data_parallel: bool = attrs.field(default=True)
+    zero: int = attrs.field(default=3)
+    fp8: bool = attrs.field(default=False)
+    pipeline_schedule: PipelineSchedule = attrs.field(default="1f1b")
 
     def __attrs_post_init__(self) -> None:
+        if self.zero not in ZERO_STAGES:
+            raise ValueError(f"expected zero among {ZERO_STAGES}, but got {self.zero!r}")
+        if self.pipeline_schedule not in PIPELINE_SCHEDULES:
+            raise ValueError(f"expected pipeline_schedule among {PIPELINE_SCHEDULES}, but got "
+                             f"{self.pipeline_schedule!r}")
+        if self.pipeline_schedule == "zb-h1" and self.pipeline_interleave != 1:
+            raise ValueError(f"expected pipeline_interleave 1 with the zb-h1 schedule (ZB-H1 is not interleaved), "
+                             f"but got {self.pipeline_interleave}")
         if self.recompute not in RECOMPUTE_CHOICES:
             raise ValueError(f"expected recompute among {RECOMPUTE_CHOICES}, but got {self.recompute!r}")
         if self.gradient_sync not in GRADIENT_SYNCS:
@@ -267,6 +300,16 @@ class Weight:
         if self.tp_dim is None or tp == 1:
             return self.shape
         return tuple(n // tp if d == self.tp_dim else n for d, n in enumerate(self.shape))
+
+    @property
+    def fp8(self) -> bool:
+        """Whether ``Options.fp8`` casts this weight to FP8: a layer's linear weight matrix (not a norm, a bias, the
+        MoE router, the embedding, the positions or the output layer).
+
+        >>> Weight("up.weight", (256, 64), 0).fp8, Weight("norm1.weight", (64,)).fp8, Weight("head.weight", (8, 4)).fp8
+        (True, False, False)
+        """
+        return len(self.shape) == 2 and self.name.split(".")[0] not in ("router", "embed", "position", "head")
 
     @property
     def numel(self) -> int:

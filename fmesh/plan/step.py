@@ -8,8 +8,9 @@ masks it after. One forward pass is ``tokens · (layers · (2 · active layer pa
 (``a`` = 4, or 2 with FlashAttention),
 and a step runs 3 of them (forward, and backward at twice the forward), plus the recomputation: a forward of
 the attention scores with selective recomputation, a whole forward with full recomputation. Every GPU does an
-equal share at ``efficiency`` times the GPU's peak, and a 1F1B pipeline of ``pp`` stages and ``m``
-micro-batches idles ``(pp - 1) / m`` of it (the bubble).
+equal share at ``efficiency`` times the GPU's peak (the layers' linear layers at its FP8 peak with
+``Options.fp8``), and a 1F1B pipeline of ``pp`` stages and ``m`` micro-batches idles ``(pp - 1) / m`` of it (the
+bubble; :func:`bubble_fraction` for the interleaved and zero-bubble schedules).
 
 **The optimizer step** reads and writes every parameter's Adam state once, at the GPU's memory bandwidth:
 ``2 · (param_bytes + master_bytes + moment_bytes) + grad_bytes`` bytes per parameter the GPU owns.
@@ -27,7 +28,7 @@ prefetches), so only what exceeds the compute counts.
 >>> t = step_time(preset("llama3-8b"), Options(recompute="selective"), ParallelDims(64, dp_shard=8, tp=8),
 ...               hardware("h100"), Topology(8, 8))
 >>> round(t.total, 2), round(t.compute, 2)
-(23.77, 14.21)
+(24.01, 14.21)
 """
 
 from __future__ import annotations
@@ -39,13 +40,13 @@ import attrs
 from fmesh.plan.costs import estimate_span
 from fmesh.plan.hardware import Hardware
 from fmesh.plan.memory import micro_batches, owned_parameters
-from fmesh.plan.model import Model, Options, active_parameter_count
+from fmesh.plan.model import Model, Options, active_parameter_count, layer_weights
 from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.topology import AxisSpan, Topology
 from fmesh.plan.traffic import Transfer, traffic
 
-__all__ = ["CRITICAL_AXES", "AxisTime", "StepTime", "axis_spans", "compute_efficiency", "compute_seconds",
-           "elementwise_seconds",
+__all__ = ["CRITICAL_AXES", "AxisTime", "StepTime", "axis_spans", "bubble_fraction", "compute_efficiency",
+           "compute_seconds", "elementwise_seconds", "flops_parts",
            "step_flops", "step_time", "transfer_seconds"]
 
 CRITICAL_AXES: tuple[str, ...] = ("tp", "cp", "ep", "pp")
@@ -89,6 +90,26 @@ class StepTime:
         return self.compute + self.optimizer + self.exposed_critical + self.exposed_overlapped
 
 
+def flops_parts(model: Model, options: Options) -> tuple[float, float]:
+    """:func:`step_flops` in two: the layers' linear layers' (what ``Options.fp8`` runs in FP8), and the rest
+    (the attention scores and the output layer).
+
+    >>> from fmesh.plan.model import preset
+    >>> linear, rest = flops_parts(preset("megatron-22b"), Options(recompute="none"))
+    >>> round(linear / 1e15, 3), round(rest / 1e15, 3)
+    (1.069, 0.045)
+    """
+    tokens = model.global_batch * model.seq_len
+    layer_matmuls = (active_parameter_count(model) - model.vocab * model.hidden) // model.layers
+    castable = sum(w.numel * (model.top_k if w.expert else 1) for w in layer_weights(model) if w.fp8)
+    scores = (2 if options.flash_attention else 4) * model.seq_len * model.hidden  # causal blocks skipped
+    forwards = 4 if options.mode == "full" else 3  # forward, backward (twice), and the recomputed forward
+    linear = forwards * tokens * model.layers * 2.0 * castable
+    rest = forwards * tokens * model.layers * 2.0 * (layer_matmuls - castable)  # norms, biases, the router
+    rest += (3.0 if options.mode == "none" else 4.0) * tokens * model.layers * scores
+    return linear, rest + 3.0 * tokens * 2 * model.vocab * model.hidden
+
+
 def step_flops(model: Model, options: Options) -> float:
     """FLOPs of one step, the whole job, the recomputation included (module docstring).
 
@@ -98,16 +119,7 @@ def step_flops(model: Model, options: Options) -> float:
     >>> round(step_flops(preset("megatron-22b"), Options(recompute="full")) / 1e15, 3)  # causal FlashAttention
     1.48
     """
-    tokens = model.global_batch * model.seq_len
-    layer_matmuls = (active_parameter_count(model) - model.vocab * model.hidden) // model.layers
-    scores = (2 if options.flash_attention else 4) * model.seq_len * model.hidden  # causal blocks skipped
-    forward = tokens * (model.layers * (2 * layer_matmuls + scores) + 2 * model.vocab * model.hidden)
-    total = 3.0 * forward
-    if options.mode == "full":
-        total += forward - tokens * 2 * model.vocab * model.hidden  # the layers again, not the output layer
-    elif options.mode == "selective":
-        total += tokens * model.layers * scores
-    return total
+    return sum(flops_parts(model, options))
 
 
 def axis_spans(dims: ParallelDims, topology: Topology, axes: Iterable[str]) -> dict[str, AxisSpan]:
@@ -137,13 +149,38 @@ def compute_efficiency(model: Model, options: Options, dims: ParallelDims) -> fl
     return options.efficiency * width / (width + options.efficiency_half_width)
 
 
+def bubble_fraction(options: Options, pp: int, m: int) -> float:
+    """The pipeline's idle time as a fraction of the compute: ``(pp - 1) / (v m)`` for 1F1B over ``v`` chunks per
+    rank; for ZB-H1 (Qi et al. 2023) ``(pp - 1) / m`` times ``(F + B - W) / (F + B + W)``, with a forward ``F``,
+    the backward's input gradients ``B`` and its weight gradients ``W`` costing 1 each (a matmul's two backward
+    products), and ``B`` one more with full recomputation (the recomputed forward precedes it): a third of 1F1B's
+    bubble, or a half with full recomputation.
+
+    >>> bubble_fraction(Options(recompute="none"), 8, 64), bubble_fraction(Options(recompute="none",
+    ...                                                                             pipeline_schedule="zb-h1"), 8, 64)
+    (0.109375, 0.036458333333333336)
+    """
+    if pp == 1:
+        return 0.0
+    if options.pipeline_schedule == "zb-h1":
+        backward_input = 2.0 if options.mode == "full" else 1.0
+        return (pp - 1) / m * backward_input / (backward_input + 2.0)
+    return (pp - 1) / (options.pipeline_interleave * m)
+
+
 def _compute(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> tuple[float, float]:
     """The compute's seconds without the bubble, and the factor the bubble multiplies it (and the critical
     collectives) by."""
     m = micro_batches(model, dims)
-    bubble_factor = 1 + (dims.pp - 1) / (options.pipeline_interleave * m)
-    ideal = (step_flops(model, options) / (dims.world_size * hardware.flops * compute_efficiency(model, options, dims))
-             + elementwise_seconds(model, options, dims, hardware))
+    bubble_factor = 1 + bubble_fraction(options, dims.pp, m)
+    linear, rest = flops_parts(model, options)
+    peak = dims.world_size * hardware.flops * compute_efficiency(model, options, dims)
+    if options.fp8:
+        if not hardware.fp8_flops:
+            raise ValueError(f"expected hardware with FP8 tensor cores for fp8, but got {hardware.name} (no FP8 "
+                             "peak); choose h100, h200 or b200, or leave fp8 off")
+        linear *= hardware.flops / hardware.fp8_flops  # the same fraction of the FP8 peak
+    ideal = (linear + rest) / peak + elementwise_seconds(model, options, dims, hardware)
     return ideal, bubble_factor
 
 
@@ -200,6 +237,8 @@ def transfer_seconds(transfer: Transfer, dims: ParallelDims, topology: Topology,
 
 def _schedule(options: Options) -> str:
     v = options.pipeline_interleave
+    if options.pipeline_schedule == "zb-h1":
+        return "zero-bubble ZB-H1"
     return "1F1B" if v == 1 else f"interleaved 1F1B ({v} chunks per rank)"
 
 
@@ -208,9 +247,12 @@ def _assumptions(model: Model, options: Options, dims: ParallelDims, hardware: H
               f"w = {model.hidden // dims.tp})" if options.efficiency_half_width else "")
     overlap = ("FSDP/HSDP/loss collectives overlap the compute (only their excess counts)"
                if options.overlap_data_parallel else "FSDP/HSDP/loss collectives after the backward, in full")
+    fp8 = (f"; the layers' linear layers in FP8 at the same fraction of {hardware.fp8_flops / 1e12:.0f} TFLOP/s"
+           if options.fp8 else "")
+    zero = "" if options.zero == 3 else f"; ZeRO-{options.zero} over the data-parallel shards (weights whole)"
     return (
         f"compute at {compute_efficiency(model, options, dims):.0%}{narrow} of {hardware.flops / 1e12:.0f} "
-        f"TFLOP/s per GPU ({hardware.name})",
+        f"TFLOP/s per GPU ({hardware.name}){fp8}",
         f"tp/cp/ep/pp collectives on the critical path, not overlapped; {overlap}",
         f"collectives at NCCL's ring/tree model on {options.link_efficiency:.0%} of peak link bandwidth "
         "(fmesh.plan.costs)",
@@ -220,7 +262,7 @@ def _assumptions(model: Model, options: Options, dims: ParallelDims, hardware: H
         f"sequence parallelism {'on' if options.sequence_parallel else 'off'} (with tp > 1); FlashAttention "
         f"{'on' if options.flash_attention else 'off'}; dropout {'on' if options.dropout else 'off'}; per parameter "
         f"{options.param_bytes} B weights, {options.grad_bytes} B gradients, {options.master_bytes} + "
-        f"{options.moment_bytes} B optimizer state (master copy + moments)",
+        f"{options.moment_bytes} B optimizer state (master copy + moments){zero}",
     )
 
 

@@ -21,6 +21,11 @@ seq_len / cp`` tokens and activation width ``w`` bytes:
   gradient sync until the last micro-batch): the stage's weights and gradients stay unsharded meanwhile
   (:func:`fmesh.plan.memory.memory` counts them). With HSDP the reduced shard is then ``all_reduce``-d over
   ``dp_replicate`` as often; with ``F == 1`` only that ``all_reduce`` is left (Megatron-LM's data parallelism).
+  With ``Options.fp8`` the linear weights are gathered in FP8 (1 byte each).
+* **ZeRO-1 and ZeRO-2** (``Options.zero``; Megatron-LM's distributed optimizer, DeepSpeed): the same padded
+  shards, but the weights stay whole on every rank: each unit's updated weights are all-gathered once per step
+  (``param_bytes``), its gradients reduce-scattered once per step (ZeRO-1: accumulated whole) or after every
+  micro-batch's backward (ZeRO-2: only the shard is kept); with HSDP the shard is ``all_reduce``-d as often.
 * **Tensor parallelism** (Megatron's column- then row-parallel pairs, DTensor's ``ColwiseParallel`` and
   ``RowwiseParallel``): without sequence parallelism, an ``all_reduce`` of ``T * h * w`` bytes after each
   row-parallel linear in the forward (two per layer), and in the backward one per column-parallel input
@@ -58,7 +63,7 @@ from fmesh.plan.memory import micro_batches
 from fmesh.plan.model import Model, Options, Weight, first_stage_weights, layer_weights, outer_weights
 from fmesh.plan.parallel import ParallelDims
 
-__all__ = ["Transfer", "bytes_by_axis", "fsdp_gather_elements", "traffic"]
+__all__ = ["Transfer", "bytes_by_axis", "fsdp_gather_elements", "gathered_bytes", "traffic"]
 
 
 @attrs.frozen
@@ -121,14 +126,35 @@ def _fsdp_reduces(options: Options, dims: ParallelDims, m: int) -> int:
     return 1 if dims.pp > 1 or options.gradient_sync == "step" else m
 
 
+def gathered_bytes(weights: Iterable[Weight], options: Options, tp: int, shards: int) -> int:
+    """Bytes of one FSDP2 ``all_gather`` output for ``weights`` (:func:`fsdp_gather_elements`): ``param_bytes``
+    each, or 1 for a linear weight with ``options.fp8`` (the float8 all-gather).
+
+    >>> w = [Weight("norm", (64,)), Weight("up.weight", (64, 64), tp_dim=0)]
+    >>> gathered_bytes(w, Options(recompute="none"), 1, 2), gathered_bytes(w, Options(recompute="none", fp8=True), 1, 2)
+    (8320, 4224)
+    """
+    weights = list(weights)
+    low = [w for w in weights if options.fp8 and w.fp8]
+    rest = [w for w in weights if not (options.fp8 and w.fp8)]
+    return fsdp_gather_elements(low, tp, shards) + fsdp_gather_elements(rest, tp, shards) * options.param_bytes
+
+
 def _fsdp(found: dict[tuple[str, Collective, str], list[int]], model: Model, options: Options, dims: ParallelDims,
           m: int, layers: int) -> None:
+    """FSDP's (ZeRO-3's) gathers and reductions, or ZeRO-1/2's (``options.zero``): the module docstring."""
     dense = [w for w in layer_weights(model) if not w.expert]
     expert = [w for w in layer_weights(model) if w.expert]
     experts_here = model.experts // dims.ep if model.experts else 0
     root = list(first_stage_weights(model, dims.pp))
-    layer_gathers, root_gathers = (1, 1) if dims.pp > 1 else (2 * m, m)
-    reduces = _fsdp_reduces(options, dims, m)
+    if options.zero == 3:
+        layer_gathers, root_gathers = (1, 1) if dims.pp > 1 else (2 * m, m)
+        reduces = _fsdp_reduces(options, dims, m)
+        gathering, reducing = "FSDP weights", "FSDP gradients"
+    else:  # the updated weights once per step; the gradients once (ZeRO-1) or after every backward (ZeRO-2)
+        layer_gathers = root_gathers = 1
+        reduces = 1 if options.zero == 1 else m
+        gathering, reducing = f"ZeRO-{options.zero} weights", f"ZeRO-{options.zero} gradients"
     units = [("dp_shard_cp", dims.dp_shard * dims.cp, dims.tp, dense, layer_gathers, layers),
              ("dp_shard_cp", dims.dp_shard * dims.cp, dims.tp, root, root_gathers, 1),
              ("efsdp", dims.efsdp, dims.etp, expert * experts_here, layer_gathers, layers)]
@@ -137,9 +163,10 @@ def _fsdp(found: dict[tuple[str, Collective, str], list[int]], model: Model, opt
             continue
         elements = fsdp_gather_elements(weights, tp, shards)
         if shards > 1:
-            _add(found, axis, "all_gather", "FSDP weights", gathers * count, gathers * count * elements
-                 * options.param_bytes)
-            _add(found, axis, "reduce_scatter", "FSDP gradients", reduces * count,
+            gathered = gathered_bytes(weights, options, tp, shards) if options.zero == 3 else (
+                elements * options.param_bytes)
+            _add(found, axis, "all_gather", gathering, gathers * count, gathers * count * gathered)
+            _add(found, axis, "reduce_scatter", reducing, reduces * count,
                  reduces * count * elements * options.grad_bytes)
         if dims.dp_replicate > 1:
             _add(found, "dp_replicate", "all_reduce", "HSDP gradients", reduces * count,
@@ -162,7 +189,7 @@ def _sequence_parallel_edges(found: dict[tuple[str, Collective, str], list[int]]
     weights = [w for w in layer_weights(model) if w.name.startswith("norm")] * layers
     weights += [w for w in outer_weights(model) if w.name.startswith("norm")] * head
     norms = sum(w.numel for w in weights)
-    if dims.dp_shard * dims.cp == 1:
+    if dims.dp_shard * dims.cp == 1 or options.zero < 3:
         _add(found, "tp", "all_reduce", "sequence parallel: norm gradients", 1, norms * options.grad_bytes)
     else:  # FSDP2 sums each norm's partial gradient over tp itself, before each of its reduce-scatters
         reduces = _fsdp_reduces(options, dims, m)
