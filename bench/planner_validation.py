@@ -92,7 +92,8 @@ def load_runs(path: str = os.path.join(DATA, "published_runs.json")) -> list[Run
         options = Options(recompute=row["recompute"], sequence_parallel=row["sequence_parallel"],
                           flash_attention=row["flash_attention"], dropout=row["dropout"],
                           gradient_sync=row["gradient_sync"], overlap_data_parallel=row["overlap_data_parallel"],
-                          pipeline_interleave=row["pipeline_interleave"])
+                          pipeline_interleave=row["pipeline_interleave"],
+                          pipeline_scatter_gather=row["framework"] == "megatron")
         dims = ParallelDims(row["gpus"], pp=row["pp"], dp_replicate=row["dp_replicate"], dp_shard=row["dp_shard"],
                             cp=row["cp"], tp=row["tp"])
         topology = Topology(max(1, row["gpus"] // 8), min(8, row["gpus"]))

@@ -167,8 +167,8 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
                             "sequence (all_gather/reduce_scatter instead of all_reduce; default on)")
     model.add_argument("--efficiency", type=float,
                        help="the fraction of the GPU's peak FLOP/s the matrix multiplies reach (default 0.5, a "
-                            "stated guess; on A100s, bench/planner_validation.py --fit-all fits 0.73 with "
-                            "--efficiency-half-width 162 --elementwise-bytes 1090)")
+                            "stated guess; on A100s, bench/planner_validation.py --fit-all fits 0.70 with "
+                            "--efficiency-half-width 151 --elementwise-bytes 946)")
     model.add_argument("--flash-attention", action=argparse.BooleanOptionalAction,
                        help="the s x s attention scores are never stored (default on)")
     model.add_argument("--dropout", action=argparse.BooleanOptionalAction,
@@ -178,6 +178,9 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
     model.add_argument("--pipeline-schedule", choices=PIPELINE_SCHEDULES,
                        help="1f1b (default; interleaved with --pipeline-interleave) or zb-h1 (zero-bubble: the "
                             "weight gradients fill the bubble, a third of 1F1B's, with 1F1B's memory)")
+    model.add_argument("--pipeline-scatter-gather", action=argparse.BooleanOptionalAction,
+                       help="without sequence parallelism, send 1/tp of the activations per tensor-parallel rank to "
+                            "the next stage and all-gather them there (Megatron-LM's; default off, as torch)")
     model.add_argument("--zero", type=int, choices=ZERO_STAGES,
                        help="what the data-parallel shards split: 3 (default, FSDP: weights, gradients, optimizer), "
                             "2 (gradients and optimizer state), 1 (optimizer state)")
@@ -216,7 +219,8 @@ _BYTES_HELP = (
 )
 _OPTION_NAMES = ("recompute", "sequence_parallel", "efficiency", "flash_attention", "dropout", "gradient_sync",
                  "pipeline_interleave", "efficiency_half_width", "link_efficiency", "elementwise_bytes",
-                 "overlap_data_parallel", "pipeline_schedule", "zero", "fp8", *(name for name, _, _ in _BYTES_HELP))
+                 "overlap_data_parallel", "pipeline_schedule", "pipeline_scatter_gather", "zero", "fp8",
+                 *(name for name, _, _ in _BYTES_HELP))
 _BATCH_NAMES = ("global_batch", "seq_len", "micro_batch")
 
 

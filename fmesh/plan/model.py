@@ -203,7 +203,11 @@ class Options:
       layer stay in bf16; with FSDP their weights are all-gathered in FP8 (1 byte; torchtitan's float8 all-gather)
       and held gathered in FP8. The activations saved for the backward, the tp/cp/ep/pp traffic and the optimizer
       state keep their dtypes (torchao keeps the high-precision inputs for the backward by default);
-    * ``pipeline_schedule``: :data:`PIPELINE_SCHEDULES` (``"zb-h1"`` only with ``pipeline_interleave == 1``).
+    * ``pipeline_schedule``: :data:`PIPELINE_SCHEDULES` (``"zb-h1"`` only with ``pipeline_interleave == 1``);
+    * ``pipeline_scatter_gather``: without sequence parallelism, each tensor-parallel rank sends ``1 / tp`` of the
+      (replicated) activations to the next stage and the receivers all-gather them over ``tp`` (Megatron-LM's
+      scatter/gather optimisation, Narayanan et al. 2021 section 4.1: the pipeline's bytes cross the hosts'
+      NICs once, not ``tp`` times); off, every rank sends them whole (torch's pipeline schedules).
 
     ``efficiency``, ``efficiency_half_width``, ``link_efficiency`` and ``elementwise_bytes`` are the free
     parameters ``bench/planner_validation.py`` fits on published runs; the defaults are stated guesses.
@@ -235,6 +239,7 @@ class Options:
     zero: int = attrs.field(default=3)
     fp8: bool = attrs.field(default=False)
     pipeline_schedule: PipelineSchedule = attrs.field(default="1f1b")
+    pipeline_scatter_gather: bool = attrs.field(default=False)
 
     def __attrs_post_init__(self) -> None:
         if self.zero not in ZERO_STAGES:

@@ -40,7 +40,9 @@ seq_len / cp`` tokens and activation width ``w`` bytes:
 * **Context parallelism**: each layer all-gathers its keys and values over ``cp`` in the forward
   (``2 * T * cp * kv_dim / tp`` elements out) and reduce-scatters their gradients in the backward.
 * **Pipeline parallelism**: a stage sends ``T * h / (tp if SP)`` activations forward and as many gradients back
-  per micro-batch and model chunk (``Options.pipeline_interleave``; a middle stage's count).
+  per micro-batch and model chunk (``Options.pipeline_interleave``; a middle stage's count); with
+  ``Options.pipeline_scatter_gather`` (and no SP) it sends ``T * h / tp`` and the receiver all-gathers the whole
+  over ``tp`` (one ``all_gather`` per message).
 * **Expert parallelism**: four ``all_to_all`` per MoE layer per micro-batch (dispatch and combine, forward and
   backward) of ``T * top_k * h * w`` bytes.
 * **The loss**: one fp32 scalar ``all_reduce`` over ``dp`` per step.
@@ -229,9 +231,12 @@ def traffic(model: Model, options: Options, dims: ParallelDims) -> tuple[Transfe
              m * layers * forward_passes * kv)
         _add(found, "cp", "reduce_scatter", "context parallel K/V gradients", m * layers, m * layers * kv)
     if dims.pp > 1:
-        sent = activation // (dims.tp if options.sequence_parallel else 1)
+        split = options.sequence_parallel or options.pipeline_scatter_gather
         calls = 2 * m * options.pipeline_interleave  # each chunk sends forward and back
-        _add(found, "pp", "send", "pipeline activations and gradients", calls, calls * sent)
+        _add(found, "pp", "send", "pipeline activations and gradients", calls,
+             calls * (activation // (dims.tp if split else 1)))
+        if dims.tp > 1 and options.pipeline_scatter_gather and not options.sequence_parallel:
+            _add(found, "tp", "all_gather", "pipeline scatter/gather", calls, calls * activation)
     if dims.ep > 1 and model.experts:
         calls = 4 * m * layers
         _add(found, "ep", "all_to_all", "expert dispatch and combine", calls, calls * activation * model.top_k)

@@ -1,8 +1,8 @@
 """The missing physics of issue 36, one test each (each fails on the planner before it): ZeRO-1 and ZeRO-2
 (the optimizer state, then the gradients, sharded over the data-parallel ranks, the weights whole), FP8 matrix
-multiplies and FP8 weight gathers, the zero-bubble ZB-H1 pipeline schedule, and the interleaved schedule's
-first stage holding more micro-batches. The expected figures are computed here from the model's sizes, not read
-from the planner."""
+multiplies and FP8 weight gathers, the zero-bubble ZB-H1 pipeline schedule, the interleaved schedule's first
+stage holding more micro-batches, and Megatron-LM's scatter/gather of the pipeline's messages. The expected figures
+are computed here from the model's sizes, not read from the planner."""
 
 from __future__ import annotations
 
@@ -127,10 +127,28 @@ def test_the_interleaved_first_stage_holds_more_micro_batches() -> None:
     assert memory(model, interleaved, dims).activations == pytest.approx(layers * 8 * (1 + 7 / 16) * layer)
 
 
+def test_megatrons_scatter_gather_sends_a_tp_th_of_the_activations_and_gathers_them() -> None:
+    model, dims = preset("megatron-530b"), ParallelDims(280, pp=35, tp=8, dp_shard=1)
+    plain = Options(recompute="full", sequence_parallel=False, pipeline_interleave=3)
+    split = attrs.evolve(plain, pipeline_scatter_gather=True)
+    m = micro_batches(model, dims)
+    activation = model.micro_batch * model.seq_len * model.hidden * 2
+    assert _by(traffic(model, plain, dims), "pp", "send") == (2 * m * 3, 2 * m * 3 * activation)
+    assert _by(traffic(model, split, dims), "pp", "send") == (2 * m * 3, 2 * m * 3 * activation // 8)
+    gathers = [t for t in traffic(model, split, dims) if t.purpose == "pipeline scatter/gather"]
+    assert [(t.axis, t.collective, t.calls, t.nbytes) for t in gathers] == [
+        ("tp", "all_gather", 2 * m * 3, 2 * m * 3 * activation)]
+    a100, hosts = hardware("a100"), Topology(35, 8)
+    assert step_time(model, split, dims, a100, hosts).total < step_time(model, plain, dims, a100, hosts).total
+    with_sp = attrs.evolve(split, sequence_parallel=True)  # sequence parallelism splits them already
+    assert traffic(model, with_sp, dims) == traffic(model, attrs.evolve(with_sp, pipeline_scatter_gather=False), dims)
+
+
 def test_the_new_options_are_flags_and_the_search_uses_them() -> None:
     out, err = io.StringIO(), io.StringIO()
     assert main(["plan", "--model", "llama3-8b", "--world-size", "64", "--gpus-per-node", "8", "--tp", "8",
-                 "--zero", "1", "--fp8", "--pipeline-schedule", "zb-h1"], stdout=out, stderr=err) == 0, err.getvalue()
+                 "--zero", "1", "--fp8", "--pipeline-schedule", "zb-h1", "--pipeline-scatter-gather"],
+                stdout=out, stderr=err) == 0, err.getvalue()
     text = out.getvalue()
     assert "ZeRO-1 weights" in text and "in FP8" in text and "zero-bubble ZB-H1" in text
     err = io.StringIO()
