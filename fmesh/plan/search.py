@@ -34,7 +34,7 @@ from fmesh.mesh import Mesh
 from fmesh.plan.costs import format_seconds
 from fmesh.plan.hardware import Hardware
 from fmesh.plan.memory import Memory, activation_memory, memory, with_communicators
-from fmesh.plan.model import RECOMPUTE_MODES, Model, Options, Recompute
+from fmesh.plan.model import RECOMPUTE_MODES, ZERO_STAGES, Model, Options, Recompute
 from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.step import StepTime, compute_seconds, step_time
 from fmesh.plan.topology import HUNGRY_AXES, ORDERS, AxisSpan, RankOrder, Topology
@@ -336,10 +336,15 @@ def reason(best: Candidate, other: Candidate) -> str:
             f"{biggest}")
 
 
+def _sharding(stage: int) -> str:
+    return "FSDP (ZeRO-3)" if stage == 3 else f"ZeRO-{stage}"
+
+
 def alternatives(model: Model, options: Options, dims: ParallelDims, gpus_per_node: int, hardware: Hardware,
                  rank_order: RankOrder = "block") -> tuple[tuple[str, float], ...]:
     """Changes worth trying for a given layout: a factor of 2 moved between two axes (``ep`` kept), ``ep``
-    doubled or halved (a mixture of experts), the micro-batch doubled or halved, or the other rank order, each
+    doubled or halved (a mixture of experts), the micro-batch doubled or halved, another ZeRO stage (with
+    data-parallel sharding), the zero-bubble schedule (for a plain 1F1B pipeline), or the other rank order, each
     with its change in step time (negative: faster), best first; only changes that help and fit, the
     communicators' buffers included (:func:`~fmesh.plan.memory.with_communicators`). A change names every
     degree it changes (``ep`` and ``etp`` included).
@@ -364,13 +369,13 @@ def alternatives(model: Model, options: Options, dims: ParallelDims, gpus_per_no
         moves += [(5, -1), (-1, 5)]  # ep halved, ep doubled
     found: list[tuple[str, float]] = []
 
-    def costed(text: str, other_model: Model, other: ParallelDims) -> None:
-        other_fit = fits(other_model, options, other, hardware)
+    def costed(text: str, other_model: Model, other: ParallelDims, other_options: Options = options) -> None:
+        other_fit = fits(other_model, other_options, other, hardware)
         if other_fit is None:
             return
         if with_communicators(other_fit[1], other, gpus_per_node, rank_order).total > hardware.memory:
             return
-        seconds = step_time(other_model, attrs.evolve(options, recompute=other_fit[0]), other, hardware,
+        seconds = step_time(other_model, attrs.evolve(other_options, recompute=other_fit[0]), other, hardware,
                             topology).total
         found.append((text, seconds / base - 1))
 
@@ -393,6 +398,12 @@ def alternatives(model: Model, options: Options, dims: ParallelDims, gpus_per_no
     for size in (model.micro_batch // 2 if model.micro_batch % 2 == 0 else 0, model.micro_batch * 2):
         if size and share % size == 0:
             costed(f"micro-batch {size} instead of {model.micro_batch}", attrs.evolve(model, micro_batch=size), dims)
+    if dims.dp_shard * dims.cp > 1:  # what the data-parallel shards split
+        for stage in (z for z in ZERO_STAGES if z != options.zero):
+            costed(f"{_sharding(stage)} instead of {_sharding(options.zero)}", model, dims,
+                   attrs.evolve(options, zero=stage))
+    if dims.pp > 1 and options.pipeline_schedule == "1f1b" and options.pipeline_interleave == 1:
+        costed("pipeline schedule zb-h1 instead of 1f1b", model, dims, attrs.evolve(options, pipeline_schedule="zb-h1"))
     flipped: RankOrder = "cyclic" if rank_order == "block" else "block"
     seconds = step_time(model, attrs.evolve(options, recompute=mode), dims, hardware,
                         Topology(hosts, gpus_per_node, rank_order=flipped)).total

@@ -144,6 +144,20 @@ def test_megatrons_scatter_gather_sends_a_tp_th_of_the_activations_and_gathers_t
     assert traffic(model, with_sp, dims) == traffic(model, attrs.evolve(with_sp, pipeline_scatter_gather=False), dims)
 
 
+def test_the_changes_worth_trying_include_zero_stages_and_the_zero_bubble_schedule() -> None:
+    from fmesh.plan.search import alternatives
+
+    changes = dict(alternatives(LLAMA, Options(), ParallelDims(64, dp_shard=8, tp=8), 8, H100))
+    fsdp = step_time(LLAMA, Options(recompute="none"), ParallelDims(64, dp_shard=8, tp=8), H100, Topology(8, 8))
+    zero1 = step_time(LLAMA, Options(recompute="none", zero=1), ParallelDims(64, dp_shard=8, tp=8), H100,
+                      Topology(8, 8))
+    assert changes["ZeRO-1 instead of FSDP (ZeRO-3)"] == pytest.approx(zero1.total / fsdp.total - 1)
+    piped = dict(alternatives(LLAMA, Options(), ParallelDims(64, tp=4, pp=2), 8, H100))
+    assert piped["pipeline schedule zb-h1 instead of 1f1b"] < 0
+    assert not any("zb-h1" in text for text, _ in alternatives(LLAMA, Options(pipeline_schedule="zb-h1"),
+                                                               ParallelDims(64, tp=4, pp=2), 8, H100))
+
+
 def test_the_new_options_are_flags_and_the_search_uses_them() -> None:
     out, err = io.StringIO(), io.StringIO()
     assert main(["plan", "--model", "llama3-8b", "--world-size", "64", "--gpus-per-node", "8", "--tp", "8",
