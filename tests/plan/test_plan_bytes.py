@@ -119,21 +119,31 @@ def recorded_step(world: int, rank: int, argv: list[str], micro_batches: int = 1
         torch.manual_seed(args.seed)
         model = train.LanguageModel(256, args.dim, args.heads, args.layers, args.seq_len)
         train.shard_model(model, ctx, dims, mixed_precision=args.bf16)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-        dp_mesh = dims.mesh("dp")
-        (dp_index,) = dp_mesh.coordinate(ctx.rank) or (0,)
-        recorder = Recorder(group_names(ctx, dims))
-        with recorder:
-            batch = train.batches(args.seed, args.batch_size, args.seq_len)
-            local = batch.chunk(dp_mesh.size)[dp_index]
-            for part in local.chunk(micro_batches):
-                logits = model(part[:, :-1])
-                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), part[:, 1:].reshape(-1))
-                (loss / micro_batches).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            ctx.all_reduce(loss.detach(), dp_mesh, op="avg")
-    return recorder.seen, args, dims
+        seen = training_step(ctx, model, dims, args, micro_batches)
+    return seen, args, dims
+
+
+def training_step(ctx: fmesh.Context, model: Any, dims: ParallelDims, args: argparse.Namespace, micro_batches: int,
+                  start: int = 0, length: int | None = None) -> dict[Key, list[int]]:
+    """``examples/train.py``'s step, recorded: the data-parallel rank's share of the batch in ``micro_batches``
+    parts (forward and backward each), AdamW, the loss averaged over ``dp``; each rank trains on the ``length``
+    tokens from ``start`` of every sequence (all of them by default; a part of them with context parallelism)."""
+    length = args.seq_len if length is None else length
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    dp_mesh = dims.mesh("dp")
+    (dp_index,) = dp_mesh.coordinate(ctx.rank) or (0,)
+    recorder = Recorder(group_names(ctx, dims))
+    with recorder:
+        local = train.batches(args.seed, args.batch_size, args.seq_len).chunk(dp_mesh.size)[dp_index]
+        for part in local.chunk(micro_batches):
+            logits = model(part[:, start:start + length])
+            targets = part[:, start + 1:start + length + 1]
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            (loss / micro_batches).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        ctx.all_reduce(loss.detach(), dp_mesh, op="avg")
+    return recorder.seen
 
 
 def planned(args: argparse.Namespace, dims: ParallelDims, rank: int, micro_batches: int = 1) -> dict[Key, list[int]]:
@@ -255,17 +265,27 @@ def sequence_parallel(model: Any, ctx: fmesh.Context, dims: ParallelDims) -> Non
     parallelize_module(model, ctx.device_mesh(dims.mesh("tp")), plan)
 
 
-def recorded_sequence_parallel_step(world: int, argv: list[str], micro_batches: int
+def recorded_sequence_parallel_step(world: int, argv: list[str], micro_batches: int, fsdp: bool = False
                                     ) -> tuple[dict[Key, list[int]], argparse.Namespace, ParallelDims]:
     """One step of the sequence-parallel model (:func:`sequence_parallel`, tensor parallelism alone) as rank 0:
     ``micro_batches`` forwards and backwards, then the norms' gradients (partial sums over the sequence's
-    parts) summed over tp in one all_reduce, as Megatron-LM does once per step, and AdamW."""
+    parts) summed over tp in one all_reduce, as Megatron-LM does once per step, and AdamW. With ``fsdp``, the
+    model is ``fully_shard``-ed per layer and at the root over the data-parallel mesh too and trained by
+    :func:`training_step` (FSDP2 sums the norms' partial gradients itself)."""
+    from torch.distributed.fsdp import fully_shard
+
     args = train.parse(argv)
     with fmesh.Context.fake(world, rank=0) as ctx:
         dims = train.check_degrees(args, world)
         torch.manual_seed(args.seed)
         model = train.LanguageModel(256, args.dim, args.heads, args.layers, args.seq_len)
         sequence_parallel(model, ctx, dims)
+        if fsdp:
+            dp_mesh = ctx.device_mesh(dims.fsdp_mesh())
+            for block in model.blocks:
+                fully_shard(block, mesh=dp_mesh)
+            fully_shard(model, mesh=dp_mesh)
+            return training_step(ctx, model, dims, args, micro_batches), args, dims
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         recorder = Recorder(group_names(ctx, dims))
         with recorder:

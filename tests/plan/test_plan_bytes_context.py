@@ -29,7 +29,15 @@ import attrs
 import pytest
 import torch
 import torch.nn.functional as F
-from test_plan_bytes import TRAIN_OPTIONS, Key, Recorder, flags, group_names, train, train_model
+from test_plan_bytes import (
+    TRAIN_OPTIONS,
+    Key,
+    flags,
+    recorded_sequence_parallel_step,
+    train,
+    train_model,
+    training_step,
+)
 
 import fmesh
 from fmesh.plan.parallel import ParallelDims
@@ -84,23 +92,8 @@ def recorded_context_parallel_step(world: int, argv: list[str], cp: int, micro_b
 
         model.forward = local_forward
         train.shard_model(model, ctx, dims, mixed_precision=args.bf16)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-        dp_mesh = dims.mesh("dp")
-        (dp_index,) = dp_mesh.coordinate(ctx.rank) or (0,)
-        recorder = Recorder(group_names(ctx, dims))
-        with recorder:
-            batch = train.batches(args.seed, args.batch_size, args.seq_len)
-            local = batch.chunk(dp_mesh.size)[dp_index]
-            for part in local.chunk(micro_batches):
-                inputs = part[:, start:start + local_len]
-                targets = part[:, start + 1:start + local_len + 1]
-                logits = model(inputs)
-                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-                (loss / micro_batches).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            ctx.all_reduce(loss.detach(), dp_mesh, op="avg")
-    return recorder.seen, args, dims
+        seen = training_step(ctx, model, dims, args, micro_batches, start, local_len)
+    return seen, args, dims
 
 
 def planned(model: Any, options: Any, dims: ParallelDims) -> dict[Key, list[int]]:
@@ -141,38 +134,6 @@ def test_planned_bytes_equal_recorded_bytes_with_context_parallelism(
     assert planned(train_model(args, dims, micro_batches), options, dims) == seen
 
 
-def recorded_sequence_parallel_fsdp_step(world: int, argv: list[str], micro_batches: int
-                                         ) -> tuple[dict[Key, list[int]], argparse.Namespace, ParallelDims]:
-    """One step of the sequence-parallel model under FSDP2 (module docstring) as rank 0 of a fake world."""
-    from test_plan_bytes import sequence_parallel
-    from torch.distributed.fsdp import fully_shard
-
-    args = train.parse(argv)
-    with fmesh.Context.fake(world, rank=0) as ctx:
-        dims = train.check_degrees(args, world)
-        torch.manual_seed(args.seed)
-        model = train.LanguageModel(256, args.dim, args.heads, args.layers, args.seq_len)
-        sequence_parallel(model, ctx, dims)
-        dp_mesh = ctx.device_mesh(dims.fsdp_mesh())
-        for block in model.blocks:
-            fully_shard(block, mesh=dp_mesh)
-        fully_shard(model, mesh=dp_mesh)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-        data_mesh = dims.mesh("dp")
-        (dp_index,) = data_mesh.coordinate(ctx.rank) or (0,)
-        recorder = Recorder(group_names(ctx, dims))
-        with recorder:
-            local = train.batches(args.seed, args.batch_size, args.seq_len).chunk(data_mesh.size)[dp_index]
-            for part in local.chunk(micro_batches):
-                logits = model(part[:, :-1])
-                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), part[:, 1:].reshape(-1))
-                (loss / micro_batches).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            ctx.all_reduce(loss.detach(), data_mesh, op="avg")
-    return recorder.seen, args, dims
-
-
 SEQUENCE_PARALLEL_FSDP = [(4, flags(dp_shard=2, tp=2), 1), (8, [*flags(dp_shard=2, tp=4), "--layers=3"], 2),
                           (8, flags(dp_replicate=2, dp_shard=2, tp=2), 1),
                           (4, [*flags(dp_shard=2, tp=2), "--batch-size=12"], 3)]
@@ -182,7 +143,7 @@ SEQUENCE_PARALLEL_FSDP = [(4, flags(dp_shard=2, tp=2), 1), (8, [*flags(dp_shard=
     pytest.param(world, argv, m, id=f"{world}:{' '.join(argv)} SP x{m}") for world, argv, m in SEQUENCE_PARALLEL_FSDP])
 def test_planned_bytes_equal_recorded_bytes_with_sequence_parallelism_and_fsdp(
         elsewhere: concurrent.futures.Executor, world: int, argv: list[str], micro_batches: int) -> None:
-    seen, args, dims = elsewhere.submit(recorded_sequence_parallel_fsdp_step, world, argv, micro_batches).result(
+    seen, args, dims = elsewhere.submit(recorded_sequence_parallel_step, world, argv, micro_batches, True).result(
         timeout=300)
     options = attrs.evolve(TRAIN_OPTIONS, sequence_parallel=True)
     assert (dims.mesh("tp").group(0), "reduce_scatter") in seen
