@@ -16,7 +16,7 @@ import argparse
 import concurrent.futures
 import importlib.util
 import multiprocessing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -124,10 +124,12 @@ def recorded_step(world: int, rank: int, argv: list[str], micro_batches: int = 1
 
 
 def training_step(ctx: fmesh.Context, model: Any, dims: ParallelDims, args: argparse.Namespace, micro_batches: int,
-                  start: int = 0, length: int | None = None) -> dict[Key, list[int]]:
+                  start: int = 0, length: int | None = None,
+                  before: Callable[[int], None] | None = None) -> dict[Key, list[int]]:
     """``examples/train.py``'s step, recorded: the data-parallel rank's share of the batch in ``micro_batches``
     parts (forward and backward each), AdamW, the loss averaged over ``dp``; each rank trains on the ``length``
-    tokens from ``start`` of every sequence (all of them by default; a part of them with context parallelism)."""
+    tokens from ``start`` of every sequence (all of them by default; a part of them with context parallelism);
+    ``before(i)`` runs before the ``i``-th micro-batch (FSDP2's settings for it)."""
     length = args.seq_len if length is None else length
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     dp_mesh = dims.mesh("dp")
@@ -135,7 +137,9 @@ def training_step(ctx: fmesh.Context, model: Any, dims: ParallelDims, args: argp
     recorder = Recorder(group_names(ctx, dims))
     with recorder:
         local = train.batches(args.seed, args.batch_size, args.seq_len).chunk(dp_mesh.size)[dp_index]
-        for part in local.chunk(micro_batches):
+        for index, part in enumerate(local.chunk(micro_batches)):
+            if before is not None:
+                before(index)
             logits = model(part[:, start:start + length])
             targets = part[:, start + 1:start + length + 1]
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -1,5 +1,6 @@
-"""Bytes exact with context parallelism, and with sequence parallelism under FSDP: the planner's bytes per axis per
-step (``fmesh.plan.traffic``) equal every collective one fake-backend step records.
+"""Bytes exact with context parallelism, with sequence parallelism under FSDP, and with ZeRO-1 and ZeRO-2's
+collectives: the planner's bytes per axis per step (``fmesh.plan.traffic``) equal every collective one
+fake-backend step records.
 
 **Context parallelism** as the planner models it (all-gather K/V, Llama 3's and torchtitan's ``allgather``
 rotation): ``examples/train.py``'s model with each rank of a ``cp`` group holding ``seq_len / cp`` tokens (and
@@ -12,6 +13,13 @@ so their gradients are reduced together with the data-parallel ones), tensor par
 ``fully_shard`` per layer and at the root over the data-parallel mesh; FSDP2 itself sums each norm's weight
 gradient (a partial sum over the sequence's parts) over ``tp``, one ``all_reduce`` per parameter before each
 reduce-scatter, where tensor parallelism alone leaves it to the training loop (once per step).
+
+**ZeRO-1 and ZeRO-2** (``Options.zero``) move, per step, what FSDP2 moves when it keeps every unit's weights
+gathered all step (``set_reshard_after_forward(False)``, ``set_reshard_after_backward(False)``): one all-gather per
+unit per step, and its gradients reduce-scattered once (ZeRO-1: the sync held to the last micro-batch,
+``set_requires_gradient_sync``) or after every micro-batch's backward (ZeRO-2). ZeRO shards differently in memory
+(its weights are never sharded; FSDP2 keeps a sharded copy too) and gathers the updated weights after the optimizer
+step where FSDP2 gathers them before the first forward, but each step's calls and bytes per group are the same.
 
 Rank 0 of each fake world is recorded by :class:`test_plan_bytes.Recorder` (which refuses any collective it does
 not count), in a spawned process as in ``test_plan_bytes.py``.
@@ -43,7 +51,7 @@ import fmesh
 from fmesh.plan.parallel import ParallelDims
 from fmesh.plan.traffic import traffic
 
-pytestmark = pytest.mark.slow  # 9 one-step trainings in a spawned process: ~10 s on two busy cores
+pytestmark = pytest.mark.slow  # 13 one-step trainings in a spawned process: ~10 s on two busy cores
 
 
 def context_parallel_attention(attention: Any, cp_mesh: Any, cp_index: int, cp: int) -> None:
@@ -148,3 +156,41 @@ def test_planned_bytes_equal_recorded_bytes_with_sequence_parallelism_and_fsdp(
     options = attrs.evolve(TRAIN_OPTIONS, sequence_parallel=True)
     assert (dims.mesh("tp").group(0), "reduce_scatter") in seen
     assert planned(train_model(args, dims, micro_batches), options, dims) == seen
+
+
+def recorded_zero_step(world: int, argv: list[str], zero: int, micro_batches: int
+                       ) -> tuple[dict[Key, list[int]], argparse.Namespace, ParallelDims]:
+    """One step of ``examples/train.py``'s model and sharding with FSDP2 set to move what ZeRO-1 or ZeRO-2 moves
+    (module docstring), as rank 0 of a fake world."""
+    args = train.parse(argv)
+    with fmesh.Context.fake(world, rank=0) as ctx:
+        dims = train.check_degrees(args, world)
+        torch.manual_seed(args.seed)
+        model = train.LanguageModel(256, args.dim, args.heads, args.layers, args.seq_len)
+        train.shard_model(model, ctx, dims, mixed_precision=args.bf16)
+        model.set_reshard_after_forward(False)
+        model.set_reshard_after_backward(False)
+
+        def sync(index: int) -> None:
+            model.set_requires_gradient_sync(zero == 2 or index == micro_batches - 1)
+
+        seen = training_step(ctx, model, dims, args, micro_batches, before=sync)
+    return seen, args, dims
+
+
+# (world, flags, zero stage, micro-batches per step)
+ZERO = [(4, [*flags(dp_shard=4), "--batch-size=12"], 1, 3), (4, [*flags(dp_shard=4), "--batch-size=12"], 2, 3),
+        (8, [*flags(dp_replicate=2, dp_shard=2, tp=2), "--batch-size=16"], 1, 2),
+        (8, [*flags(dp_shard=4, tp=2), "--batch-size=16", "--bf16"], 2, 2)]
+
+
+@pytest.mark.parametrize(("world", "argv", "zero", "micro_batches"), [
+    pytest.param(world, argv, zero, m, id=f"{world}:{' '.join(argv)} ZeRO-{zero} x{m}")
+    for world, argv, zero, m in ZERO])
+def test_planned_bytes_equal_recorded_bytes_with_zero_1_and_2(
+        elsewhere: concurrent.futures.Executor, world: int, argv: list[str], zero: int, micro_batches: int) -> None:
+    seen, args, dims = elsewhere.submit(recorded_zero_step, world, argv, zero, micro_batches).result(timeout=300)
+    options = attrs.evolve(TRAIN_OPTIONS, param_bytes=2 if args.bf16 else 4, zero=zero)
+    model = train_model(args, dims, micro_batches)
+    assert planned(model, options, dims) == seen
+    assert planned(model, attrs.evolve(options, zero=3), dims) != seen  # FSDP's count would be wrong
