@@ -178,6 +178,27 @@ say what the smaller job assumes, and that its memory fits)."""),
 from fmesh.rendering import traffic_html
 
 HTML(traffic_html(plan70.dims, plan70.moved, fmesh.Topology(512, 8)))"""),
+    ("md", """## What a schedule, ZeRO or FP8 would change
+The training options are values too. For a pipelined layout of the same model (pp 4, tp 8 in a node, HSDP 16 x 8,
+selective recomputation), the zero-bubble ZB-H1 schedule idles a third of 1F1B's bubble with the same memory;
+ZeRO-1 keeps the weights and gradients whole but drops FSDP's unsharded copies of the stage (under a pipeline
+FSDP holds both); FP8 runs the layers' linear layers at the H100's FP8 peak and gathers their weights in one byte
+(`python -m fmesh plan --model llama3-70b ... --pipeline-schedule zb-h1`, `--zero 1`, `--fp8`)."""),
+    ("code", """import attrs
+
+from fmesh.plan.costs import format_bytes
+from fmesh.plan.memory import memory, with_communicators
+from fmesh.plan.parallel import ParallelDims
+from fmesh.plan.step import step_time
+
+piped = ParallelDims(4096, pp=4, dp_replicate=16, dp_shard=8, tp=8)
+base = Options(recompute="selective")
+for label, options in [("as planned (FSDP, 1F1B, bf16)", base),
+                       ("--pipeline-schedule zb-h1", attrs.evolve(base, pipeline_schedule="zb-h1")),
+                       ("--zero 1", attrs.evolve(base, zero=1)), ("--fp8", attrs.evolve(base, fp8=True))]:
+    t = step_time(preset("llama3-70b"), options, piped, hardware("h100"), fmesh.Topology(512, 8))
+    used = with_communicators(memory(preset("llama3-70b"), options, piped), piped, 8)
+    print(f"{label:<30} {t.total:5.2f} s per step, bubble {t.bubble:4.2f} s, {format_bytes(used.total)} per GPU")"""),
 ]
 
 COLLECTIVES = [
