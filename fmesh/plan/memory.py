@@ -186,9 +186,9 @@ def memory(model: Model, options: Options, dims: ParallelDims) -> Memory:
     layers = -(-model.layers // dims.pp)
     buffers = 0
     sharded = dims.dp_shard * dims.cp > 1
-    one_layer = sum(_local(w, dims) * (model.experts // dims.ep if w.expert else 1) for w in layer_weights(model))
-    gathered = sum(_local(w, dims) * (model.experts // dims.ep if w.expert else 1)
-                   * (1 if options.fp8 and w.fp8 else options.param_bytes) for w in layer_weights(model))
+    counts = [(w, _local(w, dims) * (model.experts // dims.ep if w.expert else 1)) for w in layer_weights(model)]
+    one_layer = sum(n for _, n in counts)
+    gathered = sum(n * (1 if options.fp8 and w.fp8 else options.param_bytes) for w, n in counts)  # bytes
     if sharded and options.zero == 3:
         if dims.pp > 1:  # the pipeline keeps the stage's weights and gradients unsharded all step (traffic.py)
             buffers = layers * (gathered + one_layer * options.grad_bytes)
