@@ -242,7 +242,7 @@ class Options:
     pipeline_scatter_gather: bool = attrs.field(default=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.zero not in ZERO_STAGES:
+        if not is_int(self.zero) or self.zero not in ZERO_STAGES:  # True == 1, but is no stage
             raise ValueError(f"expected zero among {ZERO_STAGES}, but got {self.zero!r}")
         if self.pipeline_schedule not in PIPELINE_SCHEDULES:
             raise ValueError(f"expected pipeline_schedule among {PIPELINE_SCHEDULES}, but got "

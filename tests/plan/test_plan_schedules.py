@@ -57,6 +57,9 @@ def test_zero_1_and_2_keep_the_weights_whole_and_shard_the_optimizer(zero: int) 
         assert (used.gradients, used.buffers) == (shard * 4, one_layer * 4)
     fsdp = memory(LLAMA, Options(recompute="none"), FSDP8)
     assert fsdp.weights == shard * 2 and fsdp.weights < used.weights and fsdp.optimizer == used.optimizer
+    for bad in (0, 4, True, "1"):
+        with pytest.raises(ValueError, match=r"expected zero among \(1, 2, 3\)"):
+            Options(zero=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("zero", [1, 2])
