@@ -73,6 +73,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bf16", action="store_true",
+                        help="FSDP2 mixed precision: bf16 weights in compute and in the all-gather, fp32 gradient "
+                             "reduction and optimizer (needs a data-parallel degree above 1)")
     parser.add_argument("--log-every", type=int, default=5)
     parser.add_argument("--checkpoint-dir", type=pathlib.Path)
     parser.add_argument("--checkpoint-every", type=int, default=10)
@@ -169,7 +172,8 @@ def device_meshes(ctx: fmesh.Context, dims: fmesh.ParallelDims) -> tuple[Any, An
     return tp_mesh, dp_mesh
 
 
-def shard_model(model: LanguageModel, ctx: fmesh.Context, dims: fmesh.ParallelDims) -> None:
+def shard_model(model: LanguageModel, ctx: fmesh.Context, dims: fmesh.ParallelDims,
+                mixed_precision: bool = False) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -181,9 +185,13 @@ def shard_model(model: LanguageModel, ctx: fmesh.Context, dims: fmesh.ParallelDi
                  for name in ("attention.o", "down")}
         parallelize_module(model, tp_mesh, plan)
     if dp_mesh is not None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        policy = {"mp_policy": bf16} if mixed_precision else {}
         for block in model.blocks:
-            fully_shard(block, mesh=dp_mesh)
-        fully_shard(model, mesh=dp_mesh)
+            fully_shard(block, mesh=dp_mesh, **policy)
+        fully_shard(model, mesh=dp_mesh, **policy)
 
 
 def check_degrees(args: argparse.Namespace, world_size: int) -> fmesh.ParallelDims:
@@ -196,6 +204,8 @@ def check_degrees(args: argparse.Namespace, world_size: int) -> fmesh.ParallelDi
         raise UsageError(f"--heads {args.heads} must divide --dim {args.dim} and be divisible by --tp {dims.tp}")
     if args.batch_size % dp:
         raise UsageError(f"--batch-size {args.batch_size} must be divisible by the data-parallel size {dp}")
+    if args.bf16 and dp == 1:
+        raise UsageError("--bf16 is FSDP2's mixed precision, so it needs a data-parallel degree above 1")
     return dims
 
 
@@ -250,7 +260,7 @@ def train(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
                                      dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp)))
     torch.manual_seed(args.seed)
     model = LanguageModel(256, args.dim, args.heads, args.layers, args.seq_len).to(ctx.device)
-    shard_model(model, ctx, dims)
+    shard_model(model, ctx, dims, mixed_precision=args.bf16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     start = 0
     resharding = args.lose_rank is not None or args.elastic
@@ -274,7 +284,7 @@ def train(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
         batch = batches(args.seed * 1_000_003 + step, args.batch_size, args.seq_len)
         local = batch.chunk(dp_mesh.size)[dp_index].to(ctx.device)  # this data-parallel rank's slice
         logits = model(local[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), local[:, 1:].reshape(-1))
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), local[:, 1:].reshape(-1))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

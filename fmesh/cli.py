@@ -26,6 +26,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
+import attrs
+
 from fmesh.errors import CommandLineError
 from fmesh.mesh import make_mesh
 from fmesh.plan.costs import H100_IB, LOOPBACK, Links
@@ -36,13 +38,24 @@ from fmesh.plan.jobs import DEFAULT_COST_BYTES, build_plan, job
 from fmesh.plan.manifest import Manifest, dump_manifest, load_manifest, plan_manifest
 from fmesh.plan.manifest_diff import compare
 from fmesh.plan.manifest_table import format_manifest
-from fmesh.plan.model import PRESETS, RECOMPUTE_CHOICES, Model, Options, from_config, preset
+from fmesh.plan.model import (
+    GRADIENT_SYNCS,
+    PIPELINE_SCHEDULES,
+    PRESETS,
+    RECOMPUTE_CHOICES,
+    ZERO_STAGES,
+    Model,
+    Options,
+    from_config,
+    preset,
+)
 from fmesh.plan.model_plan import plan_model
 from fmesh.plan.model_table import format_model_plan
 from fmesh.plan.parallel import DEGREE_NAMES
 from fmesh.plan.recovery import JobRecovery, recover_job, recover_manifests
 from fmesh.plan.recovery_table import format_recovery
 from fmesh.plan.rescale import ELASTIC_AXES
+from fmesh.plan.search import MICRO_BATCHES
 
 __all__ = ["LINKS", "demo", "main", "parse_bytes", "parse_ranks"]
 
@@ -139,6 +152,12 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
                       help="with --model: the GPUs and links (default h100)")
     plan.add_argument("--search", action="store_true",
                       help="with --model: search every layout for --world-size GPUs instead of taking the degrees")
+    batch = plan.add_argument_group("the batch (with --model; the preset's or the config file's by default)")
+    batch.add_argument("--global-batch", type=int, metavar="N", help="sequences per step, the whole job")
+    batch.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence")
+    batch.add_argument("--micro-batch", type=int, metavar="N",
+                       help="sequences per micro-batch; with --search it is kept (default: the search tries "
+                            f"{', '.join(map(str, MICRO_BATCHES))})")
     model = plan.add_argument_group("training options (with --model; fmesh.plan.model.Options)")
     model.add_argument("--recompute", choices=RECOMPUTE_CHOICES,
                        help="activation recomputation: auto (default) takes the least that fits; a mode is kept, "
@@ -148,11 +167,40 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
                             "sequence (all_gather/reduce_scatter instead of all_reduce; default on)")
     model.add_argument("--efficiency", type=float,
                        help="the fraction of the GPU's peak FLOP/s the matrix multiplies reach (default 0.5, a "
-                            "stated guess; 0.63 reproduces Korthikanti et al. 2022 on A100s)")
+                            "stated guess; on A100s, bench/planner_validation.py --fit-all fits 0.70 with "
+                            "--efficiency-half-width 151 --elementwise-bytes 946)")
     model.add_argument("--flash-attention", action=argparse.BooleanOptionalAction,
                        help="the s x s attention scores are never stored (default on)")
     model.add_argument("--dropout", action=argparse.BooleanOptionalAction,
                        help="dropout masks are stored (default off, as in Llama)")
+    model.add_argument("--pipeline-interleave", type=int, metavar="V",
+                       help="model chunks per pipeline rank (interleaved 1F1B; default 1: plain 1F1B)")
+    model.add_argument("--pipeline-schedule", choices=PIPELINE_SCHEDULES,
+                       help="1f1b (default; interleaved with --pipeline-interleave) or zb-h1 (zero-bubble: the "
+                            "weight gradients fill the bubble, a third of 1F1B's, with 1F1B's memory)")
+    model.add_argument("--pipeline-scatter-gather", action=argparse.BooleanOptionalAction,
+                       help="without sequence parallelism, send 1/tp of the activations per tensor-parallel rank to "
+                            "the next stage and all-gather them there (Megatron-LM's; default off, as torch)")
+    model.add_argument("--zero", type=int, choices=ZERO_STAGES,
+                       help="what the data-parallel shards split: 3 (default, FSDP: weights, gradients, optimizer), "
+                            "2 (gradients and optimizer state), 1 (optimizer state)")
+    model.add_argument("--fp8", action=argparse.BooleanOptionalAction,
+                       help="the layers' linear layers in FP8 at the GPU's FP8 peak, their FSDP all-gather in FP8 "
+                            "(default off; activations and optimizer state keep their dtypes)")
+    model.add_argument("--efficiency-half-width", type=float, metavar="W",
+                       help="matmul efficiency falls as w / (w + W) with the width per GPU w = hidden / tp (default 0: "
+                            "constant; bench/planner_validation.py fits it)")
+    model.add_argument("--link-efficiency", type=float, metavar="F",
+                       help="the fraction of the links' peak bandwidth the collectives reach (default 1)")
+    model.add_argument("--elementwise-bytes", type=float, metavar="B",
+                       help="bytes the non-matmul operations move per token, hidden unit and layer in a step, at the "
+                            "GPU's memory bandwidth (default 0: not counted)")
+    model.add_argument("--overlap-data-parallel", action=argparse.BooleanOptionalAction,
+                       help="the FSDP/HSDP/loss collectives run beside the compute (default on); off: after the "
+                            "backward, in full (Megatron-LM 2021-22)")
+    model.add_argument("--gradient-sync", choices=GRADIENT_SYNCS,
+                       help="without a pipeline, reduce the data-parallel gradients after every micro-batch "
+                            "(micro_batch, FSDP2's default) or once per step (step); with pp > 1 once per step")
     for name, default, what in _BYTES_HELP:
         model.add_argument(f"--{name.replace('_', '-')}", type=int, metavar="N",
                            help=f"{what} (default {default})")
@@ -169,8 +217,11 @@ _BYTES_HELP = (
     ("master_bytes", 4, "bytes per parameter of the optimizer's master copy (0: none)"),
     ("moment_bytes", 8, "bytes per parameter of the optimizer's moments (Adam: two fp32)"),
 )
-_OPTION_NAMES = ("recompute", "sequence_parallel", "efficiency", "flash_attention", "dropout",
+_OPTION_NAMES = ("recompute", "sequence_parallel", "efficiency", "flash_attention", "dropout", "gradient_sync",
+                 "pipeline_interleave", "efficiency_half_width", "link_efficiency", "elementwise_bytes",
+                 "overlap_data_parallel", "pipeline_schedule", "pipeline_scatter_gather", "zero", "fp8",
                  *(name for name, _, _ in _BYTES_HELP))
+_BATCH_NAMES = ("global_batch", "seq_len", "micro_batch")
 
 
 def _options(args: argparse.Namespace) -> Options:
@@ -222,7 +273,8 @@ def _side(text: str, label: str) -> Manifest:
             raise CommandLineError(f"{label} ({text!r}): {error}") from None
         if args.manifest or args.json:
             raise CommandLineError(f"{label} ({text!r}): --manifest and --json belong to plan, not to a diff side")
-        if args.model is not None or args.search or any(getattr(args, n) is not None for n in _OPTION_NAMES):
+        if args.model is not None or args.search or any(getattr(args, n) is not None
+                                                        for n in (*_OPTION_NAMES, *_BATCH_NAMES)):
             raise CommandLineError(f"{label} ({text!r}): --model, --search and the training options belong to plan, "
                                    "not to a diff side (a diff compares communicators)")
         try:
@@ -257,7 +309,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             return _model(args, out)
         if args.search:
             raise CommandLineError("--search looks for the best layout of a model, so it goes with --model NAME")
-        options = [f"--{name.replace('_', '-')}" for name in _OPTION_NAMES if getattr(args, name) is not None]
+        options = [f"--{name.replace('_', '-')}" for name in (*_OPTION_NAMES, *_BATCH_NAMES)
+                   if getattr(args, name) is not None]
         if options:
             raise CommandLineError(f"{', '.join(options)} set how a model is trained, so they go with --model NAME")
         if args.lose is not None:
@@ -310,10 +363,18 @@ def _model(args: argparse.Namespace, out: TextIO) -> int:
     if args.world_size < 1 or args.gpus_per_node < 1 or args.world_size % args.gpus_per_node:
         raise CommandLineError(f"expected --world-size a positive multiple of --gpus-per-node {args.gpus_per_node}, "
                                f"but got {args.world_size}")
-    plan = plan_model(_model_of(args.model), _options(args), hardware(args.hardware), args.world_size,
-                      args.gpus_per_node,
+    gpu = hardware(args.hardware)
+    if args.fp8 and not gpu.fp8_flops:
+        raise CommandLineError(f"expected --hardware with FP8 tensor cores for --fp8 "
+                               f"({', '.join(n for n, h in HARDWARE.items() if h.fp8_flops)}), but got "
+                               f"{args.hardware}")
+    model = _model_of(args.model)
+    batch = {name: getattr(args, name) for name in _BATCH_NAMES if getattr(args, name) is not None}
+    model = attrs.evolve(model, **batch) if batch else model
+    plan = plan_model(model, _options(args), gpu, args.world_size, args.gpus_per_node,
                       degrees=None if args.search else _degrees(args), rank_order=args.rank_order, lose=args.lose,
-                      absorb=args.absorb or ELASTIC_AXES)
+                      absorb=args.absorb or ELASTIC_AXES,
+                      micro_batches=None if args.micro_batch is None else [args.micro_batch])
     print(json.dumps(plan.to_json(), indent=2) if args.json else format_model_plan(plan), file=out)
     return 0
 

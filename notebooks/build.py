@@ -157,9 +157,10 @@ for name, collective in [("tp", "all_reduce"), ("cp", "all_gather"), ("ep", "all
     spread = fmesh.cost(mesh, name, collective, nbytes, cyclic)
     print(f"{name:<12} {collective:<15} block {block * 1e3:8.2f} ms   cyclic {spread * 1e3:8.2f} ms")"""),
     ("md", """## A 70B model on these 4,096 GPUs, laid out by the search
-Until now the degrees were given. With a model, the planner chooses them: every degree set and rank order for
-4,096 GPUs of 8 per node, kept if it fits in an H100's memory with the least recomputation, ranked by estimated
-step time (`python -m fmesh plan --model llama3-70b --world-size 4096 --gpus-per-node 8 --search --lose 5,9`)."""),
+Until now the degrees were given. With a model, the planner chooses them: every degree set, micro-batch and rank
+order for 4,096 GPUs of 8 per node, kept if it fits in an H100's memory with the least recomputation, ranked by
+estimated step time
+(`python -m fmesh plan --model llama3-70b --world-size 4096 --gpus-per-node 8 --search --lose 5,9`)."""),
     ("code", """from fmesh.plan.hardware import hardware
 from fmesh.plan.model import Options, preset
 from fmesh.plan.model_plan import plan_model
@@ -168,15 +169,36 @@ from fmesh.plan.model_table import format_model_plan
 plan70 = plan_model(preset("llama3-70b"), Options(), hardware("h100"), 4096, 8, lose=[5, 9])
 print(format_model_plan(plan70))"""),
     ("md", """The bytes each axis moves per step, drawn on the job's mesh (one picture per axis, its groups coloured;
-thick lines are host boundaries). Losing two GPUs drops the `dp_replicate` slice that held them: 510 healthy GPUs
-idle, and the 896 data-parallel ranks left cannot share the 1,024 sequences evenly, so each keeps its micro-batch
-and the job trains on 896 per step: the same step time, 12.5% fewer sequences per second (the last lines above
+thick lines are host boundaries). Losing two GPUs drops the `dp_replicate` slice that held them: 254 healthy GPUs
+idle, and the 960 data-parallel ranks left cannot share the 1,024 sequences evenly, so each keeps its micro-batch
+and the job trains on 960 per step: the same step time, 6.2% fewer sequences per second (the last lines above
 say what the smaller job assumes, and that its memory fits)."""),
     ("code", """from IPython.display import HTML
 
 from fmesh.rendering import traffic_html
 
 HTML(traffic_html(plan70.dims, plan70.moved, fmesh.Topology(512, 8)))"""),
+    ("md", """## What a schedule, ZeRO or FP8 would change
+The training options are values too. For a pipelined layout of the same model (pp 4, tp 8 in a node, HSDP 16 x 8,
+selective recomputation), the zero-bubble ZB-H1 schedule idles a third of 1F1B's bubble with the same memory;
+ZeRO-1 keeps the weights and gradients whole but drops FSDP's unsharded copies of the stage (under a pipeline
+FSDP holds both); FP8 runs the layers' linear layers at the H100's FP8 peak and gathers their weights in one byte
+(`python -m fmesh plan --model llama3-70b ... --pipeline-schedule zb-h1`, `--zero 1`, `--fp8`)."""),
+    ("code", """import attrs
+
+from fmesh.plan.costs import format_bytes
+from fmesh.plan.memory import memory, with_communicators
+from fmesh.plan.parallel import ParallelDims
+from fmesh.plan.step import step_time
+
+piped = ParallelDims(4096, pp=4, dp_replicate=16, dp_shard=8, tp=8)
+base = Options(recompute="selective")
+for label, options in [("as planned (FSDP, 1F1B, bf16)", base),
+                       ("--pipeline-schedule zb-h1", attrs.evolve(base, pipeline_schedule="zb-h1")),
+                       ("--zero 1", attrs.evolve(base, zero=1)), ("--fp8", attrs.evolve(base, fp8=True))]:
+    t = step_time(preset("llama3-70b"), options, piped, hardware("h100"), fmesh.Topology(512, 8))
+    used = with_communicators(memory(preset("llama3-70b"), options, piped), piped, 8)
+    print(f"{label:<30} {t.total:5.2f} s per step, bubble {t.bubble:4.2f} s, {format_bytes(used.total)} per GPU")"""),
 ]
 
 COLLECTIVES = [

@@ -270,12 +270,16 @@ def format_seconds(seconds: float) -> str:
 
 
 def format_bytes(nbytes: int) -> str:
-    """Bytes in binary units.
+    """Bytes in binary units, three significant figures (four from 1,000 to 1,023 of a unit), never in
+    exponent notation.
 
-    >>> format_bytes(512), format_bytes(2**28), format_bytes(3 * 2**30 // 2)
-    ('512 B', '256 MiB', '1.5 GiB')
+    >>> format_bytes(512), format_bytes(2**28), format_bytes(3 * 2**30 // 2), format_bytes(2070 * 2**30)
+    ('512 B', '256 MiB', '1.5 GiB', '2.02 TiB')
+    >>> format_bytes(1023 * 2**20), format_bytes(5 * 2**60)
+    ('1023 MiB', '5120 PiB')
     """
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= size:
-            return f"{nbytes / size:.3g} {unit}"
+            value = nbytes / size
+            return f"{value:.0f} {unit}" if value >= 999.5 else f"{value:.3g} {unit}"
     return f"{nbytes} B"

@@ -5,15 +5,17 @@ way); what a job reaches is a fraction of it, which :class:`~fmesh.plan.model.Op
 (``efficiency``) and :mod:`fmesh.plan.costs` documents for the links. Latencies are NCCL's
 (:data:`fmesh.plan.costs.H100_IB`).
 
-* **A100** (the validation's, Korthikanti et al. 2022 ran on Selene's DGX A100 nodes): 312 TFLOP/s bf16 dense
+* **A100** (the validation's, Korthikanti et al. 2022 ran on Selene's DGX A100 nodes): 312 TFLOP/s bf16 dense, no FP8
   (NVIDIA A100 datasheet), 80 GB HBM2e at 2,039 GB/s, NVLink 3 at 600 GB/s both ways (300 GB/s each way), eight
   200 Gb/s HDR InfiniBand NICs per node, one per GPU: 25 GB/s each way (DGX A100 user guide).
-* **H100** SXM: 989 TFLOP/s bf16 dense (H100 datasheet: 1,979 with sparsity), 80 GB HBM3 at 3.35 TB/s, NVLink 4 at
+* **H100** SXM: 989 TFLOP/s bf16 dense (H100 datasheet: 1,979 with sparsity), 1,979 FP8 dense (3,958 with
+  sparsity), 80 GB HBM3 at 3.35 TB/s, NVLink 4 at
   900 GB/s both ways, one 400 Gb/s NDR NIC per GPU (DGX H100 user guide): :data:`fmesh.plan.costs.H100_IB`.
-* **H200** SXM: the H100's compute and links (H200 datasheet: 989 TFLOP/s bf16 dense), 141 GB HBM3e at 4.8 TB/s.
-* **B200**: 2.25 PFLOP/s bf16 dense (HGX B200 datasheet: 4.5 PFLOP/s with sparsity), 180 GB HBM3e per GPU at
-  8 TB/s (DGX B200: 1,440 GB for 8), NVLink 5 at 1.8 TB/s both ways (900 GB/s each way), eight 400 Gb/s ConnectX-7
-  NICs per node (DGX B200 user guide).
+* **H200** SXM: the H100's compute and links (H200 datasheet: 989 TFLOP/s bf16 dense, 1,979 FP8), 141 GB HBM3e at
+  4.8 TB/s.
+* **B200**: 2.25 PFLOP/s bf16 dense (HGX B200 datasheet: 4.5 PFLOP/s with sparsity), 4.5 PFLOP/s FP8 dense, 180 GB
+  HBM3e per GPU at 8 TB/s (DGX B200: 1,440 GB for 8), NVLink 5 at 1.8 TB/s both ways (900 GB/s each way), eight
+  400 Gb/s ConnectX-7 NICs per node (DGX B200 user guide).
 
 **Memory** is what one process can allocate, in GiB (2^30 bytes), not the datasheet's "80 GB": the total
 ``torch.cuda.get_device_properties(i).total_memory`` reports (torch's out-of-memory message prints it as "GPU 0
@@ -46,8 +48,8 @@ __all__ = ["HARDWARE", "Hardware", "hardware"]
 
 @attrs.frozen
 class Hardware:
-    """One kind of GPU node: peak dense bf16 FLOP/s per GPU, memory per GPU (bytes a process can allocate: the
-    module docstring) and its bandwidth (bytes per second), GPUs per node, links.
+    """One kind of GPU node: peak dense bf16 FLOP/s per GPU (and FP8's; 0: no FP8 tensor cores), memory per GPU
+    (bytes a process can allocate: the module docstring) and its bandwidth (bytes per second), GPUs per node, links.
 
     >>> Hardware("x", flops=1e15, memory=80 * 2**30).gpus_per_node
     8
@@ -57,6 +59,7 @@ class Hardware:
     flops: float = attrs.field(kw_only=True)
     memory: int = attrs.field(kw_only=True)
     memory_bandwidth: float = attrs.field(default=3.35e12, kw_only=True)
+    fp8_flops: float = attrs.field(default=0.0, kw_only=True)
     gpus_per_node: int = attrs.field(default=8, kw_only=True)
     links: Links = attrs.field(default=H100_IB, kw_only=True)
 
@@ -76,12 +79,12 @@ HARDWARE: Mapping[str, Hardware] = MappingProxyType({
                                         name="A100 SXM: NVLink 3 (300 GB/s each way) + one 200 Gb/s IB HDR NIC "
                                              "per GPU")),
     "h100": Hardware("H100 SXM 80GB (DGX H100: NVLink 4, 8 x 400 Gb/s NDR IB)", flops=989e12, memory=_gib(79.11),
-                     links=_NVLINK4_NDR),
+                     fp8_flops=1979e12, links=_NVLINK4_NDR),
     "h200": Hardware("H200 SXM 141GB (HGX H200: NVLink 4, 8 x 400 Gb/s NDR IB)", flops=989e12, memory=_gib(139.80),
-                     memory_bandwidth=4.8e12,
+                     memory_bandwidth=4.8e12, fp8_flops=1979e12,
                      links=_NVLINK4_NDR),
     "b200": Hardware("B200 180GB (DGX B200: NVLink 5, 8 x 400 Gb/s NDR IB)", flops=2250e12, memory=_gib(178.35),
-                     memory_bandwidth=8e12,
+                     memory_bandwidth=8e12, fp8_flops=4500e12,
                      links=attrs.evolve(H100_IB, intra_bandwidth=900e9,
                                         name="B200: NVLink 5 (900 GB/s each way) + one 400 Gb/s IB NDR NIC per GPU")),
 })

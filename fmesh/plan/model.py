@@ -27,11 +27,16 @@ import attrs
 from fmesh.layout.int_tuple import is_int
 
 __all__ = [
+    "GRADIENT_SYNCS",
+    "PIPELINE_SCHEDULES",
     "PRESETS",
     "RECOMPUTE_CHOICES",
     "RECOMPUTE_MODES",
+    "ZERO_STAGES",
+    "GradientSync",
     "Model",
     "Options",
+    "PipelineSchedule",
     "Recompute",
     "RecomputeChoice",
     "Weight",
@@ -48,6 +53,17 @@ Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
 """Activation recomputation: keep every activation, recompute the attention core only (Korthikanti et al.
 2022's *selective*), or keep only each layer's input and recompute the layer (*full*)."""
+GradientSync = Literal["micro_batch", "step"]
+GRADIENT_SYNCS: tuple[GradientSync, ...] = ("micro_batch", "step")
+"""When data-parallel gradients are reduced: after every micro-batch's backward, or once per step."""
+PipelineSchedule = Literal["1f1b", "zb-h1"]
+PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = ("1f1b", "zb-h1")
+"""A pipeline's schedule: 1F1B (interleaved with ``Options.pipeline_interleave`` > 1), or Qi et al. 2023's
+zero-bubble ZB-H1 (the backward split into its input and weight gradients, the weight gradients filling the
+bubble, 1F1B's memory)."""
+ZERO_STAGES: tuple[int, ...] = (1, 2, 3)
+"""What the data-parallel shards hold (Rajbhandari et al. 2020): 1, the optimizer state; 2, the gradients too;
+3, the weights too (FSDP)."""
 RecomputeChoice = Literal["auto", "none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[RecomputeChoice, ...] = ("auto", *RECOMPUTE_MODES)
 """What :class:`Options` takes: one of :data:`RECOMPUTE_MODES`, forced, or ``"auto"``: the least recomputation
@@ -160,7 +176,41 @@ class Options:
       paper's models store them (``False``);
     * ``dropout``: dropout masks are stored (GPT-3 style models; Llama has no dropout);
     * ``loss_all_reduce``: the step's loss is averaged over the data-parallel ranks (one scalar);
-    * ``efficiency``: the fraction of the GPU's peak FLOP/s the matrix multiplies reach (:mod:`fmesh.plan.step`).
+    * ``gradient_sync``: when the data-parallel gradients are reduced with several micro-batches and no pipeline:
+      ``"micro_batch"`` (FSDP2's default in a plain accumulation loop: every backward) or ``"step"`` (once, after
+      the last micro-batch: Megatron-LM's DDP, FSDP2 with ``set_requires_gradient_sync(False)`` until then).
+      With a pipeline (``pp > 1``) torch's schedules and Megatron-LM both reduce once per step, whatever this says;
+    * ``efficiency``: the fraction of the GPU's peak FLOP/s the matrix multiplies reach (:mod:`fmesh.plan.step`);
+      ``efficiency_half_width``: with it above 0, narrow matrix multiplies reach less: the fraction is
+      ``efficiency * w / (w + efficiency_half_width)`` for ``w = hidden / tp``, the width one GPU multiplies
+      (:func:`fmesh.plan.step.compute_efficiency`);
+    * ``link_efficiency``: the fraction of the links' peak bandwidth the collectives reach;
+    * ``pipeline_interleave``: the model chunks each pipeline rank holds (Narayanan et al. 2021's interleaved
+      1F1B: ``v`` chunks cut the bubble to ``(pp - 1) / (v m)`` and send ``v`` times as often); 1: plain 1F1B;
+    * ``elementwise_bytes``: bytes the non-matmul operations (norms, activations, dropout, residuals, softmax)
+      read and write per token, per hidden unit, per layer over a step, at the GPU's memory bandwidth
+      (0: not counted);
+    * ``overlap_data_parallel``: the data-parallel collectives (FSDP's, HSDP's and the loss's) run beside the
+      compute (FSDP2 prefetches; only what exceeds the compute counts); off, they count in full (Megatron-LM's
+      gradient all-reduce of 2021-22, after the backward);
+    * ``zero``: what the data-parallel shards (``dp_shard * cp``, ``efsdp`` for experts) split
+      (:data:`ZERO_STAGES`): 3, FSDP (weights gathered per use); 2, gradients and optimizer state (the weights
+      replicated, the gradients reduce-scattered after every micro-batch's backward, the updated weights
+      all-gathered once per step); 1, the optimizer state alone (the gradients accumulated whole and
+      reduce-scattered once per step, the weights all-gathered once per step: Megatron-LM's distributed optimizer);
+    * ``fp8``: the layers' linear layers multiply in FP8 (torchao's float8 training, as torchtitan applies it): at
+      the GPU's FP8 peak (``Hardware.fp8_flops``) times the same ``efficiency``; the attention core and the output
+      layer stay in bf16; with FSDP their weights are all-gathered in FP8 (1 byte; torchtitan's float8 all-gather)
+      and held gathered in FP8. The activations saved for the backward, the tp/cp/ep/pp traffic and the optimizer
+      state keep their dtypes (torchao keeps the high-precision inputs for the backward by default);
+    * ``pipeline_schedule``: :data:`PIPELINE_SCHEDULES` (``"zb-h1"`` only with ``pipeline_interleave == 1``);
+    * ``pipeline_scatter_gather``: without sequence parallelism, each tensor-parallel rank sends ``1 / tp`` of the
+      (replicated) activations to the next stage and the receivers all-gather them over ``tp`` (Megatron-LM's
+      scatter/gather optimisation, Narayanan et al. 2021 section 4.1: the pipeline's bytes cross the hosts'
+      NICs once, not ``tp`` times); off, every rank sends them whole (torch's pipeline schedules).
+
+    ``efficiency``, ``efficiency_half_width``, ``link_efficiency`` and ``elementwise_bytes`` are the free
+    parameters ``bench/planner_validation.py`` fits on published runs; the defaults are stated guesses.
 
     >>> Options().recompute, Options(recompute="full").recompute
     ('auto', 'full')
@@ -179,13 +229,39 @@ class Options:
     flash_attention: bool = attrs.field(default=True)
     dropout: bool = attrs.field(default=False)
     loss_all_reduce: bool = attrs.field(default=True)
+    gradient_sync: GradientSync = attrs.field(default="micro_batch")
     efficiency: float = attrs.field(default=0.5)
+    efficiency_half_width: float = attrs.field(default=0.0)
+    link_efficiency: float = attrs.field(default=1.0)
+    elementwise_bytes: float = attrs.field(default=0.0)
+    pipeline_interleave: int = attrs.field(default=1, validator=_positive)
+    overlap_data_parallel: bool = attrs.field(default=True)
+    zero: int = attrs.field(default=3)
+    fp8: bool = attrs.field(default=False)
+    pipeline_schedule: PipelineSchedule = attrs.field(default="1f1b")
+    pipeline_scatter_gather: bool = attrs.field(default=False)
 
     def __attrs_post_init__(self) -> None:
+        if not is_int(self.zero) or self.zero not in ZERO_STAGES:  # True == 1, but is no stage
+            raise ValueError(f"expected zero among {ZERO_STAGES}, but got {self.zero!r}")
+        if self.pipeline_schedule not in PIPELINE_SCHEDULES:
+            raise ValueError(f"expected pipeline_schedule among {PIPELINE_SCHEDULES}, but got "
+                             f"{self.pipeline_schedule!r}")
+        if self.pipeline_schedule == "zb-h1" and self.pipeline_interleave != 1:
+            raise ValueError(f"expected pipeline_interleave 1 with the zb-h1 schedule (ZB-H1 is not interleaved), "
+                             f"but got {self.pipeline_interleave}")
         if self.recompute not in RECOMPUTE_CHOICES:
             raise ValueError(f"expected recompute among {RECOMPUTE_CHOICES}, but got {self.recompute!r}")
-        if not isinstance(self.efficiency, (int, float)) or not 0 < self.efficiency <= 1:
-            raise ValueError(f"expected efficiency in (0, 1], but got {self.efficiency!r}")
+        if self.gradient_sync not in GRADIENT_SYNCS:
+            raise ValueError(f"expected gradient_sync among {GRADIENT_SYNCS}, but got {self.gradient_sync!r}")
+        for name in ("efficiency", "link_efficiency"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ValueError(f"expected {name} in (0, 1], but got {value!r}")
+        for name in ("efficiency_half_width", "elementwise_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+                raise ValueError(f"expected {name} as a non-negative number, but got {value!r}")
 
     @property
     def mode(self) -> Recompute:
@@ -229,6 +305,16 @@ class Weight:
         if self.tp_dim is None or tp == 1:
             return self.shape
         return tuple(n // tp if d == self.tp_dim else n for d, n in enumerate(self.shape))
+
+    @property
+    def fp8(self) -> bool:
+        """Whether ``Options.fp8`` casts this weight to FP8: a layer's linear weight matrix (not a norm, a bias, the
+        MoE router, the embedding, the positions or the output layer).
+
+        >>> Weight("up.weight", (256, 64), 0).fp8, Weight("norm1.weight", (64,)).fp8, Weight("head.weight", (8, 4)).fp8
+        (True, False, False)
+        """
+        return len(self.shape) == 2 and self.name.split(".")[0] not in ("router", "embed", "position", "head")
 
     @property
     def numel(self) -> int:

@@ -32,10 +32,10 @@ import attrs
 
 from fmesh.plan.costs import format_bytes
 from fmesh.plan.hardware import Hardware
-from fmesh.plan.jobs import job
+from fmesh.plan.jobs import build_plan, job
 from fmesh.plan.memory import Memory, memory, micro_batches, with_communicators
-from fmesh.plan.model import Model, Options, Recompute
-from fmesh.plan.parallel import ParallelDims
+from fmesh.plan.model import RECOMPUTE_MODES, Model, Options, Recompute
+from fmesh.plan.parallel import DEGREE_NAMES, ParallelDims
 from fmesh.plan.rescale import ELASTIC_AXES, scale_down
 from fmesh.plan.search import Candidate, alternatives, check_degrees, degree_fits, fits, reason, search
 from fmesh.plan.step import StepTime, step_time
@@ -81,6 +81,7 @@ class ModelPlan:
     reasons: tuple[str, ...]
     changes: tuple[tuple[str, float], ...]
     loss: LossCost | None
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict of the plan.
@@ -96,6 +97,11 @@ class ModelPlan:
             "hardware": self.hardware.name,
             "degrees": {n: getattr(self.dims, n) for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")},
             "world_size": self.dims.world_size,
+            "global_batch": self.model.global_batch,
+            "seq_len": self.model.seq_len,
+            "micro_batch": self.model.micro_batch,
+            "micro_batches": micro_batches(self.model, self.dims),
+            "warnings": list(self.warnings),
             "gpus_per_node": self.gpus_per_node,
             "rank_order": self.rank_order,
             "recompute": self.recompute,
@@ -108,8 +114,9 @@ class ModelPlan:
                              "exposed_overlapped": self.time.exposed_overlapped},
             "collective_seconds": [attrs.asdict(t) for t in self.time.collectives],
             "assumptions": list(self.time.assumptions),
-            "ranked": [{"layout": c.label, "step_seconds": c.time.total, "memory_bytes": c.memory.total}
-                       for c in self.ranked],
+            "ranked": [{"layout": c.label, "micro_batch": c.micro_batch, "recompute": c.recompute,
+                        "across_hosts": list(c.crossing), "step_seconds": c.time.total,
+                        "memory_bytes": c.memory.total} for c in self.ranked],
             "reasons": list(self.reasons),
             "changes": [{"change": text, "step_time_change": delta} for text, delta in self.changes],
             "loss": None if self.loss is None else {
@@ -169,10 +176,14 @@ def _loss_cost(model: Model, options: Options, hardware: Hardware, dims: Paralle
 
 def plan_model(model: Model, options: Options, hardware: Hardware, world_size: int, gpus_per_node: int, *,
                degrees: Mapping[str, int] | None = None, rank_order: RankOrder = "block", top: int = 5,
-               lose: Sequence[int] | None = None, absorb: Sequence[str] = ELASTIC_AXES) -> ModelPlan:
+               lose: Sequence[int] | None = None, absorb: Sequence[str] = ELASTIC_AXES,
+               micro_batches: Sequence[int] | None = None) -> ModelPlan:
     """The plan of ``model`` on ``world_size`` GPUs: with ``degrees`` (keywords of
-    :class:`~fmesh.ParallelDims`), that layout; without, the fastest the search finds (``top`` listed).
-    ``options.recompute``: ``"auto"`` takes the least recomputation that fits, a mode is kept.
+    :class:`~fmesh.ParallelDims`), that layout and ``model.micro_batch``; without, the fastest the search finds
+    (``top`` listed), its micro-batch among ``micro_batches`` (default
+    :data:`~fmesh.plan.search.MICRO_BATCHES`; the plan's ``model`` has the chosen one).
+    ``options.recompute``: ``"auto"`` takes the least recomputation that fits, a mode is kept. ``warnings``
+    name every bandwidth-hungry axis whose groups cross hosts, as ``python -m fmesh plan`` prints them.
 
     ``lose``: ranks whose loss to cost, absorbed by the first axis of ``absorb`` that can
     (:func:`~fmesh.plan.rescale.scale_down`), on one consistent batch (:class:`LossCost`). ``ValueError``
@@ -180,12 +191,14 @@ def plan_model(model: Model, options: Options, hardware: Hardware, world_size: i
     (:func:`~fmesh.plan.search.check_degrees`), or the given degrees do not fit (with the search's best).
     """
     hosts = max(1, world_size // gpus_per_node)
-    ranked = search(model, options, world_size, gpus_per_node, hardware, top=top) if degrees is None else ()
+    ranked = (search(model, options, world_size, gpus_per_node, hardware, top=top, micro_batches=micro_batches)
+              if degrees is None else ())
     if degrees is None:
         if not ranked:
             raise _no_fit(model, hardware, world_size, gpus_per_node, options)
         best = ranked[0]
         dims, rank_order, recompute, used = best.dims, best.rank_order, best.recompute, best.memory
+        model = attrs.evolve(model, micro_batch=best.micro_batch)
         reasons = tuple(reason(best, other) for other in ranked[1:])
     else:
         dims, _ = job(world_size, gpus_per_node, rank_order=rank_order, **degrees)
@@ -199,6 +212,12 @@ def plan_model(model: Model, options: Options, hardware: Hardware, world_size: i
                              f"{dims!r} does not with {how} ({instead})")
         recompute, used = fit
         used = with_communicators(used, dims, gpus_per_node, rank_order)
+        for more in RECOMPUTE_MODES[RECOMPUTE_MODES.index(recompute) + 1:] if options.recompute == "auto" else ():
+            if used.total <= hardware.memory:
+                break  # the communicators' buffers fit too; else recompute more (auto only)
+            recompute = more
+            used = with_communicators(memory(model, attrs.evolve(options, recompute=more), dims), dims,
+                                      gpus_per_node, rank_order)
         if used.total > hardware.memory:
             raise ValueError(f"expected degrees whose memory fits in {format_bytes(hardware.memory)} per GPU, but "
                              f"{dims!r} needs {format_bytes(used.total)} with its communicators' buffers")
@@ -208,5 +227,7 @@ def plan_model(model: Model, options: Options, hardware: Hardware, world_size: i
     time = step_time(model, chosen, dims, hardware, Topology(hosts, gpus_per_node, rank_order=rank_order), moved)
     changes = alternatives(model, options, dims, gpus_per_node, hardware, rank_order)[:3]
     loss = _loss_cost(model, chosen, hardware, dims, gpus_per_node, rank_order, lose, absorb) if lose else None
+    placed = build_plan(world_size, gpus_per_node, rank_order=rank_order, links=hardware.links,
+                        **{name: getattr(dims, name) for name in DEGREE_NAMES})
     return ModelPlan(model, options, hardware, dims, rank_order, gpus_per_node, recompute, used, time, moved, ranked,
-                     reasons, changes, loss)
+                     reasons, changes, loss, placed.warnings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fmesh.plan.costs import format_bytes, format_seconds
+from fmesh.plan.memory import micro_batches
 from fmesh.plan.model_plan import ModelPlan
 from fmesh.plan.table import format_table
 
@@ -29,6 +30,9 @@ def format_model_plan(plan: ModelPlan) -> str:
     lines = [f"{plan.model.name} on {dims.world_size} GPUs ({nodes} node{'' if nodes == 1 else 's'} of "
              f"{plan.gpus_per_node}, {plan.hardware.name})",
              f"layout: {degrees}, rank order {plan.rank_order}, recompute {plan.recompute}",
+             f"batch: {plan.model.global_batch} sequences of {plan.model.seq_len} tokens per step, micro-batch "
+             f"{plan.model.micro_batch} ({micro_batches(plan.model, dims)} per data-parallel rank per step)",
+             *(f"warning: {w}" for w in plan.warnings),
              f"memory per GPU (GiB = 2^30 bytes): {format_bytes(m.total)} of {format_bytes(plan.hardware.memory)} "
              f"usable (weights "
              f"{format_bytes(m.weights)}, gradients {format_bytes(m.gradients)}, optimizer "

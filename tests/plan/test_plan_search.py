@@ -35,7 +35,7 @@ def test_candidates_are_valid_and_complete() -> None:
 
 
 def test_the_best_is_the_fastest_layout_that_fits() -> None:
-    best = search(MODEL, Options(), 64, 8, H100, top=3)
+    best = search(MODEL, Options(), 64, 8, H100, top=3, micro_batches=[MODEL.micro_batch])
     assert [c.time.total for c in best] == sorted(c.time.total for c in best)
     brute = []
     for dims in candidates(MODEL, 64):
@@ -147,7 +147,7 @@ def test_moe_changes_name_ep_and_cost_the_layout_they_name() -> None:
     base = step_time(mixtral, Options(recompute=fits(mixtral, Options(), dims, H100)[0]), dims, H100,
                      Topology(8, 8)).total
     for text, delta in changes:
-        if text.startswith("rank order"):
+        if text.startswith(("rank order", "micro-batch", "ZeRO", "pipeline schedule")):  # the degrees kept
             continue
         assert "ep" in text, text
         other = _applied(dims, text)
