@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import pathlib
+import re
 import threading
 import time
 from datetime import timedelta
@@ -461,7 +462,9 @@ def test_a_survivor_blocked_with_one_that_recovers_is_freed_and_recovers_with_th
                      on_rank_loss="continue")
     assert isinstance(results[3], fmesh.LaunchError) and results[3].exitcode == 3
     freed, message, _, _, took = results[0]
-    assert "ranks [3] are lost, and ranks [1, 2] are recovering without them" in message, message
+    # Rank 2 came to recover; rank 1 too, unless rank 0 was told before it came (it is told at its first look, whether
+    # it waits in the members' check of its calls or in the collective, freed by the recovery's cut).
+    assert re.search(r"ranks \[3\] are lost, and ranks \[(1, )?2\] are recovering without them", message), message
     assert "call ctx.recover([3])" in message and "gone" not in message, message  # rank 2 is alive: never "gone"
     assert freed < patience(10, 4), (freed, message)  # seconds, not the 60 s timeout nor the 30 s creation timeout
     assert took < patience(15, 4), (took, message)
