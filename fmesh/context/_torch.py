@@ -414,8 +414,8 @@ def shrink_group(group: dist.ProcessGroup, exclude: Sequence[int]) -> dist.Proce
     return shrunk
 
 
-def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
-    """Give ``group``'s collectives ``timeout`` (it was connected under a shorter one)."""
+def set_group_timeout(group: dist.ProcessGroup | None, timeout: timedelta) -> None:
+    """Give ``group``'s collectives ``timeout`` (it was connected under a shorter one); ``None``: the default group."""
     require(GROUPS)
     c10d._set_pg_timeout(timeout, group)
 

@@ -35,12 +35,11 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch, autograd, collectives, objects, permute, recovery
-from fmesh.context.agreement import Agreement
 from fmesh.context.collectives import ReduceOp
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, materialize, plan_groups
 from fmesh.context.groups import GroupRegistry, Target
-from fmesh.context.options import AxisOptions, GroupSettings
+from fmesh.context.options import AxisOptions, GroupSettings, wire_options
 from fmesh.context.tensors import TensorChecks, check_tensor
 from fmesh.context.world import World
 from fmesh.layout.int_tuple import is_int
@@ -86,7 +85,8 @@ class Context:
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         tensors = TensorChecks.of(check_tensors)
         world = World.start(backend=backend, rank=rank, world_size=world_size, store=store, init_method=init_method,
-                            timeout=settings.timeout, device=device, gpus_per_node=gpus_per_node, name=name)
+                            timeout=settings.timeout, device=device, gpus_per_node=gpus_per_node, name=name,
+                            connect_timeout=settings.creation_timeout)
         self._own(world, settings, tensors, simulated)
 
     @classmethod
@@ -102,13 +102,10 @@ class Context:
         self._simulated = simulated
         self._tensors = tensors  # the members' check of their tensors before each collective (fmesh.context.tensors)
         self._settings = attrs.evolve(settings, backend=world.backend)
-        self._agreement: Agreement | None = None
-        if not world.fake:  # the fake backend's store cannot be used
-            store = _torch.store_client(world.store())
-            self._agreement = Agreement(store, f"fmesh/{world.name}/{world.epoch}", world.rank,
-                                        self._settings.creation_timeout,
-                                        launcher_store=_torch.root_store(store) if world.generation == 0 else None
-                                        ).open()
+        # The ranks' statuses and agreements (none on the fake backend, whose store cannot be used), once the ranks
+        # agree on every option that decides what goes over the wire.
+        self._agreement = world.agreement(self._settings.creation_timeout,
+                                          wire_options(self._settings, tensors.enabled))
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._groups = GroupRegistry(world, self._settings, agreement=self._agreement, ascending_only=simulated)
         self._exports = Exporter(world.device.type)
@@ -143,7 +140,8 @@ class Context:
         """
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         tensors = TensorChecks.of(check_tensors)  # every argument checked before the default group is made
-        world = World.from_env(backend=backend, timeout=settings.timeout, gpus_per_node=gpus_per_node, name=name)
+        world = World.from_env(backend=backend, timeout=settings.timeout, gpus_per_node=gpus_per_node, name=name,
+                               connect_timeout=settings.creation_timeout)
         return cls._made(world, settings, tensors)
 
     @classmethod

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import json
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -223,3 +224,68 @@ class GroupSettings:
             override.options_key if has_options and override.options_key is not None else self.options_key,
             override.timeout or self.timeout,
         )
+
+
+# Fields of GroupSettings that only say how long this rank waits, never what goes over the wire or which group a
+# collective runs on: ranks may differ in them. Every other field, present and future, is agreed at start.
+LOCAL_FIELDS = frozenset({"creation_timeout"})
+# Fields described by another field (the backend options object, by its exact description ``options_key``).
+DESCRIBED_FIELDS = frozenset({"options"})
+
+
+def wire_options(settings: GroupSettings, check_tensors: bool) -> dict[str, str]:
+    """What the ranks of one context must agree on, each field as text the same in every process: every field of
+    ``settings`` but :data:`LOCAL_FIELDS` (an option added later is covered by default), and whether the members check
+    their tensors (:class:`~fmesh.context.tensors.TensorChecks`: one more collective per call).
+
+    >>> record = wire_options(GroupSettings.of(None, 60, backend="gloo"), check_tensors=True)
+    >>> sorted(record), record["check_tensors"]
+    (['axis_options', 'backend', 'check_tensors', 'options_key', 'timeout'], 'True')
+    """
+    record = {field.name: _wire_text(getattr(settings, field.name)) for field in attrs.fields(GroupSettings)
+              if field.name not in LOCAL_FIELDS | DESCRIBED_FIELDS}
+    record["check_tensors"] = repr(bool(check_tensors))
+    return record
+
+
+def _wire_text(value: object) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{key!r}: {_wire_text(value[key])}" for key in sorted(value)) + "}"
+    if isinstance(value, AxisOptions):
+        return f"AxisOptions(backend={value.backend!r}, options={value.options_key!r}, timeout={value.timeout!r})"
+    return repr(value)
+
+
+def options_differ(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
+    """The fields of two :func:`wire_options` records that differ, as ``name: this rank's vs theirs``.
+
+    >>> options_differ({"check_tensors": "True"}, {"check_tensors": "False"})
+    ['check_tensors: True here, False there']
+    """
+    return [f"{name}: {mine.get(name, 'unset')} here, {theirs.get(name, 'unset')} there"
+            for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
+
+
+def agree_options(store: Any, prefix: str, rank: int, mine: Mapping[str, str]) -> None:
+    """Agree the :func:`wire_options` of one context's ranks in its ``store`` (under ``prefix``): the first rank to
+    start fixes them (one ``compare_set``); a rank that means others raises ``ValueError`` naming each field that
+    differs (its context then ends, so the ranks waiting for it raise ``RankLostError`` with this error at their first
+    look). Without it, ``check_tensors`` on one rank and not on another matched one rank's check with the other's data
+    inside gloo, which killed a rank with SIGABRT.
+
+    >>> import torch.distributed as dist
+    >>> store = dist.HashStore()
+    >>> agree_options(store, "doc", 0, {"check_tensors": "True"})
+    >>> agree_options(store, "doc", 1, {"check_tensors": "False"})
+    Traceback (most recent call last):
+    ...
+    ValueError: on rank 1: this rank's Context options differ from rank 0's, which started first: check_tensors: ...
+    """
+    posted = json.dumps({"rank": rank, "options": dict(mine)})
+    first = json.loads(store.compare_set(f"{prefix}/options", "", posted))
+    differ = options_differ(mine, first["options"])
+    if differ:
+        raise ValueError(
+            f"on rank {rank}: this rank's Context options differ from rank {first['rank']}'s, which started first: "
+            f"{'; '.join(differ)}. Expected every rank to create its Context with the same options (they decide which "
+            "groups a collective runs on and what goes over the wire); pass the same to every rank")
