@@ -3,7 +3,7 @@
     python bench/group_creation.py            # 2 to 8,192 members (about a minute)
     python bench/group_creation.py --quick    # 2 to 512 members, torch up to 4 processes
 
-(a) fmesh's agreement (``fmesh/context/agreement.py``) for one group of G members, on a real
+(a) fmesh's agreement (``fmesh/context/store/agreement.py``) for one group of G members, on a real
     ``TCPStore`` (server and client in this process): every member's ``arrive`` (post a status,
     compare a digest that carries the description, count the arrival), then every member's ``settle``
     (read the verdict). The
@@ -33,8 +33,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import torch.distributed as dist
 from support import CountingStore as Counting  # the tests' counting store: one definition
 
-from fmesh.context.agreement import Agreement
 from fmesh.context.launch import free_port
+from fmesh.context.store.agreement import arrive, settle
+from fmesh.context.store.board import Board
 
 DESCRIPTION = ("Mesh(pp=8, dp_replicate=16, dp_shard=256, cp=2, tp=16; world=1048576) over Universe(world=1048576, "
                "'cuda', id=f3c2a1b0e9d8c7b6), layouts pp=(8,):(131072,);dp_shard=(256,):(32,); axes ('dp_shard',); "
@@ -51,14 +52,14 @@ def _per_member(counted: list[Counting], seconds: float) -> tuple[float, float, 
 def fmesh_agreement(tcp: dist.Store, members: int, tag: str) -> tuple[float, float, float]:
     """Per member: distinct keys, bytes and µs of fmesh's agreement."""
     for rank in range(members):  # what a Context posts when it starts, not part of creating a group
-        Agreement(tcp, f"bench/{tag}", rank, timedelta(seconds=600)).post("running")
+        Board(tcp, f"bench/{tag}", rank, timedelta(seconds=600)).post("running")
     counted = [Counting(tcp) for _ in range(members)]
-    agreements = [Agreement(counted[rank], f"bench/{tag}", rank, timedelta(seconds=600)) for rank in range(members)]
+    agreements = [Board(counted[rank], f"bench/{tag}", rank, timedelta(seconds=600)) for rank in range(members)]
     started = time.perf_counter()
     for agreement in agreements:
-        agreement.arrive("group", range(members), DESCRIPTION, "the group")
+        arrive(agreement, "group", range(members), DESCRIPTION, "the group")
     for agreement in agreements:
-        agreement.settle("group", range(members), DESCRIPTION, "the group")
+        settle(agreement, "group", range(members), DESCRIPTION, "the group")
     return _per_member(counted, time.perf_counter() - started)
 
 

@@ -15,14 +15,14 @@ three each, which is more descriptors than this machine allows a process). Each 
 Context puts through the store, with fmesh's own code, phase after phase (all ranks meet at a barrier between
 phases):
 
-1. start: the start rendezvous (``fmesh.context.rendezvous.meet``), then the rank posts that it runs;
-2. agree: the agreement (``Agreement.agree``) on each group of a 5-D mesh (pp, dp_replicate, dp_shard, cp, tp)
-   that the rank is a member of, one per axis, keyed and described as fmesh's groups are (``GroupSpec.digest``,
-   ``describe_group``);
+1. start: the start rendezvous (``fmesh.context.store.rendezvous.meet``), then the rank posts that it runs;
+2. agree: the agreement (``fmesh.context.store.agreement.agree``) on each group of a 5-D mesh (pp, dp_replicate,
+   dp_shard, cp, tp) that the rank is a member of, one per axis, keyed and described as fmesh's groups are
+   (``GroupSpec.digest``, ``describe_group``);
 3. mismatch: every rank agrees on its (dp_shard, cp) group, and in rank 0's group the last member means another
    mesh: every member of that group must get ``MeshMismatchError``, every other rank must succeed;
 4. recover: the last rank is lost (it exited: its status says so) and every survivor agrees to recover without it
-   (``Agreement.agree_on_loss``).
+   (``fmesh.context.store.recovery_vote.agree_on_loss``).
 
 Beside them, for comparison, torch's own start barrier (``_store_based_barrier``, which ``init_process_group``
 runs on every rank) by the same threads through the same counting connections.
@@ -61,11 +61,15 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 import fmesh
-from fmesh.context import agreement as agreement_module
-from fmesh.context.agreement import EXITED, FENCED, Agreement
 from fmesh.context.groups import describe_group
 from fmesh.context.options import GroupSettings
-from fmesh.context.rendezvous import meet
+from fmesh.context.store import agreement as agreement_protocol
+from fmesh.context.store import wait as wait_module
+from fmesh.context.store.board import Board
+from fmesh.context.store.keys import Keys
+from fmesh.context.store.records import EXITED
+from fmesh.context.store.recovery_vote import FENCED, agree_on_loss
+from fmesh.context.store.rendezvous import meet
 from fmesh.errors import MeshMismatchError
 
 PHASES = ("start", "agree", "mismatch", "recover", "torch barrier")
@@ -77,7 +81,7 @@ SETTINGS = GroupSettings.of(None, 600, backend="nccl")
 BOUND = 16  # store operations per member of one agreement: the bound of tests/context/test_store_operations.py
 TARGETS = (16_384, 131_072)
 CONNECTING = 128  # ranks that connect at once
-# A waiting rank's thread wakes every POLL_MAX_SECONDS (0.1 s) to see whether its context was aborted: no store
+# A waiting rank's thread wakes every ABORT_NOTICE_SECONDS (0.1 s) to see whether its context was aborted: no store
 # operation, nothing in a real job (a process per rank), but thousands of threads of one process on 2 cores spend
 # their time in those wake-ups. Here they wake every 2 s: the store sees the same operations (the watcher's looks
 # keep their times); only an abort, which nothing here does, would be noticed later.
@@ -242,7 +246,7 @@ def simulate(size: int) -> dict[str, Any]:
         with connecting:  # three connections, as a rank opens: its own, the start's waiter, its Context's waiter
             store = RankStore(host.connect(), tally, rank, [host.connect() for _ in range(2)])
         stores.append(store)
-        agreement = Agreement(store, PREFIX, rank, TIMEOUT)  # type: ignore[arg-type]
+        agreement = Board(store, PREFIX, rank, TIMEOUT)  # type: ignore[arg-type]
         held: dict[str, int] = {}  # each group this rank holds: how many of its members survive the loss
 
         def start() -> None:
@@ -253,7 +257,7 @@ def simulate(size: int) -> dict[str, Any]:
             for axis in NAMES:
                 key, members, description, what = group(rank, (axis,))
                 if len(members) > 1:  # fmesh makes no group of one
-                    agreement.agree(key, members, description, what)
+                    agreement_protocol.agree(agreement, key, members, description, what)
                     held[key] = sum(member != lost for member in members)
 
         def mismatch() -> None:
@@ -261,7 +265,7 @@ def simulate(size: int) -> dict[str, Any]:
             if rank == odd_rank:  # this rank built its mesh with another axis name
                 description = group(rank, ("dp_shard", "cp"), odd_mesh)[2]
             try:
-                agreement.agree(key, members, description, what)
+                agreement_protocol.agree(agreement, key, members, description, what)
             except MeshMismatchError:
                 agreement.post("running")  # the job goes on (its next step would post so): recovery needs it
                 raise
@@ -272,7 +276,7 @@ def simulate(size: int) -> dict[str, Any]:
         def recover() -> None:
             if rank == lost:
                 raise LookupError("lost")  # it is gone: it does nothing
-            holders = agreement.agree_on_loss(range(size - 1), [lost], list(held))
+            holders = agree_on_loss(agreement, range(size - 1), [lost], list(held))
             if holders != held:  # every surviving member of each group holds it
                 raise AssertionError(f"rank {rank}: wrong holders {holders}, expected {held}")
 
@@ -304,7 +308,7 @@ def simulate(size: int) -> dict[str, Any]:
         print(f"  {size:,} ranks: {phase} {seconds[phase]:.1f}s", file=sys.stderr, flush=True)
     for thread in threads:
         thread.join()
-    fenced = host.clients[0].get(f"{PREFIX}/recovery-agreement/fate/{lost}").decode()
+    fenced = host.clients[0].get(Keys(PREFIX).fate(lost)).decode()
     expected = {
         "mismatch": {rank: "MeshMismatchError" if rank in odd_group else "ok" for rank in range(size)},
         "recover": {rank: "LookupError" if rank == lost else "ok" for rank in range(size)},
@@ -478,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(sizes) < 2:
         parser.error("give at least two sizes: the model is a fit")
     threading.stack_size(256 * 1024)  # thousands of threads: each with a small stack
-    agreement_module.POLL_MAX_SECONDS = POLL_SECONDS  # see POLL_SECONDS
+    wait_module.ABORT_NOTICE_SECONDS = POLL_SECONDS  # see POLL_SECONDS
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}\n")
     rows = []
     for size in sizes:

@@ -44,10 +44,11 @@ class MeshMismatchError(ValueError):
 
     >>> from datetime import timedelta
     >>> import torch.distributed as dist
-    >>> from fmesh.context.agreement import Agreement
+    >>> from fmesh.context.store.agreement import agree, arrive
+    >>> from fmesh.context.store.board import Board
     >>> store = dist.HashStore()
-    >>> _ = Agreement(store, "doc", 1, timedelta(seconds=5)).arrive("g", [0, 1], "Mesh(tp=2)", "the dp group")
-    >>> Agreement(store, "doc", 0, timedelta(seconds=5)).agree("g", [0, 1], "Mesh(dp=2)", "the dp group")
+    >>> _ = arrive(Board(store, "doc", 1, timedelta(seconds=5)), "g", [0, 1], "Mesh(tp=2)", "the dp group")
+    >>> agree(Board(store, "doc", 0, timedelta(seconds=5)), "g", [0, 1], "Mesh(dp=2)", "the dp group")
     Traceback (most recent call last):
     ...
     fmesh.MeshMismatchError: on rank 0: ranks disagree about the dp group. Rank 0 means: Mesh(dp=2); the first ...
@@ -62,8 +63,9 @@ class GroupTimeoutError(TimeoutError):
 
     >>> from datetime import timedelta
     >>> import torch.distributed as dist
-    >>> from fmesh.context.agreement import Agreement
-    >>> Agreement(dist.HashStore(), "doc", 0, timedelta(seconds=0.2)).agree("g", [0, 1], "Mesh(dp=2)", "the dp group")
+    >>> from fmesh.context.store.agreement import agree
+    >>> from fmesh.context.store.board import Board
+    >>> agree(Board(dist.HashStore(), "doc", 0, timedelta(seconds=0.2)), "g", [0, 1], "Mesh(dp=2)", "the dp group")
     Traceback (most recent call last):
     ...
     fmesh.GroupTimeoutError: on rank 0: the members of the dp group waited 0s, but ranks [1] never came: ...
@@ -79,10 +81,11 @@ class RankLostError(RuntimeError):
 
     >>> from datetime import timedelta
     >>> import torch.distributed as dist
-    >>> from fmesh.context.agreement import Agreement
+    >>> from fmesh.context.store.agreement import agree
+    >>> from fmesh.context.store.board import Board
     >>> store = dist.HashStore()
-    >>> Agreement(store, "doc", 1, timedelta(seconds=5)).failed(ValueError("bad batch"))
-    >>> Agreement(store, "doc", 0, timedelta(seconds=5)).agree("g", [0, 1], "Mesh(dp=2)", "the dp group")
+    >>> Board(store, "doc", 1, timedelta(seconds=5)).failed(ValueError("bad batch"))
+    >>> agree(Board(store, "doc", 0, timedelta(seconds=5)), "g", [0, 1], "Mesh(dp=2)", "the dp group")
     Traceback (most recent call last):
     ...
     fmesh.RankLostError: on rank 0: rank 1 failed: ValueError: bad batch, instead of creating this group ...
@@ -98,11 +101,12 @@ class RecoveryError(RuntimeError):
 
     >>> from datetime import timedelta
     >>> import torch.distributed as dist
-    >>> from fmesh.context.agreement import Agreement
+    >>> from fmesh.context.store.board import Board
+    >>> from fmesh.context.store.recovery_vote import agree_on_loss, post_loss
     >>> store = dist.HashStore()
-    >>> Agreement(store, "doc", 1, timedelta(seconds=5)).post_loss([3], [])
+    >>> post_loss(Board(store, "doc", 1, timedelta(seconds=5)), [3], [])
     1
-    >>> Agreement(store, "doc", 0, timedelta(seconds=5)).agree_on_loss([0, 1], [2], [])
+    >>> agree_on_loss(Board(store, "doc", 0, timedelta(seconds=5)), [0, 1], [2], [])
     Traceback (most recent call last):
     ...
     fmesh.RecoveryError: on rank 0: the survivors disagree about the ranks lost: rank 0 says [2], rank 1 says [3]. ...
@@ -129,7 +133,7 @@ class FileDescriptorLimitError(OSError):
     rank that has no room; the other members learn it through the store and raise
     :class:`RankLostError` naming it. :class:`FileDescriptorWarning` comes first, past 80% of the limit.
 
-    >>> from fmesh.context.connections import Connections
+    >>> from fmesh.context.store.connections import Connections
     >>> Connections().check_room(2**40, held=0, what="a group of 2**40 ranks")
     Traceback (most recent call last):
     ...
@@ -141,7 +145,7 @@ class FileDescriptorWarning(UserWarning):
     """This process's open file descriptors passed 80% of its limit while the Context created groups.
 
     >>> import warnings
-    >>> from fmesh.context.connections import RESERVE, WARN_SHARE, Connections, descriptor_budget
+    >>> from fmesh.context.store.connections import RESERVE, WARN_SHARE, Connections, descriptor_budget
     >>> used, limit = descriptor_budget()
     >>> size = int(WARN_SHARE * (limit - RESERVE) - used) // 2 + 1  # a group that takes the process past 80%
     >>> with warnings.catch_warnings(record=True) as caught:

@@ -3,9 +3,10 @@
 * **Layers**: a module imports only from its own layer or below. Bottom to top: errors <- layout <- mesh (the
   values) <- plan (reasoning about a job without a process group, itself in four steps: the planner
   (communicators, topology) <- the recipes (parallel, costs, rescale) <- the reports (jobs, manifest, manifest
-  diff, recovery) <- the tables the command line prints) <- pictures (rendering) <- context <- spmd <- cli <-
-  bench; ``fmesh/__init__.py`` is the facade. A module of ``fmesh.plan`` that is not listed below stands at the
-  top of the plan (the ``fmesh.plan`` package itself).
+  diff, recovery) <- the tables the command line prints) <- pictures (rendering) <- context (the store
+  protocols of ``fmesh.context.store`` in three steps, words <- meeting and board <- protocols, under the rest of
+  the context) <- spmd <- cli <- bench; ``fmesh/__init__.py`` is the facade. A module of ``fmesh.plan`` that is
+  not listed below stands at the top of the plan (the ``fmesh.plan`` package itself).
 * **The runtime stands on the planner**: ``fmesh.context`` takes from ``fmesh.plan`` only the planner
   (:data:`CONTEXT_MAY_USE`), not the recipes or the reports.
 * **No cycles**: no two modules import each other, even through imports inside functions (an import under
@@ -47,6 +48,14 @@ _ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
                       "fmesh.plan.diff_table", "fmesh.plan.recovery_table", "fmesh.plan.model_table")),
     ("plan", ("fmesh.plan",)),
     ("pictures", ("fmesh.rendering",)),
+    # The store protocols stand under the rest of the context, in three steps: what they write and wait with (the
+    # keys, the records, the one blocking wait, the sockets of the groups) <- the meeting and the status board <-
+    # the protocols themselves (the start rendezvous, the agreement and its diagnosis, the roll call, the recovery's
+    # vote); the Context's rooms (groups, collectives, failures, the Context) stand on them.
+    ("context: store words", ("fmesh.context.store.keys", "fmesh.context.store.records", "fmesh.context.store.wait",
+                              "fmesh.context.store.connections")),
+    ("context: store meeting", ("fmesh.context.store.meeting", "fmesh.context.store.board")),
+    ("context: store protocols", ("fmesh.context.store",)),
     ("context", ("fmesh.context",)),
     ("spmd", ("fmesh.spmd",)),
     ("cli", ("fmesh.cli", "fmesh.__main__")),
@@ -57,7 +66,8 @@ LAYER_NAMES = tuple(name for name, _ in _ORDER)
 FACADE = "fmesh"
 TYPE_ONLY = "<TYPE_CHECKING>"  # the owner of nodes under ``if TYPE_CHECKING:`` at module level
 TORCH_INTERNALS = "fmesh.context._torch"
-TORCH_LAYERS = {LAYERS["fmesh.context"], LAYERS["fmesh.spmd"], LAYERS["bench"]}
+TORCH_LAYERS = {LAYERS["fmesh.context"], LAYERS["fmesh.context.store"], LAYERS["fmesh.context.store.meeting"],
+                LAYERS["fmesh.context.store.keys"], LAYERS["fmesh.spmd"], LAYERS["bench"]}
 CONTEXT = "fmesh.context"
 PLAN = "fmesh.plan"
 # What the Context may take from the plan: the planner (the communicators and their one recovery rule; hosts).

@@ -42,7 +42,8 @@ from support import patience
 
 import fmesh
 from fmesh import errors
-from fmesh.context import agreement, rendezvous, tensors
+from fmesh.context import failures, groups, tensors
+from fmesh.context.store import recovery_vote, rendezvous
 from fmesh.context.world import World
 
 KINDS = ("kill", "raise", "stop", "delay")
@@ -188,14 +189,14 @@ def wrapped(original: Callable[..., Any], faults: list[Fault], directory: pathli
 
 
 def _patch_points() -> dict[str, tuple[Any, str, int]]:
-    """Where each point is: (owner, attribute, calls to skip)."""
+    """Where each point is: (owner, attribute, calls to skip); a function is wrapped where its caller looks it up."""
     return {
         "start": (rendezvous, "meet", 0),
-        "agreement": (agreement.Agreement, "agree", 0),
+        "agreement": (groups, "agree", 0),
         "tensor check": (tensors.TensorChecks, "check", 0),
         "collective": (dist, "all_reduce", 0),
-        "roll call": (agreement.Agreement, "roll_call", 0),
-        "recovery": (agreement.Agreement, "agree_on_loss", 0),
+        "roll call": (failures, "roll_call", 0),
+        "recovery": (recovery_vote, "agree_on_loss", 0),
         "new world's start": (World, "renewed", 0),
         "torch's set-up": (dist, "init_process_group", 1),
     }

@@ -6,12 +6,13 @@ Modules, one concept each:
   goes through its one door (the tensor and arguments checked, the route resolved, then eager, autograd or no
   gradient), and it ends one way in three modes (close, abort, hand over to a recovery);
 * ``world``: this process, its device and the default process group;
-* ``rendezvous``: how the job's processes meet before the default group exists (a bad one ends the wait);
 * ``options``: what makes two groups the same (:class:`AxisOptions`, group specs);
 * ``groups``: the registry of process groups and their creation, and the route of a collective (target, process
-  group, agreement) it hands out;
-* ``agreement``: the cross-rank check that members mean the same group;
-* ``connections``: the sockets of each group (cut at once by an abort) and the file-descriptor budget;
+  group, status board) it hands out;
+* ``store``: what the ranks say to each other through the job's store, one protocol per module: the keys and
+  records, the one blocking wait and meeting, the status board, the start rendezvous, the agreement on a group
+  (and its diagnosis), the roll call, the recovery's vote, and the sockets of each group (``connections``);
+* ``failures``: what a failed collective means, told on every member (a roll call names the ranks gone);
 * ``tensors``: the tensors checked at the door of a collective, and the opt-in check across ranks with its state;
 * ``collectives``: collectives along mesh axes;
 * ``autograd``: the backward of every tensor collective;

@@ -1,5 +1,5 @@
 """Collectives along mesh axes: each takes a :class:`~fmesh.context.groups.Route` (the target, its process
-group and the agreement), leaves its input alone and returns a new tensor.
+group and the status board), leaves its input alone and returns a new tensor.
 
 The group is ``None`` for a group of one, where every collective is a copy. Arguments are checked
 by the ``check_*`` helpers before the Context asks for a group, so a bad call never creates one.
@@ -8,38 +8,23 @@ Inside ``torch.compile`` each collective is the functional collective of the sam
 (:func:`compiling`), which Dynamo traces into the graph; the eager path, with its timing and failure
 explanation, is never traced.
 
-What torch or its backend refuses on this rank before any byte is sent (:func:`callers_error`: a bad argument, a
-tensor NCCL cannot take, an op the backend lacks) is the caller's error, raised unchanged. When every member refused
-the same call (:func:`refused_together`), the group is as healthy as before and the next collective on it works;
-when a member refused alone, the others are blocked in the collective: it frees them (cuts and aborts the group)
-and posts its error, which they name within seconds, instead of leaving them to wait out the timeout. Any other
-failure in eager is explained before it is raised (:func:`failed`): the survivors hold a roll call through
-the store, and the ranks that do not answer are named. A peer that failed with an error of fmesh's
-own passes it on (a mesh mismatch on one rank is a mismatch on all); a backend error after the
-group's timeout is :class:`~fmesh.GroupTimeoutError`; one with members gone is
-:class:`~fmesh.RankLostError`; with every member present, a ``RuntimeError`` quoting what each member saw
-(a bad tensor on one rank is named there; its healthy peers are not blamed). The first survivor to fail
-cuts the group's connections (:mod:`fmesh.context.connections`), so members still blocked in it fail
-at once and answer the roll call. A group that failed is aborted: using it again is
-:class:`~fmesh.RankLostError` at once; in a context aborted meanwhile, :class:`~fmesh.ContextClosedError`.
+A failure in eager is explained before it is raised, on every member (:func:`fmesh.context.failures.failed`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch
-from fmesh.context.agreement import FAILED, FAILING, FINAL_STATES, RECOVERING, Agreement, describe_status
-from fmesh.context.groups import Route, Target, usable
-from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError, TensorMismatchError
+from fmesh.context.failures import failed
+from fmesh.context.groups import Route
+from fmesh.context.store.board import Board
 from fmesh.layout.int_tuple import is_int
 
 ReduceOp = Literal["sum", "avg", "max", "min", "product"]
@@ -52,56 +37,6 @@ REDUCE_OPS: dict[ReduceOp, Any] = {
     "min": dist.ReduceOp.MIN,
     "product": dist.ReduceOp.PRODUCT,
 }
-# A backend error raised after this share of the group's timeout is that timeout.
-_TIMED_OUT = 0.9
-# How long the survivors of a failed collective wait for each other to answer the roll call.
-ROLL_CALL_SECONDS = 5.0
-# What torch and its backends raise on this rank when they refuse a collective before sending any byte of it
-# (regular expressions, searched in the first line of a RuntimeError's message; TypeError and ValueError are the
-# caller's on a live group whatever they say): the caller's error, never a group failure (:func:`callers_error`).
-LOCAL_REFUSALS: tuple[str, ...] = (
-    # ProcessGroupNCCL.cpp, check_gpu_single_tensor and check_gpu_tensors_same_device, before the NCCL call
-    r"Tensors must be CUDA and dense",
-    r"Tensors must be contiguous",
-    r"Tensor list must be nonempty",
-    r"Tensors must have identical type",
-    r"Tensors must be non-overlapping and dense",
-    r"Expected list of tensors on the same device",
-    # ProcessGroupNCCL.cpp, getNcclDataType: a dtype NCCL lacks (torch 2.4 and later's message, then older torch's)
-    r"data type is not supported for NCCL process group",
-    r"Unsupported data type for NCCL process group",
-    # an op the backend or the dtype lacks: ProcessGroupNCCL.cpp getNcclReduceOp ("... with NCCL", "... with boolean
-    # inputs"), ProcessGroupGloo.cpp ("... with Gloo", "... with non-integral dtype")
-    r"Cannot use ReduceOp\.\w+ with ",
-    # ProcessGroup.hpp, getBackend: the group has no backend for the tensor's device (a CPU tensor on an NCCL group)
-    r"No backend type associated with device type",
-    # ProcessGroupGloo.cpp, invalidArgument: "ProcessGroupGloo::<collective>: " and the check of c10d/Utils.hpp that
-    # failed (assertNonEmpty, assertRootRank, assertTypeMatch, assertSizesMatch, assertDense, ...; "unsupported
-    # layout", "unsupported reduction operation"), all before the work is queued; and send's single-tensor check.
-    r"^ProcessGroupGloo::\w+(: | takes a single tensor)",
-    # ProcessGroupGloo.cpp, GENERATE_ALL_TYPES: a dtype gloo cannot reduce (int16), met while the work is made, before
-    # it sends: one rank's odd dtype shows so; that rank frees its peers, which name it (refused_together)
-    r"^Invalid scalar type",
-)
-# How long a member that refused a collective on itself waits for the others to refuse it too (they do at once when
-# every rank runs the same program on the same kind of tensor) before it takes them for blocked in the collective.
-REFUSAL_GRACE_SECONDS = 2.0
-_REFUSED = re.compile("|".join(f"(?:{pattern})" for pattern in LOCAL_REFUSALS))
-# What a backend says when a peer is gone, in a collective fmesh did not run (FSDP's, DTensor's, a raw dist call):
-# gloo's transport (gloo/transport/tcp/pair.cc: a closed or reset connection, a read or write error, its timeout),
-# and NCCL's (ProcessGroupNCCL: a remote or system error, an aborted communicator, the watchdog's timeout). A
-# torch.distributed.DistError is one whatever it says.
-PEER_FAILURES: tuple[str, ...] = (
-    r"Connection closed by peer",
-    r"Connection reset by peer",
-    r"\bRead error\b",
-    r"\bWrite error\b",
-    r"Timed out waiting .* for recv operation",
-    r"ncclRemoteError|ncclSystemError|ncclInternalError",
-    r"NCCL communicator was aborted",
-    r"Watchdog caught collective operation timeout",
-)
-_PEER_FAILED = re.compile("|".join(f"(?:{pattern})" for pattern in PEER_FAILURES))
 
 
 def reduce_op(op: object) -> Any:
@@ -162,192 +97,6 @@ def check_divisible(what: str, label: str, tensor: torch.Tensor, dim: int, size:
         raise ValueError(f"{what}: {label} {dim} has size {tensor.shape[dim]}, not divisible by group size {size}")
 
 
-def callers_error(error: BaseException, group_is_live: bool) -> bool:
-    """Whether a collective's ``error`` is the caller's: torch or its backend refused the call on this rank before any
-    byte was sent, so the group is as healthy as before and :func:`failed` raises ``error`` unchanged (no connection
-    cut, no abort, no roll call, no failed status).
-
-    That is torch's refusal of the call itself (``NotImplementedError``, no kernel for the tensor), on any group; and
-    on a live group (still registered, its context not aborted) a ``TypeError`` or ``ValueError`` (torch's checks of
-    the arguments; a group aborted meanwhile raises ``ValueError`` too, so not there), or a ``RuntimeError`` whose
-    first line matches one of :data:`LOCAL_REFUSALS`. A ``torch.distributed.DistError`` (the backend's, the store's,
-    the network's) is the group's, whatever it says.
-
-    >>> callers_error(RuntimeError("Tensors must be contiguous"), group_is_live=True)
-    True
-    >>> callers_error(RuntimeError("[pair.cc:534] Connection closed by peer [127.0.0.1]:5961"), group_is_live=True)
-    False
-    >>> callers_error(ValueError("Invalid process group specified"), group_is_live=False)
-    False
-    """
-    if isinstance(error, dist.DistError):
-        return False
-    if isinstance(error, NotImplementedError):
-        return True
-    if not group_is_live:
-        return False
-    if isinstance(error, TypeError | ValueError):
-        return True
-    return isinstance(error, RuntimeError) and _REFUSED.search(str(error).partition("\n")[0]) is not None
-
-
-def refused_together(agreement: Agreement, process_group: dist.ProcessGroup | None, ranks: tuple[int, ...],
-                     error: BaseException) -> bool:
-    """Whether every member of the group refused this same call on itself (a roll call, open for
-    :data:`REFUSAL_GRACE_SECONDS`, under a label each member counts alike: its n-th refusal on this group). Then
-    nothing was sent anywhere and the group is healthy; otherwise the members that did not answer are blocked in
-    the collective, waiting for this rank."""
-    group = "world" if process_group is None else process_group.group_name
-    count = agreement.store.add(f"{agreement.prefix}/refusals/{group}/{agreement.rank}", 1)
-    silent = agreement.roll_call(f"refused-{group}-{count}", ranks, REFUSAL_GRACE_SECONDS,
-                                 f"{type(error).__name__}: {error}")
-    return not silent
-
-
-def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: timedelta, started: float,
-           error: Exception, agreement: Agreement | None, process_group: dist.ProcessGroup | None = None) -> NoReturn:
-    """Raise what a collective's ``error`` means: see the module docstring. ``agreement`` is ``None`` on the
-    fake backend (no store): then only the timeout is told apart. ``group``, broken now, is aborted
-    first, so that members still blocked in it fail at once and answer the roll call too."""
-    where = "the default group" if target is None else target.label()
-    halted = agreement is not None and agreement.connections.halted.is_set()
-    if callers_error(error, group_is_live=not halted and usable(process_group, agreement)):
-        if agreement is None or len(ranks) == 1 or refused_together(agreement, process_group, ranks, error):
-            raise error  # refused on this rank before any byte was sent: the group is as healthy as before
-        # Refused here alone: the other members are blocked in the collective. Free them now (cut, abort: the group
-        # cannot match its next collective anyway) and tell them why; this rank's own error is the caller's.
-        agreement.failed(error, refused=True)
-        if process_group is not None:
-            agreement.connections.sever(process_group.group_name)
-            _torch.abort_group(process_group)
-        raise error
-    if agreement is not None and halted:
-        raise ContextClosedError(f"on rank {agreement.rank}: {what} along {where} ended: this context was aborted "
-                                 "(ctx.abort())") from None
-    if process_group is not None and not usable(process_group, agreement):  # used after an earlier failure
-        raise RankLostError(f"on rank {'?' if agreement is None else agreement.rank}: {where} failed earlier and was "
-                            "aborted then; this context cannot use it again: abort the context and restart, or "
-                            "recover onto a mesh without the lost ranks") from None
-    if process_group is not None and agreement is not None:
-        # Cut its connections first: torch's abort of a gloo group releases neither a peer blocked in it nor this
-        # rank; with them cut, every member still blocked fails now and answers the roll call. A communicator that
-        # can shrink (NCCL >= 2.27) is left for a recovery to shrink (SHRINK_ABORT ends its work; pytorch #194775:
-        # the parent of a shrink is aborted after it, never destroyed); any other is aborted now.
-        agreement.connections.sever(process_group.group_name)
-        if target is None or not _torch.can_shrink(target.spec.backend):
-            _torch.abort_group(process_group)
-    timed_out = isinstance(error, dist.DistStoreError) or (
-        time.monotonic() - started >= _TIMED_OUT * timeout.total_seconds())
-    if agreement is None:
-        if timed_out:
-            raise GroupTimeoutError(f"{what} along {where} timed out after {timeout.total_seconds():g}s") from error
-        raise error
-    # Not blocked: a recovery that waits for this rank does not cut its groups to free it (agree_on_loss).
-    agreement.post_quietly(FAILING, what=what)
-    try:
-        label = f"{what}-{target.spec.digest() if target is not None else 'world'}"
-        missing = agreement.roll_call(label, ranks, ROLL_CALL_SECONDS, f"{type(error).__name__}: {error}")
-        statuses = agreement.current(agreement.statuses(missing))
-        answers = {} if missing else agreement.answers(label, ranks)
-    except ContextClosedError:
-        raise
-    except Exception:  # the store is gone too: its host is likely what died; this rank is not what is missing
-        missing, statuses, answers = [m for m in ranks if m != agreement.rank], {}, {}
-    doing = "; ".join(describe_status(m, statuses[m]) if m in statuses else f"rank {m}: the store is unreachable, "
-                      "its host is gone (rank 0, unless torchrun's agent hosts it)" for m in missing[:8])
-    ended: list[int] = []
-    with contextlib.suppress(Exception):  # the store may be gone: what it would add is a detail
-        ended = agreement.ended(missing)
-        if ended:
-            doing = f"the launcher saw the processes of ranks {ended} end; {doing}"
-    # Gone for sure: the launcher saw the process end, or it posted a final status. The others that did not answer
-    # are alive as far as anyone knows (blocked in a collective, or slow): named apart, never as lost.
-    known_gone = sorted({*ended, *(m for m in missing if statuses.get(m, {}).get("state") in FINAL_STATES)})
-    blocked = [m for m in missing if m not in known_gone and m != agreement.rank]  # this rank answered, if late
-    recovering = [m for m in missing if statuses.get(m, {}).get("state") == RECOVERING]
-    mismatch = next((m for m in missing if statuses.get(m, {}).get("kind") == "MeshMismatchError"), None)
-    refused = next((m for m in missing if statuses.get(m, {}).get("refused")), None)
-    explained: Exception
-    if refused is not None:
-        explained = TensorMismatchError(
-            f"on rank {agreement.rank}: {what} along {where} could not complete: rank {refused} refused it on itself, "
-            f"before sending any of it ({statuses[refused].get('error')}), while this rank's tensor went. Expected "
-            f"every member to pass a tensor the backend takes, of the same shape and dtype; see rank {refused}'s "
-            "error first")
-    elif mismatch is not None:
-        explained = MeshMismatchError(
-            f"on rank {agreement.rank}: {what} along {where} could not complete because rank {mismatch} disagrees "
-            f"about a mesh: {statuses[mismatch].get('error')}")
-    elif recovering:  # alive: they came to recover without ranks lost elsewhere, and wait for this rank to come
-        lost = statuses[recovering[0]].get("lost", "?")
-        together: list[int] = recovering
-        with contextlib.suppress(Exception):
-            together = [r for r in agreement.recovering() if r != agreement.rank] or recovering
-        explained = RankLostError(
-            f"on rank {agreement.rank}: {what} along {where} failed: ranks {lost} are lost, and ranks {together} are "
-            f"recovering without them ({describe_status(recovering[0], statuses[recovering[0]])}), so they cut the "
-            f"groups they share with this rank. Expected every survivor to recover: call ctx.recover({lost}) on this "
-            "rank too (they wait for it up to the creation timeout)")
-    elif timed_out:
-        explained = GroupTimeoutError(
-            f"on rank {agreement.rank}: {what} along {where} timed out after {timeout.total_seconds():g}s; ranks "
-            f"{missing} did not answer a roll call: {doing or 'all answered, so one is stuck elsewhere'}. Expected "
-            "every member to run this collective; check the order of collectives on the ranks named here")
-    elif known_gone:
-        alive = (f"; ranks {blocked} did not answer a roll call within {ROLL_CALL_SECONDS:g}s but are not known to be "
-                 "gone (still blocked in a collective, or slow)") if blocked else ""
-        explained = RankLostError(
-            f"on rank {agreement.rank}: {what} along {where} failed: ranks {known_gone} of the group are gone "
-            f"({doing}){alive}. Expected every member alive; see the logs of ranks {known_gone}, then restart the "
-            f"job or recover without them (the backend said: {error})")
-    elif missing:
-        gone = [m for m in missing if statuses.get(m, {}).get("state") != FAILED]
-        explained = RankLostError(
-            f"on rank {agreement.rank}: {what} along {where} failed: ranks {missing} of the group did not answer a "
-            f"roll call within {ROLL_CALL_SECONDS:g}s: they are gone, or still blocked in this collective ({doing}). "
-            f"Expected every member alive; see the logs of ranks {gone or missing}, then restart the job "
-            f"(the backend said: {error})")
-    else:  # every member is there, none is lost: each one's own error, so the one that went wrong shows
-        told = "; ".join(f"rank {m}: {answer[:300]}" for m, answer in list(answers.items())[:8])
-        explained = RuntimeError(
-            f"on rank {agreement.rank}: {what} along {where} failed on its members, and every member answered a roll "
-            f"call, so none is lost. What each saw: {told}. The error that is not a closed connection is the cause "
-            "(check that every member passes a tensor of the same dtype and shape)")
-    agreement.failed(explained)
-    raise explained from error
-
-
-def peer_failed(error: BaseException) -> bool:
-    """Whether ``error``, raised by a collective fmesh did not run, says a peer is gone (:data:`PEER_FAILURES`, or a
-    ``torch.distributed.DistError``); never for fmesh's own errors, which explain themselves already.
-
-    >>> peer_failed(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:31123")), peer_failed(
-    ...     RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
-    (True, False)
-    """
-    if type(error).__module__.split(".")[0] == "fmesh":
-        return False
-    return isinstance(error, dist.DistError) or (
-        isinstance(error, RuntimeError) and _PEER_FAILED.search(str(error)) is not None)
-
-
-@contextlib.contextmanager
-def guarded(what: str, world_size: int, timeout: timedelta, agreement: Agreement | None) -> Iterator[None]:
-    """Explain a peer's loss in collectives fmesh did not run (FSDP's, DTensor's, raw ``torch.distributed`` calls)
-    inside the block, as fmesh explains its own: a backend error that says a peer is gone (:func:`peer_failed`)
-    becomes, after a roll call of the world (every survivor whose block failed answers it),
-    :class:`~fmesh.RankLostError` naming the ranks that did not answer, with the backend's error as its cause. Any
-    other error passes unchanged, at once."""
-    started = time.monotonic()
-    try:
-        yield
-    except Exception as error:
-        if agreement is None or not peer_failed(error):
-            raise
-        count = agreement.store.add(f"{agreement.prefix}/guarded/{agreement.rank}", 1)  # the n-th on every rank
-        failed(f"{what} (#{count})", None, tuple(range(world_size)), timeout, started, error, agreement)
-
-
 def run(what: str, route: Route, call: Callable[[], object]) -> None:
     """``call()`` on the route's group, with its errors explained by :func:`failed`."""
     started = time.monotonic()
@@ -355,7 +104,7 @@ def run(what: str, route: Route, call: Callable[[], object]) -> None:
         call()
     except (RuntimeError, ValueError, TypeError) as error:  # ValueError: also torch's for a group aborted meanwhile
         target = route.target
-        failed(what, target, target.ranks, target.spec.timeout, started, error, route.agreement, route.group)
+        failed(what, target, target.ranks, target.spec.timeout, started, error, route.board, route.group)
 
 
 def all_reduce(route: Route, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
@@ -375,7 +124,7 @@ def all_reduce(route: Route, tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor
         else:
             dist.all_reduce(result, op=REDUCE_OPS[op], group=process_group)
     except (RuntimeError, ValueError, TypeError) as error:  # ValueError: also torch's for a group aborted meanwhile
-        failed("all_reduce", target, target.ranks, target.spec.timeout, started, error, route.agreement, process_group)
+        failed("all_reduce", target, target.ranks, target.spec.timeout, started, error, route.board, process_group)
     return result
 
 
@@ -452,10 +201,10 @@ def barrier(route: Route) -> None:
         run("barrier", route, lambda: dist.barrier(group=process_group))
 
 
-def world_barrier(world_size: int, timeout: timedelta, agreement: Agreement | None) -> None:
+def world_barrier(world_size: int, timeout: timedelta, board: Board | None) -> None:
     """Wait for every rank of the default group."""
     started = time.monotonic()
     try:
         dist.barrier()
     except (RuntimeError, ValueError, TypeError) as error:  # ValueError: also torch's for a group aborted meanwhile
-        failed("barrier", None, tuple(range(world_size)), timeout, started, error, agreement)
+        failed("barrier", None, tuple(range(world_size)), timeout, started, error, board)

@@ -34,12 +34,13 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from fmesh.context import _torch, autograd, collectives, objects, permute, recovery
+from fmesh.context import _torch, autograd, collectives, failures, objects, permute, recovery
 from fmesh.context.collectives import ReduceOp
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, materialize, plan_groups
 from fmesh.context.groups import GroupRegistry, Target
 from fmesh.context.options import AxisOptions, GroupSettings, wire_options
+from fmesh.context.store import recovery_vote
 from fmesh.context.tensors import TensorChecks, check_tensor
 from fmesh.context.world import World
 from fmesh.layout.int_tuple import is_int
@@ -102,12 +103,11 @@ class Context:
         self._simulated = simulated
         self._tensors = tensors  # the members' check of their tensors before each collective (fmesh.context.tensors)
         self._settings = attrs.evolve(settings, backend=world.backend)
-        # The ranks' statuses and agreements (none on the fake backend, whose store cannot be used), once the ranks
-        # agree on every option that decides what goes over the wire.
-        self._agreement = world.agreement(self._settings.creation_timeout,
-                                          wire_options(self._settings, tensors.enabled))
+        # The ranks' status board (none on the fake backend, whose store cannot be used), once the ranks agree on
+        # every option that decides what goes over the wire.
+        self._board = world.board(self._settings.creation_timeout, wire_options(self._settings, tensors.enabled))
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
-        self._groups = GroupRegistry(world, self._settings, agreement=self._agreement, ascending_only=simulated)
+        self._groups = GroupRegistry(world, self._settings, board=self._board, ascending_only=simulated)
         self._exports = Exporter(world.device.type)
 
     # -------------------------------------------------------------- builders
@@ -356,7 +356,7 @@ class Context:
         """
         if mesh is None:
             self._groups.enter("a barrier")
-            collectives.world_barrier(self.world_size, self._settings.timeout, self._agreement)
+            collectives.world_barrier(self.world_size, self._settings.timeout, self._board)
             return
         collectives.barrier(self._groups.resolve(mesh, axes))
 
@@ -372,7 +372,7 @@ class Context:
         >>> with Context.fake(2) as ctx, ctx.guard("step 3"):
         ...     total = ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ("dp",)), "dp")
         """
-        with collectives.guarded(what, self.world_size, self._settings.timeout, self._agreement):
+        with failures.guarded(what, self.world_size, self._settings.timeout, self._board):
             yield
 
     # ------------------------------------------------------ objects, permutes
@@ -582,15 +582,15 @@ class Context:
         gone = recovery.check_lost(lost, self.world_size, self.rank)
         _torch.require(_torch.RECOVERY)
         world = recovery.new_world(self.world_size, gone, mesh)
-        if self._agreement is None:
+        if self._board is None:
             raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
         self._groups.cut_broken(gone)
         survivors = tuple(r for r in range(self.world_size) if r not in gone)
-        holding = self._agreement.agree_on_loss(survivors, gone, self._groups.held_groups())
+        holding = recovery_vote.agree_on_loss(self._board, survivors, gone, self._groups.held_groups())
         renumber = {old: new for new, old in enumerate(world)}
         taken = self._groups.take_renewed(renumber, holding, set(survivors))
-        store = dist.PrefixStore(f"{self._agreement.prefix}/recovered", self._world.store())
-        old, ended = self._world, self._agreement.ended  # the launcher's marks, by old rank
+        store = dist.PrefixStore(self._board.keys.recovered, self._world.store())
+        old, ended = self._world, self._board.ended  # the launcher's marks, by old rank
         self._end("hand_over")
         if self.rank not in renumber:
             return None
@@ -607,8 +607,8 @@ class Context:
             return
         if how == "abort":  # first, before any store operation: ends this rank's waits and frees the peers blocked
             self._groups.halt()
-        if self._agreement is not None:  # the exit hook withdrawn, and peers waiting for this rank told why
-            self._agreement.leave(aborted=how != "close", error=error)
+        if self._board is not None:  # the exit hook withdrawn, and peers waiting for this rank told why
+            self._board.leave(aborted=how != "close", error=error)
         self._exports.clear()
         if how == "hand_over":
             self._groups.hand_over()

@@ -6,7 +6,7 @@ A :class:`GroupRegistry` answers two questions and remembers the answers:
   (the checked axis names, this rank's ordered group, and the group's :class:`GroupSpec`).
   Pure arithmetic on the mesh, cached on the normalised ``(mesh, axes)``.
 * :meth:`GroupRegistry.group`: the ``ProcessGroup`` of a target, created on first need by its
-  members only (after they agree on what they mean, see :mod:`fmesh.context.agreement`) and
+  members only (after they agree on what they mean, see :mod:`fmesh.context.store.agreement`) and
   shared by every target with the same spec.
 
 :meth:`GroupRegistry.split` creates the groups of whole partitions of the world at once (one
@@ -26,8 +26,8 @@ connection), and a thread asking for a new group while another creates one is re
 
 Connecting a group is bounded by the creation timeout (gloo's rendezvous otherwise waits the
 collective timeout), and a member that fails meanwhile is named
-(:meth:`~fmesh.context.agreement.Agreement.connect_failed`). Before a group is created, the process's
-file descriptors are counted (:meth:`~fmesh.context.connections.Connections.check_room`).
+(:func:`~fmesh.context.store.agreement.connect_failed`). Before a group is created, the process's
+file descriptors are counted (:meth:`~fmesh.context.store.connections.Connections.check_room`).
 """
 
 from __future__ import annotations
@@ -43,9 +43,12 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context import _torch
-from fmesh.context.agreement import Agreement, HeldGroup, digest
-from fmesh.context.connections import open_sockets
 from fmesh.context.options import GroupSettings, GroupSpec
+from fmesh.context.store.agreement import agree, connect_failed
+from fmesh.context.store.board import Board
+from fmesh.context.store.connections import open_sockets
+from fmesh.context.store.keys import digest
+from fmesh.context.store.recovery_vote import HeldGroup
 from fmesh.context.world import World
 from fmesh.errors import ContextClosedError, RankLostError
 from fmesh.mesh import Mesh
@@ -100,13 +103,13 @@ class Target:
 @attrs.frozen(eq=False)
 class Route:
     """Where a collective goes: this rank's ``target`` (its group along some axes of a mesh), the process
-    ``group`` (``None`` for a group of one) and the ``agreement`` that explains a failure (``None`` on the fake
+    ``group`` (``None`` for a group of one) and the status ``board`` that explains a failure (``None`` on the fake
     backend). The registry makes one per (mesh, axes) and hands the same object out again, so a compiled region
     reads it and never builds one."""
 
     target: Target
     group: dist.ProcessGroup | None
-    agreement: Agreement | None
+    board: Board | None
 
 
 @attrs.frozen
@@ -136,12 +139,12 @@ def describe_mesh(mesh: Mesh) -> str:
     return f"{mesh!r} over {mesh.universe!r}, layouts {layouts}"
 
 
-def usable(group: dist.ProcessGroup | None, agreement: Agreement | None) -> bool:
+def usable(group: dist.ProcessGroup | None, board: Board | None) -> bool:
     """Whether ``group`` (``None``: the default group) can run collectives: torch still knows it, and no failure cut
-    it (:meth:`~fmesh.context.connections.Connections.was_cut`; a cut group that can shrink stays registered until a
-    recovery shrinks it or the context aborts it)."""
+    it (:meth:`~fmesh.context.store.connections.Connections.was_cut`; a cut group that can shrink stays registered
+    until a recovery shrinks it or the context aborts it)."""
     return _torch.registered(group) and not (
-        group is not None and agreement is not None and agreement.connections.was_cut(group.group_name))
+        group is not None and board is not None and board.connections.was_cut(group.group_name))
 
 
 class GroupRegistry:
@@ -157,11 +160,11 @@ class GroupRegistry:
     (True, True)
     """
 
-    def __init__(self, world: World, settings: GroupSettings, *, agreement: Agreement | None = None,
+    def __init__(self, world: World, settings: GroupSettings, *, board: Board | None = None,
                  ascending_only: bool = False) -> None:
         self._world = world
         self._settings = settings
-        self._agreement = agreement  # None on the fake backend, whose store cannot be used
+        self._board = board  # None on the fake backend, whose store cannot be used
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._ascending_only = ascending_only
         self._targets: dict[tuple[Mesh, tuple[str, ...]], Target] = {}
@@ -301,7 +304,7 @@ class GroupRegistry:
             if torch.compiler.is_compiling():
                 raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=axes, mesh=mesh))
             target = self.target(mesh, axes)
-            found = self._resolved[(mesh, target.axes)] = Route(target, self.group(target, claim), self._agreement)
+            found = self._resolved[(mesh, target.axes)] = Route(target, self.group(target, claim), self._board)
             return found
         if claim:
             self._claimed(found.target)
@@ -322,7 +325,7 @@ class GroupRegistry:
         if torch.compiler.is_compiling():
             raise RuntimeError(_NOT_BEFORE_COMPILING.format(axes=axes, mesh=mesh))
         target = self.target(mesh, axes)  # checks a user's mistake outside any except block; counts its hit
-        route = Route(target, self.group(target, claim), self._agreement)
+        route = Route(target, self.group(target, claim), self._board)
         if len(self._by_identity) >= IDENTITY_ENTRIES:
             self._by_identity.clear()
             self._by_target.clear()
@@ -351,7 +354,7 @@ class GroupRegistry:
             self._claimed(target)
         group = self._groups.get(target.spec)
         if group is not None:
-            if usable(group, self._agreement):
+            if usable(group, self._board):
                 return group
             self._drop(target.spec)
             raise RankLostError(
@@ -400,9 +403,9 @@ class GroupRegistry:
             )
         _torch.require(_torch.GROUPS)  # on every member before they meet: each raises it, none waits for another
         started = time.perf_counter()
-        if self._agreement is not None and target.size > 1:
-            agreement, held = self._agreement, len(self._groups)
-            self._failing_as_posted(lambda: agreement.connections.check_room(target.size, held, target.label()))
+        if self._board is not None and target.size > 1:
+            board, held = self._board, len(self._groups)
+            self._failing_as_posted(lambda: board.connections.check_room(target.size, held, target.label()))
         self._agree(target.spec.digest(), target.ranks, target.describe(), target.label())
         connect_timeout = self._connect_timeout(target.spec)
         group = self._connect(target.ranks, target.label(), lambda: _torch.create_group(
@@ -413,7 +416,7 @@ class GroupRegistry:
             timeout=connect_timeout,
             options=target.spec.options,
             description=f"fmesh_{'_'.join(target.axes)}",
-            store=None if self._agreement is None else self._agreement.store,
+            store=None if self._board is None else self._board.store,
         ))
         if connect_timeout != target.spec.timeout:
             _torch.set_group_timeout(group, target.spec.timeout)
@@ -424,7 +427,7 @@ class GroupRegistry:
         # gloo's rendezvous waits for every member with the group's timeout (the collectives', 10 min by
         # default): a member that died after agreeing would be waited for that long. Connect within the
         # creation timeout instead, then give the group its own.
-        if spec.backend == "gloo" and self._agreement is not None:
+        if spec.backend == "gloo" and self._board is not None:
             return min(spec.timeout, self._settings.creation_timeout)
         return spec.timeout
 
@@ -432,26 +435,26 @@ class GroupRegistry:
         """``create()`` a group the members agreed on, noting its sockets; a failure is explained (a member
         that failed meanwhile is named) and posted in its status, so peers waiting for us learn it. A
         context aborted meanwhile aborts the new group and raises ``ContextClosedError``."""
-        agreement = self._agreement
-        if agreement is None:
+        board = self._board
+        if board is None:
             return create()
         before = open_sockets()
         try:
             group = create()
         except Exception as error:
-            explained = agreement.connect_failed(members, what, error)
-            agreement.failed(explained)
+            explained = connect_failed(board, members, what, error)
+            board.failed(explained)
             if explained is error:
                 raise
             raise explained from error
         if group is not None:
-            agreement.connections.note(group.group_name, open_sockets() - before)
-        if agreement.connections.halted.is_set():
+            board.connections.note(group.group_name, open_sockets() - before)
+        if board.connections.halted.is_set():
             if group is not None:
-                agreement.connections.sever(group.group_name)
+                board.connections.sever(group.group_name)
                 with contextlib.suppress(Exception):
                     _torch.abort_group(group)
-            agreement.check_halted(f"connecting {what}")
+            board.waiter.check_halted(f"connecting {what}")
         return group
 
     def split(self, mesh: Mesh, axes: tuple[str, ...], mine: tuple[int, ...] | None) -> None:
@@ -476,16 +479,16 @@ class GroupRegistry:
                 self._record(spec, group, started)
 
     def _agree(self, key: str, members: tuple[int, ...], description: str, what: str) -> None:
-        if self._agreement is not None and len(members) > 1:
-            self._agreement.agree(key, members, description, what)
+        if self._board is not None and len(members) > 1:
+            agree(self._board, key, members, description, what)
 
     def _failing_as_posted(self, step: Callable[[], Any]) -> Any:
         """``step()``; a failure is posted in its status first, so peers waiting for us learn it."""
         try:
             return step()
         except Exception as error:
-            if self._agreement is not None:
-                self._agreement.failed(error)
+            if self._board is not None:
+                self._board.failed(error)
             raise
 
     def _record(self, spec: GroupSpec, group: dist.ProcessGroup, started: float) -> None:
@@ -514,10 +517,10 @@ class GroupRegistry:
         """Cut the connections of every group that lost a member, so a survivor still blocked in one (a collective
         fmesh did not run, FSDP's say, fails with the backend's error and no roll call) is released now."""
         gone = set(lost)
-        if self._agreement is not None:
+        if self._board is not None:
             for spec, group in self.held().items():
                 if gone.intersection(spec.ranks):
-                    self._agreement.connections.sever(group.group_name)
+                    self._board.connections.sever(group.group_name)
 
     def take_renewed(self, renumber: Mapping[int, int], holders: Mapping[str, int],
                      survivors: Container[int]) -> tuple[Taken, ...]:
@@ -541,7 +544,7 @@ class GroupRegistry:
             if action == SHRINK:  # the members that do not go on, lost or dropped by the new world, are excluded
                 group = _torch.shrink_group(group, [i for i, r in enumerate(spec.ranks) if r not in renumber])
                 members = tuple(r for r in spec.ranks if r in renumber)
-            sockets = frozenset() if self._agreement is None else self._agreement.connections.take(group.group_name)
+            sockets = frozenset() if self._board is None else self._board.connections.take(group.group_name)
             taken.append(Taken(attrs.evolve(spec, ranks=tuple(renumber[m] for m in members)),
                                _torch.detach_group(group), action, sockets))
         return tuple(taken)
@@ -561,8 +564,8 @@ class GroupRegistry:
         """Hold ``group`` (``action``: kept or shrunk by a recovery) as the group of ``spec``, with its ``sockets``."""
         self._groups[spec] = group
         self._adopted[spec] = action
-        if self._agreement is not None:
-            self._agreement.connections.note(group.group_name, sockets)
+        if self._board is not None:
+            self._board.connections.note(group.group_name, sockets)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -604,9 +607,9 @@ class GroupRegistry:
     def halt(self) -> None:
         """The first, instant part of :meth:`abort`: end every wait of the context at its next poll, and cut
         every group's connections (the collectives blocked in them fail now, here and on the peers)."""
-        if self._agreement is not None:
-            self._agreement.connections.halted.set()
-            self._agreement.connections.sever_all()
+        if self._board is not None:
+            self._board.connections.halted.set()
+            self._board.connections.sever_all()
 
     def _drop(self, spec: GroupSpec) -> None:
         """Forget the group of ``spec`` (torch aborted it after a failure) and every target resolved to it."""
@@ -641,11 +644,11 @@ class GroupRegistry:
                 # groups left must still end, and the context still close. One a failure cut is aborted, never
                 # destroyed: the orderly way would wait for its broken members.
                 orderly = end_group is _torch.destroy_group
-                ending = _torch.abort_group if orderly and not usable(group, self._agreement) else end_group
+                ending = _torch.abort_group if orderly and not usable(group, self._board) else end_group
                 with contextlib.suppress(ValueError if ending is _torch.destroy_group else Exception):
                     ending(group)
-                if self._agreement is not None:
-                    self._agreement.connections.forget(group.group_name)
+                if self._board is not None:
+                    self._board.connections.forget(group.group_name)
         released = bool(groups)
         del groups
         return released

@@ -29,9 +29,9 @@ import attrs
 import torch
 
 from fmesh.context import _torch
-from fmesh.context.agreement import mark_ended
 from fmesh.context.context import Context
 from fmesh.context.options import DEFAULT_CREATION_TIMEOUT, normalize_timeout
+from fmesh.context.store.board import mark_ended
 from fmesh.errors import LaunchError, RemoteTraceback
 from fmesh.layout.int_tuple import is_int
 

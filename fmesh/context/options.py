@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -255,37 +254,3 @@ def _wire_text(value: object) -> str:
         return f"AxisOptions(backend={value.backend!r}, options={value.options_key!r}, timeout={value.timeout!r})"
     return repr(value)
 
-
-def options_differ(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
-    """The fields of two :func:`wire_options` records that differ, as ``name: this rank's vs theirs``.
-
-    >>> options_differ({"check_tensors": "True"}, {"check_tensors": "False"})
-    ['check_tensors: True here, False there']
-    """
-    return [f"{name}: {mine.get(name, 'unset')} here, {theirs.get(name, 'unset')} there"
-            for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
-
-
-def agree_options(store: Any, prefix: str, rank: int, mine: Mapping[str, str]) -> None:
-    """Agree the :func:`wire_options` of one context's ranks in its ``store`` (under ``prefix``): the first rank to
-    start fixes them (one ``compare_set``); a rank that means others raises ``ValueError`` naming each field that
-    differs (its context then ends, so the ranks waiting for it raise ``RankLostError`` with this error at their first
-    look). Without it, ``check_tensors`` on one rank and not on another matched one rank's check with the other's data
-    inside gloo, which killed a rank with SIGABRT.
-
-    >>> import torch.distributed as dist
-    >>> store = dist.HashStore()
-    >>> agree_options(store, "doc", 0, {"check_tensors": "True"})
-    >>> agree_options(store, "doc", 1, {"check_tensors": "False"})
-    Traceback (most recent call last):
-    ...
-    ValueError: on rank 1: this rank's Context options differ from rank 0's, which started first: check_tensors: ...
-    """
-    posted = json.dumps({"rank": rank, "options": dict(mine)})
-    first = json.loads(store.compare_set(f"{prefix}/options", "", posted))
-    differ = options_differ(mine, first["options"])
-    if differ:
-        raise ValueError(
-            f"on rank {rank}: this rank's Context options differ from rank {first['rank']}'s, which started first: "
-            f"{'; '.join(differ)}. Expected every rank to create its Context with the same options (they decide which "
-            "groups a collective runs on and what goes over the wire); pass the same to every rank")

@@ -25,9 +25,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from fmesh.context import collectives
-from fmesh.context.agreement import Agreement
 from fmesh.context.groups import Route, Target
 from fmesh.context.options import GroupSpec
+from fmesh.context.store.board import Board
 from fmesh.errors import TensorMismatchError
 
 # How long a member that saw a mismatch waits for the others' descriptions, to name the odd one.
@@ -95,16 +95,16 @@ def signature(call: str) -> int:
     return int.from_bytes(hashlib.blake2b(call.encode(), digest_size=7).digest(), "big")
 
 
-def _odd_ones(agreement: Agreement, key: str, target: Target, what: str, mine: str) -> str:
+def _odd_ones(board: Board, group: str, count: int, target: Target, what: str, mine: str) -> str:
     """The message naming the members whose call differs from most members' (each member posts its own under
-    ``key`` and reads the others')."""
-    agreement.store.set(f"{agreement.prefix}/{key}/{agreement.rank}", mine)
-    keys = [f"{agreement.prefix}/{key}/{rank}" for rank in target.ranks]
+    the ``count``-th checked collective on ``group`` and reads the others')."""
+    board.store.set(board.keys.tensor(group, count, board.rank), mine)
+    keys = [board.keys.tensor(group, count, rank) for rank in target.ranks]
     try:
-        agreement.store.wait(keys, timedelta(seconds=DESCRIPTIONS_SECONDS))
-        held = dict(zip(target.ranks, (raw.decode() for raw in agreement.store.multi_get(keys)), strict=True))
+        board.store.wait(keys, timedelta(seconds=DESCRIPTIONS_SECONDS))
+        held = dict(zip(target.ranks, (raw.decode() for raw in board.store.multi_get(keys)), strict=True))
     except Exception:  # a member never came: say what this rank knows
-        held = {agreement.rank: mine}
+        held = {board.rank: mine}
     usual, times = Counter(held.values()).most_common(1)[0]
     if 2 * times <= len(held):  # no majority (two members, say): every member's own, none called odd
         found = "; ".join(f"rank {rank} holds a tensor of {text}" for rank, text in sorted(held.items()))
@@ -113,7 +113,7 @@ def _odd_ones(agreement: Agreement, key: str, target: Target, what: str, mine: s
         others = sorted(rank for rank in held if rank not in odd)
         named = "; ".join(f"rank {rank} holds a tensor of {text}" for rank, text in sorted(odd.items()))
         found = f"{named}, while ranks {others} hold {usual}"
-    return (f"on rank {agreement.rank}: {what} along {target.label()}: members hold different tensors: {found}. "
+    return (f"on rank {board.rank}: {what} along {target.label()}: members hold different tensors: {found}. "
             "Expected every member of the group to pass a tensor of the same shape and dtype to the same collective "
             "(nothing was sent: the group is healthy; Context(check_tensors=False) turns this check off)")
 
@@ -143,7 +143,7 @@ class TensorChecks:
         (``what`` with ``arguments``, the tensor's shape and dtype) in one small all_reduce on the group, before
         any of the tensor is sent: :class:`~fmesh.TensorMismatchError` on every member when one differs."""
         process_group = route.group
-        if (not self.enabled or route.agreement is None or process_group is None or route.target.size == 1
+        if (not self.enabled or route.board is None or process_group is None or route.target.size == 1
                 or torch.compiler.is_compiling()):
             return
         spec = route.target.spec  # hashed once (cache_hash); its digest, O(group size), only on a mismatch
@@ -156,5 +156,5 @@ class TensorChecks:
         highest, negated_lowest = bounds.tolist()
         if highest == code == -negated_lowest:
             return
-        raise TensorMismatchError(_odd_ones(route.agreement, f"tensor/{spec.digest()}/{count}", route.target, what,
+        raise TensorMismatchError(_odd_ones(route.board, spec.digest(), count, route.target, what,
                                             mine))

@@ -25,9 +25,10 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from fmesh.context import _torch, rendezvous, slurm
-from fmesh.context.agreement import ENDED_LIST, Agreement, read_list
-from fmesh.context.options import DEFAULT_TIMEOUT, agree_options, normalize_backend
+from fmesh.context import _torch, slurm
+from fmesh.context.options import DEFAULT_TIMEOUT, normalize_backend
+from fmesh.context.store import keys, rendezvous
+from fmesh.context.store.board import Board, read_list
 from fmesh.errors import GroupTimeoutError, LaunchError, RankLostError, RecoveryError
 from fmesh.layout.int_tuple import is_int
 
@@ -147,7 +148,7 @@ def launcher_ended(store: dist.Store, world_size: int) -> Callable[[], list[int]
     """The ranks of a world of ``world_size`` whose processes the launcher that hosts ``store`` saw end (none where
     no launcher says: torchrun's agent does not), each time it is called: one store operation."""
     root = _torch.root_store(store)
-    return lambda: sorted(r for r in read_list(root, ENDED_LIST) if r < world_size)
+    return lambda: sorted(r for r in read_list(root, keys.ENDED_LIST) if r < world_size)
 
 
 def _connected(rank: int, world_size: int, timeout: timedelta, gone: Callable[[], list[int]]) -> None:
@@ -273,7 +274,7 @@ class World:
         if backend != "fake":
             # The n-th context of this name on each rank is the n-th on every rank (SPMD order), whenever each
             # rank makes it: a count per rank, not one shared count that assumes the ranks move in lockstep.
-            epoch = _torch.default_store().add(f"fmesh/{name}/contexts/{dist.get_rank()}", 1) - 1
+            epoch = _torch.default_store().add(keys.contexts_made(name, dist.get_rank()), 1) - 1
         return cls(
             rank=int(dist.get_rank()),
             world_size=size,
@@ -362,26 +363,25 @@ class World:
                             f"world could not start: {cause}. Recover again without those ranks too, or restart the "
                             "job") from failure
 
-    def agreement(self, creation_timeout: timedelta, options: Mapping[str, str]) -> Agreement | None:
-        """This rank's statuses and agreements for one context of this world (``None`` on the fake backend, whose
-        store cannot be used), on a store connection of its own, opened once the ranks agree on the context's
-        wire-relevant ``options`` (:func:`~fmesh.context.options.agree_options`). A rank that means others raises
-        ``ValueError`` naming each field that differs, having ended its agreement with that error and aborted the
-        default group this world made: the peers waiting for it raise ``RankLostError`` with that error."""
+    def board(self, creation_timeout: timedelta, options: Mapping[str, str]) -> Board | None:
+        """This rank's status board for one context of this world (``None`` on the fake backend, whose store cannot be
+        used), on a store connection of its own, opened once the ranks agree on the context's wire-relevant
+        ``options`` (:meth:`~fmesh.context.store.board.Board.agree_options`). A rank that means others raises
+        ``ValueError`` naming each field that differs, having posted that error and aborted the default group this
+        world made: the peers waiting for it raise ``RankLostError`` with that error."""
         if self.fake:
             return None
         store = _torch.store_client(self.store())
-        prefix = f"fmesh/{self.name}/{self.epoch}"
-        agreement = Agreement(store, prefix, self.rank, creation_timeout,
-                              launcher_store=_torch.root_store(store) if self.generation == 0 else None).open()
+        board = Board(store, keys.context_prefix(self.name, self.epoch), self.rank, creation_timeout,
+                      launcher_store=_torch.root_store(store) if self.generation == 0 else None).open()
         try:
-            agree_options(store, prefix, self.rank, options)
+            board.agree_options(options)
         except ValueError as error:
-            agreement.leave(aborted=True, error=error)
+            board.leave(aborted=True, error=error)
             if self.close(abort=True):
                 gc.collect()  # the C++ group ends here, not at interpreter exit
             raise
-        return agreement
+        return board
 
     def store(self) -> dist.Store:
         """The default group's store, where group creation rendezvous and agreement happen."""

@@ -16,7 +16,11 @@ import torch.distributed as dist
 from support import CountingStore, in_threads, patience
 
 import fmesh
-from fmesh.context.agreement import Agreement, mark_ended
+from fmesh.context.store.agreement import agree, arrive
+from fmesh.context.store.board import Board, mark_ended
+from fmesh.context.store.diagnosis import diagnose
+from fmesh.context.store.records import MISSING, RUNNING, Status
+from fmesh.context.store.roll_call import roll_call
 
 
 def members_agree(store: Any, members: Sequence[int], key: Callable[[int], str], description: Callable[[int], str],
@@ -25,10 +29,10 @@ def members_agree(store: Any, members: Sequence[int], key: Callable[[int], str],
     outcome: dict[int, Any] = {}
 
     def member(rank: int) -> None:
-        agreement = Agreement(store, "test", rank, timedelta(seconds=creation), grace=grace)
+        agreement = Board(store, "test", rank, timedelta(seconds=creation), grace=grace)
         agreement.post("running")
         try:
-            agreement.agree(key(rank), members, description(rank), f"group {key(rank)}")
+            agree(agreement, key(rank), members, description(rank), f"group {key(rank)}")
             outcome[rank] = None
         except Exception as error:
             outcome[rank] = error
@@ -67,7 +71,7 @@ def test_ranks_waiting_for_each_other_in_a_cycle_are_told_in_seconds() -> None:
 
 def test_a_member_that_never_comes_times_out_naming_it_and_what_it_does() -> None:
     store = CountingStore()
-    Agreement(store, "test", 1, timedelta(seconds=60)).post("running")  # alive, doing something else
+    Board(store, "test", 1, timedelta(seconds=60)).post("running")  # alive, doing something else
     outcome = members_agree(store, [0, 1], lambda r: "g", lambda r: "Mesh(x)", creation=1.5, who=[0])
     error = outcome[0]
     assert isinstance(error, fmesh.GroupTimeoutError), error
@@ -76,7 +80,7 @@ def test_a_member_that_never_comes_times_out_naming_it_and_what_it_does() -> Non
 
 def test_a_member_that_failed_is_reported_with_its_error() -> None:
     store = CountingStore()
-    Agreement(store, "test", 1, timedelta(seconds=60)).failed(ValueError("no data on rank 1"))
+    Board(store, "test", 1, timedelta(seconds=60)).failed(ValueError("no data on rank 1"))
     outcome = members_agree(store, [0, 1], lambda r: "g", lambda r: "Mesh(x)", who=[0])
     error = outcome[0]
     assert isinstance(error, fmesh.RankLostError), error
@@ -85,7 +89,7 @@ def test_a_member_that_failed_is_reported_with_its_error() -> None:
 
 def test_a_failed_mismatch_stays_a_mismatch() -> None:
     store = CountingStore()
-    Agreement(store, "test", 1, timedelta(seconds=60)).failed(fmesh.MeshMismatchError("rank 1 saw Mesh(z)"))
+    Board(store, "test", 1, timedelta(seconds=60)).failed(fmesh.MeshMismatchError("rank 1 saw Mesh(z)"))
     outcome = members_agree(store, [0, 1], lambda r: "g", lambda r: "Mesh(x)", who=[0])
     assert isinstance(outcome[0], fmesh.MeshMismatchError) and "Mesh(z)" in str(outcome[0])
 
@@ -95,7 +99,7 @@ def test_the_roll_call_names_who_does_not_answer() -> None:
     answers: dict[int, list[int]] = {}
 
     def survivor(rank: int) -> None:
-        answers[rank] = Agreement(store, "test", rank, timedelta(seconds=60)).roll_call("ar", [0, 1, 2], 1.0)
+        answers[rank] = roll_call(Board(store, "test", rank, timedelta(seconds=60)), "ar", [0, 1, 2], 1.0)
 
     threads = [threading.Thread(target=survivor, args=(rank,)) for rank in (0, 1)]
     for thread in threads:
@@ -107,28 +111,27 @@ def test_the_roll_call_names_who_does_not_answer() -> None:
 
 def test_statuses_of_ranks_that_never_posted_one() -> None:
     store = dist.HashStore()
-    agreement = Agreement(store, "test", 0, timedelta(seconds=60))
+    agreement = Board(store, "test", 0, timedelta(seconds=60))
     agreement.post("running")
-    assert agreement.statuses([0, 1]) == {0: {"state": "running"}, 1: {"state": "missing"}}
+    assert agreement.statuses([0, 1]) == {0: Status(RUNNING), 1: Status(MISSING)}
 
 
 def test_a_close_after_an_abort_still_tells_the_abort() -> None:
     # abort() on a watchdog thread halts the context; close() on the main thread may post after it.
-    from fmesh.context.agreement import describe_status
 
     store = dist.HashStore()
-    aborting = Agreement(store, "test", 0, timedelta(seconds=5))
+    aborting = Board(store, "test", 0, timedelta(seconds=5))
     aborting.close_quietly(aborted=False)
-    assert describe_status(0, aborting.statuses([0])[0]) == "rank 0 closed its context"
+    assert aborting.statuses([0])[0].describe(0) == "rank 0 closed its context"
     aborting.connections.halted.set()
     aborting.close_quietly(aborted=False)
-    assert describe_status(0, aborting.statuses([0])[0]) == "rank 0 aborted its context"
+    assert aborting.statuses([0])[0].describe(0) == "rank 0 aborted its context"
 
 
 def test_a_member_that_exited_without_closing_is_named_with_what_ended_it(monkeypatch: Any) -> None:
     store = CountingStore()
     monkeypatch.setattr("sys.last_value", KeyError("lost batch"), raising=False)  # as after an uncaught exception
-    Agreement(store, "test", 1, timedelta(seconds=60)).post_exit()
+    Board(store, "test", 1, timedelta(seconds=60)).post_exit()
     outcome = members_agree(store, [0, 1], lambda r: "g", lambda r: "Mesh(x)", who=[0])
     assert isinstance(outcome[0], fmesh.RankLostError), outcome
     assert "rank 1 exited without closing its Context after an uncaught KeyError: 'lost batch'" in str(outcome[0])
@@ -151,18 +154,18 @@ def test_an_exit_hook_posts_exited_for_an_open_context_only(tmp_path: Any) -> No
                           timeout=120)
     assert done.returncode == 0, done.stderr
     store = dist.PrefixStore("0/", dist.FileStore(str(tmp_path / "store"), 100))  # the default group's prefix
-    states = {name: Agreement(store, f"fmesh/{name}/0", 0, timedelta(seconds=5)).statuses([0])[0]["state"]
+    states = {name: Board(store, f"fmesh/{name}/0", 0, timedelta(seconds=5)).statuses([0])[0].state
               for name in ("closed", "left")}
     assert states == {"closed": "closed", "left": "exited"}
 
 
 def test_a_forked_child_that_exits_posts_nothing_for_its_parents_rank(monkeypatch: Any) -> None:
     store = dist.HashStore()
-    agreement = Agreement(store, "test", 1, timedelta(seconds=60))
+    agreement = Board(store, "test", 1, timedelta(seconds=60))
     agreement.post("running")
     monkeypatch.setattr("os.getpid", lambda: agreement.pid + 1)  # the hook runs in a child the rank forked
     agreement.post_exit()
-    assert agreement.statuses([1])[1] == {"state": "running"}
+    assert agreement.statuses([1])[1] == Status(RUNNING)
 
 
 def cycle_readings(done_before: bool) -> dict[str, bool]:
@@ -170,13 +173,13 @@ def cycle_readings(done_before: bool) -> dict[str, bool]:
     reads it. ``done_before``: A completed before the look (its members moved on; the look is a slow, stale one).
     Which groups got a mismatch verdict from rank 0's look."""
     store = dist.HashStore()
-    zero, one = (Agreement(store, "t", rank, timedelta(seconds=5)) for rank in (0, 1))
-    zero.post("waiting", at="A", what="group A", description="A")
-    one.post("waiting", at="B", what="group B", description="B")
+    zero, one = (Board(store, "t", rank, timedelta(seconds=5)) for rank in (0, 1))
+    zero.post("waiting", at="A", what="group A")
+    one.post("waiting", at="B", what="group B")
     store.set("t/agree/B/members", "[0, 1]")
     if done_before:
         store.set("t/agree/A/done", "ok")
-    zero._diagnose("A", [0, 1], "A")
+    diagnose(zero, "A", [0, 1], "A")
     return {key: store.check([f"t/agree/{key}/done"]) and store.get(f"t/agree/{key}/done").decode().startswith(
         "mismatch") for key in ("A", "B")}
 
@@ -187,24 +190,24 @@ def test_a_cycle_is_concluded_only_from_a_reading_that_still_holds() -> None:
     assert cycle_readings(done_before=True) == {"A": False, "B": False}
 
 
-def watched_after_the_watcher_ends(end: Callable[[Agreement, dist.Store], None]) -> dict[int, tuple[Any, float]]:
+def watched_after_the_watcher_ends(end: Callable[[Board, dist.Store], None]) -> dict[int, tuple[Any, float]]:
     """Ranks 0..3 agree: rank 0 arrives first (a watcher), then its process ends (``end``), and rank 3 fails
     elsewhere; ranks 1 and 2 come after. What each of them raised, and after how long."""
     store, creation = dist.HashStore(), 120.0
     launcher = dist.HashStore()
     for rank in range(4):
-        Agreement(store, "w", rank, timedelta(seconds=creation)).post("running")
-    first = Agreement(store, "w", 0, timedelta(seconds=creation))
-    assert first.arrive("g", range(4), "Mesh(x)", "group g")  # the first to arrive watches
+        Board(store, "w", rank, timedelta(seconds=creation)).post("running")
+    first = Board(store, "w", 0, timedelta(seconds=creation))
+    assert arrive(first, "g", range(4), "Mesh(x)", "group g")  # the first to arrive watches
     end(first, launcher)
-    Agreement(store, "w", 3, timedelta(seconds=creation)).failed(RuntimeError("out of memory on rank 3"))
+    Board(store, "w", 3, timedelta(seconds=creation)).failed(RuntimeError("out of memory on rank 3"))
     outcome: dict[int, tuple[Any, float]] = {}
 
     def member(rank: int) -> None:
         started = time.monotonic()
         try:
-            Agreement(store, "w", rank, timedelta(seconds=creation), grace=0.2,
-                      launcher_store=launcher).agree("g", range(4), "Mesh(x)", "group g")
+            agree(Board(store, "w", rank, timedelta(seconds=creation), grace=0.2,
+                      launcher_store=launcher), "g", range(4), "Mesh(x)", "group g")
             outcome[rank] = (None, time.monotonic() - started)
         except Exception as error:
             outcome[rank] = (error, time.monotonic() - started)
@@ -217,7 +220,7 @@ def watched_after_the_watcher_ends(end: Callable[[Agreement, dist.Store], None])
 def test_the_watch_survives_the_death_of_the_first_watcher(how: str) -> None:
     # Before: only the first member to arrive looked; with it gone, the others waited the whole creation timeout
     # (GroupTimeoutError after 2 minutes) although a member had failed.
-    def end(watcher: Agreement, launcher: dist.Store) -> None:
+    def end(watcher: Board, launcher: dist.Store) -> None:
         if how == "exited":
             watcher.post_exit()  # its process ended without closing its context: the exit hook says so
         else:
@@ -236,11 +239,11 @@ def test_statuses_and_ended_ranks_cost_a_few_operations_whatever_the_number_of_r
     ranks = range(1024)
     for rank in ranks:
         if rank != 700:  # one rank never posted a status
-            Agreement(store.inner, "s", rank, timedelta(seconds=5)).post("running")
+            Board(store.inner, "s", rank, timedelta(seconds=5)).post("running")
         if rank in (5, 900):
             mark_ended(launcher.inner, rank, 1)
-    agreement = Agreement(store, "s", 0, timedelta(seconds=5), launcher_store=launcher)
+    agreement = Board(store, "s", 0, timedelta(seconds=5), launcher_store=launcher)
     statuses = agreement.statuses(ranks)
-    assert statuses[700] == {"state": "missing"} and statuses[3] == {"state": "running"}
+    assert statuses[700] == Status(MISSING) and statuses[3] == Status(RUNNING)
     assert store.ops <= 2 * 11 + 2, store.ops  # halving: about two checks per level for the one missing rank
     assert agreement.ended(ranks) == [5, 900] and launcher.ops == 1  # one read, not a check per rank

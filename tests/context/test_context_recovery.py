@@ -21,8 +21,11 @@ from support import in_threads, launch, patience
 
 import fmesh
 from fmesh import Context
-from fmesh.context.agreement import Agreement, HeldGroup
 from fmesh.context.recovery import check_lost, new_world
+from fmesh.context.store.agreement import agree
+from fmesh.context.store.board import Board
+from fmesh.context.store.records import RECOVERING, Status
+from fmesh.context.store.recovery_vote import HeldGroup, agree_on_loss, post_loss
 from fmesh.plan.jobs import job_requests
 from fmesh.plan.recovery import recover_job
 
@@ -53,29 +56,29 @@ def test_the_lost_ranks_and_the_new_world_are_checked_before_anything() -> None:
 
 def test_survivors_that_disagree_about_the_lost_ranks_are_told_both_sets() -> None:
     store = dist.HashStore()
-    Agreement(store, "t", 1, timedelta(seconds=5)).post_loss([2, 3], ["g"])
+    post_loss(Board(store, "t", 1, timedelta(seconds=5)), [2, 3], ["g"])
     with pytest.raises(fmesh.RecoveryError, match=r"rank 0 says \[3\], rank 1 says \[2, 3\]"):
-        Agreement(store, "t", 0, timedelta(seconds=5)).agree_on_loss([0, 1, 2], [3], ["g"])
+        agree_on_loss(Board(store, "t", 0, timedelta(seconds=5)), [0, 1, 2], [3], ["g"])
 
 
 def test_a_survivor_that_never_comes_to_recover_ends_the_wait_with_its_name() -> None:
     store = dist.HashStore()
-    Agreement(store, "t", 1, timedelta(seconds=5)).post_loss([3], ["g"])
+    post_loss(Board(store, "t", 1, timedelta(seconds=5)), [3], ["g"])
     started = time.monotonic()
     with pytest.raises(fmesh.RecoveryError, match=r"survivors \[2\] did not come to recover without \[3\]"):
-        Agreement(store, "t", 0, timedelta(seconds=0.3)).agree_on_loss([0, 1, 2], [3], ["h"])
+        agree_on_loss(Board(store, "t", 0, timedelta(seconds=0.3)), [0, 1, 2], [3], ["h"])
     assert time.monotonic() - started < 3
     # The verdict stays: a survivor that comes after the others gave up cannot recover alone with them.
     with pytest.raises(fmesh.RecoveryError, match=r"survivors \[2\] did not come"):
-        Agreement(store, "t", 2, timedelta(seconds=5)).agree_on_loss([0, 1, 2], [3], ["g", "h"])
+        agree_on_loss(Board(store, "t", 2, timedelta(seconds=5)), [0, 1, 2], [3], ["g", "h"])
     assert time.monotonic() - started < 3
 
 
 def test_the_survivors_count_who_holds_each_of_their_groups() -> None:
     store = dist.HashStore()
-    Agreement(store, "t", 1, timedelta(seconds=5)).post_loss([3], ["g"])
+    post_loss(Board(store, "t", 1, timedelta(seconds=5)), [3], ["g"])
     held: dict[int, dict[str, int]] = {}
-    in_threads(lambda rank: held.update({rank: Agreement(store, "t", rank, timedelta(seconds=5)).agree_on_loss(
+    in_threads(lambda rank: held.update({rank: agree_on_loss(Board(store, "t", rank, timedelta(seconds=5)),
         [0, 1, 2], [3], ["h"] if rank == 0 else ["g", "h"])}), [0, 2], timeout=30)
     assert held == {0: {"h": 2}, 2: {"g": 2, "h": 2}}  # g: ranks 1 and 2; h: ranks 0 and 2
 
@@ -86,19 +89,19 @@ def test_a_survivor_cuts_the_groups_it_shares_with_one_kept_away_and_all_make_th
     that group as held by none, so both make it anew. The group shared with rank 2, which failed (on its way to
     recover: nothing blocks it), is not cut, and is kept."""
     store = dist.HashStore()
-    Agreement(store, "t", 0, timedelta(seconds=30)).post("running")
-    Agreement(store, "t", 2, timedelta(seconds=30)).failed(fmesh.RankLostError("rank 3 is gone"))
-    one = Agreement(store, "t", 1, timedelta(seconds=30))
+    Board(store, "t", 0, timedelta(seconds=30)).post("running")
+    Board(store, "t", 2, timedelta(seconds=30)).failed(fmesh.RankLostError("rank 3 is gone"))
+    one = Board(store, "t", 1, timedelta(seconds=30))
     held = [HeldGroup("g01", (0, 1), "pg01"), HeldGroup("g12", (1, 2), "pg12")]
     results: dict[int, dict[str, int]] = {}
-    waiting = threading.Thread(target=lambda: results.update({1: one.agree_on_loss([0, 1, 2], [3], held)}))
+    waiting = threading.Thread(target=lambda: results.update({1: agree_on_loss(one, [0, 1, 2], [3], held)}))
     waiting.start()
     deadline = time.monotonic() + patience(10)
     while not one.connections.was_cut("pg01") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert one.connections.was_cut("pg01") and not one.connections.was_cut("pg12")
-    assert Agreement(store, "t", 1, timedelta(seconds=1)).statuses([1])[1] == {"state": "recovering", "lost": [3]}
-    in_threads(lambda rank: results.update({rank: Agreement(store, "t", rank, timedelta(seconds=30)).agree_on_loss(
+    assert Board(store, "t", 1, timedelta(seconds=1)).statuses([1])[1] == Status(RECOVERING, lost=(3,))
+    in_threads(lambda rank: results.update({rank: agree_on_loss(Board(store, "t", rank, timedelta(seconds=30)),
         [0, 1, 2], [3], {0: ["g01"], 2: ["g12"]}[rank])}), [0, 2], timeout=patience(30))
     waiting.join(patience(30))
     assert results == {0: {"g01": 0}, 1: {"g01": 0, "g12": 2}, 2: {"g12": 2}}
@@ -109,13 +112,13 @@ def test_a_survivor_that_failed_is_waited_for_not_called_gone() -> None:
     """A survivor whose collective failed (its status says so) is on its way to recover: the watchers wait for it
     instead of calling it gone (every survivor of a failed collective posts that it failed before it recovers)."""
     store = dist.HashStore()
-    Agreement(store, "t", 2, timedelta(seconds=30)).failed(fmesh.RankLostError("rank 3 is gone"))
+    Board(store, "t", 2, timedelta(seconds=30)).failed(fmesh.RankLostError("rank 3 is gone"))
     results: dict[int, dict[str, int]] = {}
 
     def late(rank: int) -> None:
         if rank == 2:
             time.sleep(2.5)  # past the watchers' first two looks
-        results[rank] = Agreement(store, "t", rank, timedelta(seconds=30)).agree_on_loss([0, 1, 2], [3], ["g"])
+        results[rank] = agree_on_loss(Board(store, "t", rank, timedelta(seconds=30)), [0, 1, 2], [3], ["g"])
 
     in_threads(late, [0, 1, 2], timeout=patience(30))
     assert results == {0: {"g": 3}, 1: {"g": 3}, 2: {"g": 3}}
@@ -125,11 +128,11 @@ def test_a_group_creation_waiting_for_a_rank_that_recovers_ends_telling_to_recov
     """Rank 1 recovers without rank 3; rank 0 waits for it to create a group they share: it is told at the first look
     (not at the creation timeout) that rank 3 is lost and to recover too, never that rank 1 is gone."""
     store = dist.HashStore()
-    Agreement(store, "t", 1, timedelta(seconds=30)).post("recovering", lost=[3])
+    Board(store, "t", 1, timedelta(seconds=30)).post("recovering", lost=(3,))
     started = time.monotonic()
     with pytest.raises(fmesh.RankLostError, match=r"rank 1 is recovering without the lost ranks \[3\].*ranks \[3\] are "
                        r"lost; call ctx.recover\(\[3\]\) on this rank too"):
-        Agreement(store, "t", 0, timedelta(seconds=20)).agree("k", [0, 1], "Mesh(dp=2)", "the dp group")
+        agree(Board(store, "t", 0, timedelta(seconds=20)), "k", [0, 1], "Mesh(dp=2)", "the dp group")
     assert time.monotonic() - started < patience(10)
 
 
@@ -194,11 +197,11 @@ def keeps_the_group_that_lost_nobody(ctx: Context) -> Any:
 def test_recover_keeps_an_intact_group_and_renumbers_the_survivors() -> None:
     results = launch(keeps_the_group_that_lost_nobody, 4, timeout=60, on_rank_loss="continue")
     assert isinstance(results[3], fmesh.LaunchError) and results[3].exitcode == 3
-    assert results[2] == ("left", "Context(rank=2, world=4, gloo, closed)", ["-Agreement.post_exit"])
+    assert results[2] == ("left", "Context(rank=2, world=4, gloo, closed)", ["-Board.post_exit"])
     for rank in (0, 1):
         total, same, created, world, size, old, hooks = results[rank]
         assert (total, same, created, world, size) == (3.0, True, (0.0, 1, 0), 2.0, 2), results[rank]
-        assert hooks == ["-Agreement.post_exit", "+Agreement.post_exit"], results[rank]
+        assert hooks == ["-Board.post_exit", "+Board.post_exit"], results[rank]
         assert old == f"Context(rank={rank}, world=4, gloo, closed)"
 
 

@@ -1,6 +1,6 @@
 """A caller's local error is not a group failure (#29): what torch or the backend refuses on this rank before any
 byte is sent is raised unchanged, and the group stays healthy: no connection cut, no abort, no roll call, no
-status posted as failed. The rule is one function (``collectives.callers_error``), checked here over a table of
+status posted as failed. The rule is one function (``failures.callers_error``), checked here over a table of
 errors, then on real gloo processes where every rank refuses the same collective and the next collective on the
 same group works; and where one rank alone refuses, it gets its own error and frees its blocked peer, which names it
 within seconds (not the collective's timeout)."""
@@ -19,7 +19,7 @@ from support import launch, succeeded
 
 import fmesh
 from fmesh import Context
-from fmesh.context import _torch, collectives
+from fmesh.context import _torch, failures
 
 MESH = fmesh.make_mesh((2,), ("dp",))
 REVERSED = fmesh.make_mesh((2,), ("dp",), rank_map=[1, 0])  # another group, made only after the refusals
@@ -70,11 +70,11 @@ pytestmark = pytest.mark.usefixtures("nothing_left_behind")  # tests/support.py:
 
 
 def test_the_rule_over_a_table_of_errors() -> None:
-    rule = collectives.callers_error
+    rule = failures.callers_error
     assert [e for e in CALLERS if not rule(e, group_is_live=True)] == []
     assert [e for e in GROUPS if rule(e, group_is_live=True)] == []
     # every pattern is met by a message of the table: the tuple holds no pattern nothing here checks
-    assert [p for p in collectives.LOCAL_REFUSALS if not any(re.search(p, str(e)) for e in CALLERS)] == []
+    assert [p for p in failures.LOCAL_REFUSALS if not any(re.search(p, str(e)) for e in CALLERS)] == []
     # on a group no longer live (aborted, destroyed, its context aborted) torch's errors say so: the group's;
     # only torch's refusal of the call itself, whatever the group, stays the caller's
     assert [e for e in CALLERS if rule(e, group_is_live=False)] == [CALLERS[-1]]
@@ -133,10 +133,10 @@ def every_rank_refuses(ctx: Context) -> Any:
         # the next collective on the same group, on every rank
         seen.append((f"after {name}", "sum", str(ctx.all_reduce(torch.tensor([ctx.rank + 1.0]), MESH, "dp").item()),
                      True))
-    assert ctx._agreement is not None
+    assert ctx._board is not None
     # as a watcher reads them (an agreement leaves a status at "waiting" on a group since made: running, after it)
-    statuses = ctx._agreement.current(ctx._agreement.statuses([0, 1]))
-    states = {rank: status.get("state") for rank, status in statuses.items()}
+    statuses = ctx._board.current(ctx._board.statuses([0, 1]))
+    states = {rank: status.state for rank, status in statuses.items()}
     gathered = ctx.all_gather(torch.tensor([ctx.rank]), MESH, "dp").tolist()
     other = ctx.all_reduce(torch.tensor([ctx.rank + 1.0]), REVERSED, "dp").item()  # a new group: nobody failed
     return seen, states, gathered, other, ctx.stats()["groups_created"], summed + sent, max(took)
@@ -151,7 +151,7 @@ def test_a_refusal_on_every_rank_is_each_callers_error_and_the_group_stays_healt
     expected = [("complex max", complex_kind)] + [(n, type(e).__name__) for n, _, _, _, e in refusals()]
     for rank, (seen, states, gathered, other, created, complexes, longest) in enumerate(results):
         # each refusal's roll call ends once every member answered, within its 2 s (REFUSAL_GRACE_SECONDS)
-        assert longest < collectives.REFUSAL_GRACE_SECONDS + 0.5, (rank, longest)
+        assert longest < failures.REFUSAL_GRACE_SECONDS + 0.5, (rank, longest)
         assert complexes == [3 + 6j, 3 + 6j, 1 + 1j, 1 + 1j], (rank, complexes)
         refused = seen[0::2]
         assert [(name, kind) for name, kind, _, _ in refused] == expected, (rank, seen)

@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 
 import fmesh
-from fmesh.context import collectives
+from fmesh.context import failures
 from fmesh.context.groups import Target
 from fmesh.context.options import AxisOptions, GroupSettings, describe_options
 
@@ -80,12 +80,12 @@ def test_a_timeout_is_told_by_its_type_or_by_the_time_waited() -> None:
     target = Target(mesh, ("tp",), (0, 1), GroupSettings.of(None, 60, backend="gloo").spec(("tp",), (0, 1)), member=0)
     minute, now = timedelta(seconds=60), time.monotonic()
     with pytest.raises(fmesh.GroupTimeoutError, match=r"all_reduce along the group \[0, 1\] along axes \('tp',\)"):
-        collectives.failed("all_reduce", target, target.ranks, minute, now, dist.DistStoreError("wait"), None)
+        failures.failed("all_reduce", target, target.ranks, minute, now, dist.DistStoreError("wait"), None)
     with pytest.raises(fmesh.GroupTimeoutError, match="timed out after 60s"):
-        collectives.failed("all_reduce", target, target.ranks, minute, now - 60, RuntimeError("peer closed"), None)
+        failures.failed("all_reduce", target, target.ranks, minute, now - 60, RuntimeError("peer closed"), None)
     quick = RuntimeError("Timed out? No: an error that merely mentions a timeout, raised at once")
     with pytest.raises(RuntimeError) as caught:
-        collectives.failed("all_reduce", target, target.ranks, minute, now, quick, None)
+        failures.failed("all_reduce", target, target.ranks, minute, now, quick, None)
     assert caught.value is quick
 
 

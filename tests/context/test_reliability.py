@@ -30,7 +30,8 @@ import fmesh
 from fmesh import Context
 from fmesh.context import AxisOptions
 from fmesh.context.launch import free_port
-from fmesh.context.rendezvous import FAILED, Report
+from fmesh.context.store.keys import START_FAILED as FAILED
+from fmesh.context.store.rendezvous import Report
 from fmesh.context.world import check_launcher_environment
 from fmesh.errors import FileDescriptorWarning
 

@@ -14,7 +14,8 @@ import torch.distributed as dist
 from support import in_threads
 
 import fmesh
-from fmesh.context.rendezvous import CLAIMS, meet, post_failure
+from fmesh.context.store import keys
+from fmesh.context.store.rendezvous import meet, post_failure
 
 
 def ranks_meet(store: dist.Store, world_sizes: dict[int, int], seconds: float = 20) -> dict[int, Any]:
@@ -67,7 +68,7 @@ def test_a_second_process_with_the_same_rank_is_told_so_and_every_waiting_rank_s
     # Another process (pid 1) claimed RANK=1 first; this one, started with RANK=1 too, is refused naming both, and
     # rank 0, waiting for the job, stops at once naming what it read (it paired with the wrong process, or hung).
     store = dist.HashStore()
-    store.set(f"{CLAIMS}/0/1", "host elsewhere, pid 1")
+    store.set(keys.start_claim("0", 1), "host elsewhere, pid 1")
     outcome = ranks_meet(store, {0: 2, 1: 2})
     duplicate, waiting = outcome[1][0], outcome[0][0]
     assert isinstance(duplicate, fmesh.LaunchError), outcome

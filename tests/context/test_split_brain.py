@@ -21,7 +21,8 @@ from support import in_threads, launch
 
 import fmesh
 from fmesh import Context
-from fmesh.context.agreement import ALIVE_GRACE_SECONDS, Agreement
+from fmesh.context.store.board import Board
+from fmesh.context.store.recovery_vote import ALIVE_GRACE_SECONDS, agree_on_loss
 
 HALVES = {0: [2, 3], 1: [2, 3], 2: [0, 1], 3: [0, 1]}  # each rank's lost set: the other half
 
@@ -36,15 +37,15 @@ def split(store: dist.Store, prefix: str, delays: dict[int, float]) -> dict[int,
     """Every rank's outcome of recovering without the other half (its held groups, or its error), each rank a
     thread with its own connection that starts after ``delays[rank]`` seconds."""
     for rank in HALVES:  # as every Context does at its start: each rank's status is there
-        Agreement(store, prefix, rank, timedelta(seconds=30)).post("running")
+        Board(store, prefix, rank, timedelta(seconds=30)).post("running")
     outcomes: dict[int, Any] = {}
 
     def recover(rank: int) -> None:
         time.sleep(delays[rank])
         lost = HALVES[rank]
-        agreement = Agreement(store.clone(), prefix, rank, timedelta(seconds=30))  # type: ignore[attr-defined]
+        agreement = Board(store.clone(), prefix, rank, timedelta(seconds=30))  # type: ignore[attr-defined]
         try:
-            outcomes[rank] = agreement.agree_on_loss([r for r in HALVES if r not in lost], lost, [])
+            outcomes[rank] = agree_on_loss(agreement, [r for r in HALVES if r not in lost], lost, [])
         except fmesh.RecoveryError as error:
             outcomes[rank] = error
 
@@ -78,15 +79,15 @@ def test_survivors_told_the_lost_rank_is_alive_name_it() -> None:
     """Rank 2, called lost by 0 and 1, comes to recover without rank 3 only: the error names rank 2 and its set."""
     store = tcp_store()
     for rank in range(4):
-        Agreement(store, "alive", rank, timedelta(seconds=30)).post("running")
+        Board(store, "alive", rank, timedelta(seconds=30)).post("running")
     outcomes: dict[int, Any] = {}
     claims = {0: [2, 3], 1: [2, 3], 2: [3]}
 
     def recover(rank: int) -> None:
-        agreement = Agreement(store.clone(), "alive", rank, timedelta(seconds=30))
+        agreement = Board(store.clone(), "alive", rank, timedelta(seconds=30))
         survivors = [r for r in range(4) if r not in claims[rank]]
         try:
-            outcomes[rank] = agreement.agree_on_loss(survivors, claims[rank], [])
+            outcomes[rank] = agree_on_loss(agreement, survivors, claims[rank], [])
         except fmesh.RecoveryError as error:
             outcomes[rank] = str(error)
 

@@ -15,8 +15,11 @@ import pytest
 import torch.distributed as dist
 from support import in_threads
 
-from fmesh.context.agreement import Agreement
-from fmesh.context.rendezvous import meet
+from fmesh.context.store.agreement import agree
+from fmesh.context.store.board import Board
+from fmesh.context.store.recovery_vote import agree_on_loss
+from fmesh.context.store.rendezvous import meet
+from fmesh.context.store.roll_call import roll_call
 
 BOUND = 16  # store operations per member, the issue's bound (#27)
 
@@ -53,20 +56,20 @@ def tcp_store() -> dist.TCPStore:
                          use_libuv=True)
 
 
-def costs(size: int, late: float, step: Callable[[Agreement, int], object]) -> dict[int, int]:
-    """Each member's store operations for ``step`` (on its own Agreement) with ``size`` members, the last of
+def costs(size: int, late: float, step: Callable[[Board, int], object]) -> dict[int, int]:
+    """Each member's store operations for ``step`` (on its own Board) with ``size`` members, the last of
     them ``late`` seconds late. Each member also has the launcher's store (as under ``fmesh.launch``, where a
     watcher's look reads which processes the launcher saw end): its operations count for the member too."""
     server, launcher, counts = tcp_store(), tcp_store(), {}
     for rank in range(size):  # as every Context does at its start: its status is there before any wait
-        Agreement(server, "ops", rank, timedelta(seconds=120)).post("running")
+        Board(server, "ops", rank, timedelta(seconds=120)).post("running")
 
     def member(rank: int) -> None:
         store = MemberStore(server.clone(), counts, rank)
         if rank == size - 1:
             time.sleep(late)
         ended = MemberStore(launcher.clone(), counts, rank)
-        step(Agreement(store, "ops", rank, timedelta(seconds=120), grace=1.0,  # type: ignore[arg-type]
+        step(Board(store, "ops", rank, timedelta(seconds=120), grace=1.0,  # type: ignore[arg-type]
                        launcher_store=ended), rank)  # type: ignore[arg-type]
 
     started = time.monotonic()
@@ -78,7 +81,7 @@ def costs(size: int, late: float, step: Callable[[Agreement, int], object]) -> d
 
 def agreement_costs(size: int, late: float) -> dict[int, int]:
     """Each member's store operations for one agreement of ``size`` members in which the last is ``late``."""
-    return costs(size, late, lambda agreement, rank: agreement.agree("group", range(size), "Mesh(dp=N)", "dp"))
+    return costs(size, late, lambda agreement, rank: agree(agreement, "group", range(size), "Mesh(dp=N)", "dp"))
 
 
 # 2,048 members are 2,048 threads and connections: a minute or two each on a busy 2-core machine, five to eight
@@ -105,8 +108,8 @@ def test_a_roll_call_with_a_late_member_costs_each_member_a_constant_number_of_o
                                                                                          late: float) -> None:
     missing: dict[int, list[int]] = {}
 
-    def call(agreement: Agreement, rank: int) -> None:
-        missing[rank] = agreement.roll_call("failed", range(size), late + 30)
+    def call(agreement: Board, rank: int) -> None:
+        missing[rank] = roll_call(agreement, "failed", range(size), late + 30)
 
     counts = costs(size, late, call)
     assert set(map(tuple, missing.values())) == {()}  # the late member answered in time
@@ -118,8 +121,8 @@ def test_recovery_agreement_with_a_late_survivor_costs_each_a_constant_number_of
                                                                                            late: float) -> None:
     held: dict[int, object] = {}
 
-    def recover(agreement: Agreement, rank: int) -> None:
-        held[rank] = agreement.agree_on_loss(range(size), [size], [f"g{rank % 2}"])
+    def recover(agreement: Board, rank: int) -> None:
+        held[rank] = agree_on_loss(agreement, range(size), [size], [f"g{rank % 2}"])
 
     counts = costs(size, late, recover)
     assert len(held) == size and held[0] == {"g0": size // 2} and held[1] == {"g1": size // 2}
@@ -137,7 +140,7 @@ def test_an_agreement_with_a_late_member_costs_each_member_a_constant_number_of_
 @pytest.mark.parametrize("size, late", SIZES)
 def test_the_start_rendezvous_with_a_late_rank_costs_each_a_constant_number_of_operations(size: int,
                                                                                          late: float) -> None:
-    def start(agreement: Agreement, rank: int) -> None:
+    def start(agreement: Board, rank: int) -> None:
         meet(agreement.store, rank=rank, world_size=size, timeout=timedelta(seconds=120))
 
     counts = costs(size, late, start)

@@ -79,6 +79,12 @@ PLANTED = [
     ("fmesh.plan.recovery", "from fmesh.context import Context\n", "layers", "imports fmesh.context"),
     ("fmesh.plan.communicators", "from fmesh.rendering import render\n", "layers", "pictures layer"),
     ("fmesh.context.world", "from fmesh.plan.jobs import job\n", "layers", "the context imports fmesh.plan.jobs"),
+    # The store protocols stand under the Context's rooms, and their words under the meeting and the board.
+    ("fmesh.context.store.roll_call", "from fmesh.context.groups import Route\n", "layers", "from the context layer"),
+    ("fmesh.context.store.board", "from fmesh.context.store.agreement import agree\n", "layers",
+     "from the context: store protocols layer"),
+    ("fmesh.context.store.records", "from fmesh.context.store.board import Board\n", "layers",
+     "from the context: store meeting layer"),
     ("fmesh.plan.manifest", "def later():\n    from fmesh.plan import recovery\n", "cycles",
      "fmesh.plan.manifest -> fmesh.plan.recovery -> fmesh.plan.manifest"),
     ("fmesh.mesh.frame", "def later():\n    from fmesh.mesh import transforms\n", "cycles",

@@ -11,10 +11,10 @@ rendezvous, at a constant number of store operations per rank however long it wa
 1. ``add(fmesh/start/inits/<rank>, 1)``: this rank's n-th start, the n-th on every rank (SPMD order);
 2. ``compare_set(fmesh/start/<n>/world_size, "", mine)``: every rank means the same ``WORLD_SIZE``;
 3. ``add(fmesh/start/<n>/arrived, 1)``: the rank that brings the count to the world size writes ``.../all``;
-4. one blocking read of ``.../all``, which every outcome writes (``Agreement.wait_for``: a ``get`` waits for its
-   key; nothing logged when it comes). The first two ranks to arrive (two, so that the watch survives the death of one)
-   watch ``fmesh/start/failed`` (after 0.1 s, then at doubling intervals up to 8 s) and write ``failed`` there
-   when a rank reported it cannot start.
+4. one blocking read of ``.../all``, which every outcome writes (:class:`~fmesh.context.store.meeting.Meeting`:
+   a ``get`` waits for its key; nothing logged when it comes). The first two ranks to arrive (two, so that the
+   watch survives the death of one) watch ``fmesh/start/failed`` (after 0.1 s, then at doubling intervals up to
+   8 s) and write ``failed`` there when a rank reported it cannot start.
 
 A rank whose launcher environment is bad posts its error and the variables it read under ``fmesh/start/failed``
 (:func:`report_bad_environment`, when ``MASTER_ADDR`` and ``MASTER_PORT`` reach the store), and every rank
@@ -43,13 +43,16 @@ from datetime import timedelta
 import attrs
 import torch.distributed as dist
 
-from fmesh.context.agreement import WATCHERS, Agreement
+from fmesh.context.store import keys
+from fmesh.context.store.keys import START_FAILED as FAILED
+from fmesh.context.store.keys import START_SEEN as SEEN
+from fmesh.context.store.meeting import Meeting, watches
+from fmesh.context.store.wait import Waiter
 from fmesh.errors import GroupTimeoutError, LaunchError, RankLostError
 
-START = "fmesh/start"
-FAILED = f"{START}/failed"  # a bad rank's report: JSON with its error, the variables it read, host and pid
+ALL_CAME = "1"  # an outcome: every rank came
+REPORTED = "failed"  # an outcome: a rank reported that it cannot start (under keys.START_FAILED)
 ENDED = "ended"  # an outcome: the ranks that follow, in JSON, ended before coming (``gone``)
-SEEN = f"{START}/failed/seen"  # how many waiting ranks read the report (its host stays up until they all have)
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 REPORT_CONNECT_SECONDS = 3.0  # how long a bad rank tries to reach the store to report (then it only raises)
 WATCH_SECONDS = 0.1  # when the first rank to arrive first looks for a report (then at doubling intervals)
@@ -59,7 +62,6 @@ HOST_LINGER_SECONDS = 3.0  # how long a store host that is about to fail waits f
 # looks up its peer's name as it connects, and where DNS does not answer that waits out the resolver (5 s a try,
 # two tries by default): 5 s here failed 16-process launches on such a machine (6 of 16 clients took 5.0 s).
 HANDSHAKE_SECONDS = 30.0
-CLAIMS = f"{START}/claims"  # which process claimed each RANK (a second process with the same RANK is told so)
 
 
 def hosts_store(environ: Mapping[str, str], rank: int) -> bool:
@@ -155,9 +157,8 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     ranks have read why.
     """
     _claim(store, rank, world_size, hosts)
-    generation = store.add(f"{START}/inits/{rank}", 1)
-    base = f"{START}/{generation}"
-    first = store.compare_set(f"{base}/world_size", "", str(world_size)).decode()
+    meeting = Meeting(store, keys.start(int(store.add(keys.start_count(rank), 1))), world_size)
+    first = meeting.compare(str(world_size))
     if first != str(world_size):
         error = ValueError(f"rank {rank} started with WORLD_SIZE={world_size}, but another rank of this job started "
                            f"with WORLD_SIZE={first}; expected every rank to be started with the same WORLD_SIZE")
@@ -165,26 +166,23 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
         if hosts:
             _linger(store, world_size - 1, HOST_LINGER_SECONDS)
         raise error
-    all_came = f"{base}/all"  # the one key every outcome writes: "1" (all came) or "failed" (a rank reported)
-    arrived = int(store.add(f"{base}/arrived", 1))
-    if arrived == world_size:
-        store.compare_set(all_came, "", "1")
+    # The one key every outcome writes: "1" (all came), "failed" (a rank reported) or "ended" and the ranks.
+    arrived = meeting.arrive(ALL_CAME)
 
     def look() -> bool:  # the first two to arrive watch for a rank that reports it cannot start, or that ended
         if store.check([FAILED]):
-            store.compare_set(all_came, "", "failed")
+            meeting.decide(REPORTED)
             return True
         ended = gone() if gone is not None else []
         if ended:
-            store.compare_set(all_came, "", f"{ENDED} {json.dumps(ended)}")
+            meeting.decide(f"{ENDED} {json.dumps(ended)}")
         return bool(ended)
 
-    waiting = Agreement(store, START, rank, timeout, grace=WATCH_SECONDS)
     try:
-        came = waiting.wait_for(all_came, timeout.total_seconds(), look if arrived <= WATCHERS else None,
-                                "waiting for the job's processes to start")
+        came = meeting.wait(Waiter(store, rank, first_look=WATCH_SECONDS), timeout.total_seconds(),
+                            look if watches(arrived) else None, "waiting for the job's processes to start")
         outcome = came.decode() if came is not None else None
-        if outcome == "failed" or (outcome is None and store.check([FAILED])):
+        if outcome == REPORTED or (outcome is None and store.check([FAILED])):
             raise _reported(store, rank, world_size, hosts)
         if outcome is not None and outcome.startswith(ENDED):
             raise RankLostError(f"on rank {rank}: the processes of ranks {outcome.removeprefix(ENDED).strip()} ended "
@@ -194,9 +192,8 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
         raise RankLostError(f"on rank {rank}: the store this job meets in is unreachable while its processes "
                             f"start (its host, rank 0 or torchrun's agent, is gone): {error}") from None
     if outcome is None:
-        came_count = store.add(f"{base}/arrived", 0)
         raise GroupTimeoutError(
-            f"on rank {rank}: only {came_count} of the job's {world_size} processes started within "
+            f"on rank {rank}: only {meeting.arrived()} of the job's {world_size} processes started within "
             f"{timeout.total_seconds():g}s; check that every rank was started, with the same WORLD_SIZE")
 
 
@@ -206,7 +203,7 @@ def _claim(store: dist.Store, rank: int, world_size: int, hosts: bool) -> None:
     stop at once instead of one pairing with the wrong process and the other hanging."""
     me = f"host {socket.gethostname()}, pid {os.getpid()}"
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # torchrun restarts the workers with one store
-    holder = store.compare_set(f"{CLAIMS}/{restarts}/{rank}", "", me).decode()
+    holder = store.compare_set(keys.start_claim(restarts, rank), "", me).decode()
     if holder == me:
         return
     error = LaunchError(
@@ -332,7 +329,7 @@ def _linger(store: dist.Store, readers: int | None, seconds: float) -> None:
     """Keep the store this process hosts up until ``readers`` ranks have read the report, at most ``seconds``
     (``None``: this process cannot tell the world size, so it takes the one the arriving ranks posted)."""
     deadline = time.monotonic() + seconds
-    posted = f"{START}/1/world_size"  # a fresh store (this process hosts it): the ranks' first start
+    posted = keys.start(1).compared  # a fresh store (this process hosts it): the ranks' first start
     with contextlib.suppress(Exception):
         while time.monotonic() < deadline:
             if readers is None and store.check([posted]):

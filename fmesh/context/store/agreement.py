@@ -1,0 +1,160 @@
+"""Check, through the store, that every member of a group means the same group before creating it,
+and find out, when a member does not come, why.
+
+torch's ``DeviceMesh`` hangs when ranks disagree about a mesh: each side waits for a rendezvous the
+other never joins. Here the members of a group meet (:class:`~fmesh.context.store.meeting.Meeting`) under a key
+derived from the group's content (its ordered ranks, backend, options and timeout: ``<prefix>/agree/<digest>``)
+and compare a fixed-size digest of what each means by it (the mesh, the axes and the options). Per member that is
+a constant number of store operations and bytes, whatever the group size:
+
+1. post ``status/<rank>``: waiting at this key, with the group's short name (about a hundred bytes);
+2. ``compare_set(<key>/digest, "", mine)``: the first member's digest (and description) stays, and the store
+   hands it back; a member whose digest differs writes a mismatch verdict to ``<key>/done``;
+3. ``add(<key>/arrived, 1)``: the member that brings the count to the group size writes ``ok``;
+4. read ``<key>/done``, which every outcome writes (the last arrival ``ok``, a mismatch, a failure, an
+   abort, a timeout), with ONE blocking store ``get`` as long as the creation timeout
+   (:meth:`~fmesh.context.store.wait.Waiter.wait_for`: on a connection of its own and a thread of its own, so
+   ``ctx.abort()`` and signal handlers still end it at once; torch logs nothing when the key comes).
+
+Four operations per member (five for the last to arrive). The status is not set back to ``running`` after the
+agreement: a status "waiting at K" whose ``K/done`` is written means the rank went on past K, and the slow paths that
+read statuses (a watcher's look for a cycle, a timeout's account of the missing members) check ``done`` before
+they believe it (:meth:`~fmesh.context.store.board.Board.current`).
+
+Full descriptions are read only to write an error (the first member's comes back with the digest). Past a grace
+period, two waiters (the first two to arrive, known from their ``add``: two, so that the watch survives the death
+of one, whose final status the other sees) now and then look at the members that have not arrived
+(:mod:`fmesh.context.store.diagnosis`): a member whose status is final will never come, and a cycle of ranks
+waiting for each other is a disagreement. A member that is simply elsewhere (busy, or gone) is waited for until
+the creation timeout, then :class:`~fmesh.GroupTimeoutError` names the missing ranks and what each was last doing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+
+import torch.distributed as dist
+
+from fmesh.context.store.board import AGREED_POSTED, Board
+from fmesh.context.store.diagnosis import Look
+from fmesh.context.store.keys import digest
+from fmesh.context.store.meeting import Meeting, watches
+from fmesh.context.store.records import ENDED, LOST, MISMATCH, OK, TIMEOUT, WAITING, Verdict
+from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
+
+
+def agree(board: Board, key: str, members: Sequence[int], description: str, what: str) -> None:
+    """Meet the other ``members`` at ``key`` and check they mean ``description`` too.
+
+    ``what`` names the group in errors (axes, mesh, first ranks). Raises
+    :class:`~fmesh.MeshMismatchError`, :class:`~fmesh.RankLostError` or
+    :class:`~fmesh.GroupTimeoutError`; on success every member has arrived and agrees.
+
+    >>> from datetime import timedelta
+    >>> agree(Board(dist.HashStore(), "doc", 0, timedelta(seconds=1)), "k", [0], "Mesh(dp=1)", "dp")  # alone
+    """
+    try:
+        watcher = arrive(board, key, members, description, what)
+        settle(board, key, members, description, what, watcher)
+        board.agreed[:] = [*board.agreed[-(AGREED_POSTED - 1):], description[:300]]
+    except dist.DistNetworkError as error:  # the store's host died: one fmesh error on every member, at once
+        raise board.store_gone(f"agreeing to create {what}", error) from None
+
+
+def arrive(board: Board, key: str, members: Sequence[int], description: str, what: str) -> bool:
+    """Steps 1-3: post this rank's status, compare digests, count the arrival (no waiting). Whether this
+    member arrived among the first: those that watch the missing members while they all wait. A rank creates one
+    group at a time (:class:`~fmesh.context.groups.GroupRegistry`), so its status names the one key it waits at."""
+    meeting = Meeting(board.store, board.keys.agreement(key), len(members))
+    mine = digest(description)
+    # Without the description (it is in ``digest``, and this rank knows its own): a watcher's look reads every
+    # member's status, so its size is what a slow wait costs in bytes.
+    board.post(WAITING, at=key, what=what)
+    # The first member's digest and description stay, and come back to each member with its own compare_set.
+    first, _, theirs = meeting.compare(f"{mine}\n{description}").partition("\n")
+    if first != mine:
+        meeting.decide(Verdict(MISMATCH, f"ranks disagree about {what}. Rank {board.rank} means: {description}; "
+                                         f"the first member to arrive means: {theirs}").dumps())
+        return False
+    return watches(meeting.arrive(OK))
+
+
+def settle(board: Board, key: str, members: Sequence[int], description: str, what: str,
+           watcher: bool = False) -> None:
+    """Step 4: wait for the verdict (the ``watcher`` looks into a slow wait), raise it unless it is ``ok``.
+
+    Every member blocks on the verdict key: success, a mismatch, a failure a member posts, an abort, a timeout all
+    write it. Only the first watchers to arrive look, past the grace period, at the missing members: a member that
+    failed, closed or exited (a watcher too: the other one sees it), or a cycle, is a verdict they write. Any member
+    past the creation timeout writes the timeout."""
+    meeting = Meeting(board.store, board.keys.agreement(key), len(members))
+    started = time.monotonic()
+    looking = Look(board, key, members, description)
+    try:
+        came = meeting.wait(board.waiter, board.creation_timeout.total_seconds(), looking.look if watcher else None,
+                            f"waiting to create {what}")
+    except ContextClosedError:  # aborted: the group cannot be made; tell the members now
+        with contextlib.suppress(Exception):
+            meeting.decide(Verdict(LOST, f"rank {board.rank} aborted its context while waiting to create this group "
+                                         "(a member of it)").dumps())
+        raise
+    if came is None:
+        _write_timeout(board, meeting, key, members, what, started)  # unless an outcome came meanwhile
+    verdict = Verdict.loads(came if came is not None else meeting.verdict())
+    if verdict.kind == OK:
+        return
+    error: Exception
+    if verdict.kind == MISMATCH:
+        error = MeshMismatchError(
+            f"on rank {board.rank}: {verdict.message}. Expected every rank to build this mesh from the same sizes, "
+            "names and rank_map, and to use its meshes in the same order; check the ranks named here")
+    elif verdict.kind == TIMEOUT:
+        error = GroupTimeoutError(f"on rank {board.rank}: {verdict.message}")
+    elif verdict.kind == ENDED:
+        error = RankLostError(f"on rank {board.rank}: {verdict.message}")
+    else:
+        error = RankLostError(f"on rank {board.rank}: {verdict.message}. See that rank's error first")
+    board.failed(error)
+    raise error
+
+
+def _write_timeout(board: Board, meeting: Meeting, key: str, members: Sequence[int], what: str,
+                   started: float) -> None:
+    statuses = board.statuses(members)
+    missing = [m for m in members if not statuses[m].waits_at(key)]
+    doing = "; ".join(status.describe(m) for m, status in board.current(
+        {m: statuses[m] for m in missing[:8]}).items())
+    more = f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""
+    meeting.decide(Verdict(TIMEOUT, (
+        f"the members of {what} waited {time.monotonic() - started:.0f}s, but ranks "
+        f"{missing[:16]}{'...' if len(missing) > 16 else ''} never came: {doing}{more}. Expected every "
+        "member to create this group; check that they all build this mesh and run this collective, or raise "
+        "creation_timeout if ranks reach it minutes apart")).dumps())
+
+
+def connect_failed(board: Board, members: Sequence[int], what: str, error: Exception) -> Exception:
+    """What it means that connecting an agreed group failed with ``error``: a member that failed or closed
+    meanwhile (it had arrived, then raised, exited its context or ran out of descriptors) is named with
+    what it posted; a member that never connected within the creation timeout is a timeout; anything else
+    is the backend's own ``error``."""
+    others = [m for m in members if m != board.rank]
+    try:
+        statuses = board.statuses(others)
+    except Exception:  # the store is gone: its host is what died
+        return RankLostError(f"on rank {board.rank}: connecting {what} failed and the store is unreachable "
+                             f"(its host is gone): {error}")
+    final = next((m for m in others if statuses[m].final), None)
+    if final is not None:
+        kind = MeshMismatchError if statuses[final].kind == "MeshMismatchError" else RankLostError
+        return kind(f"on rank {board.rank}: {statuses[final].describe(final)}, after agreeing to create "
+                    f"{what}, a group it is a member of. See that rank's error first")
+    if isinstance(error, dist.DistStoreError) or "imeout" in str(error) or "timed out" in str(error):
+        now = board.current({m: statuses[m] for m in others[:8]})
+        doing = "; ".join(status.describe(m) for m, status in now.items())
+        return GroupTimeoutError(
+            f"on rank {board.rank}: the members of {what} agreed, but did not all connect within the creation "
+            f"timeout ({board.creation_timeout.total_seconds():g}s): a member died or hangs ({doing}). See the "
+            "logs of the ranks named here")
+    return error

@@ -1,0 +1,251 @@
+"""The status board: each rank of a Context posts what it is doing (a :class:`~fmesh.context.store.records.Status`)
+under its key, so that a peer kept waiting for it can tell why it does not come, and the launcher marks the ranks
+whose processes it saw end. Every protocol of :mod:`fmesh.context.store` reads the board to explain a slow meeting.
+
+A status is posted when a rank starts (``running``), waits at an agreement (``waiting``), sees a collective fail
+(``failing``), fails, recovers, closes or aborts its context, or its process exits without closing it. A rank whose
+status is final (failed, closed, exited) also joins one list (:meth:`Board.finals`), so that a watcher's look costs
+the same whatever the number of members it waits for.
+
+>>> board = Board(dist.HashStore(), "doc", 0, timedelta(seconds=1))
+>>> board.post("running"); {rank: status.state for rank, status in board.statuses([0, 1]).items()}
+{0: 'running', 1: 'missing'}
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import torch.distributed as dist
+
+from fmesh.context.store.connections import Connections
+from fmesh.context.store.keys import ENDED_LIST, Keys
+from fmesh.context.store.keys import ended as ended_key
+from fmesh.context.store.records import (
+    CLOSED,
+    EXITED,
+    FAILED,
+    MISSING,
+    RUNNING,
+    WAITING,
+    Status,
+    options_differ,
+    ranks_of,
+)
+from fmesh.context.store.wait import FIRST_LOOK_SECONDS, Waiter
+from fmesh.errors import RankLostError
+
+EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits to post that it exited
+AGREED_POSTED = 4  # how many of the groups a rank agreed on last it posts when it closes
+
+
+def read_list(store: dist.Store, key: str) -> set[int]:
+    """The ranks of the list at ``key`` (empty where nobody appended yet), in ONE store operation: a
+    ``compare_set`` from nothing to nothing hands back what is there, and creates the empty list otherwise.
+
+    >>> store = dist.HashStore()
+    >>> read_list(store, "l"), store.append("l", "4,"), read_list(store, "l")
+    (set(), None, {4})
+    """
+    return ranks_of(store.compare_set(key, "", ""))
+
+
+def mark_ended(store: dist.Store, rank: int, exitcode: object) -> None:
+    """Say, in the launcher's ``store``, that ``rank``'s process ended (:func:`~fmesh.context.store.keys.ended`,
+    and the list of them all that a watcher reads in one operation).
+
+    >>> store = dist.HashStore(); mark_ended(store, 3, -9)
+    >>> store.get(ended_key(3)), read_list(store, ENDED_LIST)
+    (b'-9', {3})
+    """
+    store.set(ended_key(rank), str(exitcode))
+    store.append(ENDED_LIST, f"{rank},")
+
+
+@attrs.frozen
+class Board:
+    """One Context's place in the store: this rank's status, its reads of the others', and its blocking waits.
+
+    ``prefix`` is the context's namespace (its name and epoch); ``creation_timeout`` bounds how long a member
+    waits for the others to come to a group.
+    """
+
+    store: dist.Store
+    prefix: str
+    rank: int
+    creation_timeout: timedelta
+    grace: float = FIRST_LOOK_SECONDS  # how long a waiter waits before it looks at what the missing ones do
+    # The launcher's store, where it says which ranks' processes ended (keys.ended); None where its ranks are not
+    # this world's (a recovered world numbers them anew).
+    launcher_store: dist.Store | None = attrs.field(default=None, eq=False, repr=False)
+    # The Context's groups' sockets, and whether it was aborted (then every wait ends at its next poll).
+    connections: Connections = attrs.field(factory=Connections, eq=False, repr=False)
+    # The process this rank is: a child it forks inherits the exit hook, and its exit is not this rank's.
+    pid: int = attrs.field(factory=os.getpid, eq=False, repr=False)
+    # The last groups this rank agreed on (their descriptions), posted when it closes: a peer that waits for it
+    # in a group it never came to can tell that the ranks made different groups.
+    agreed: list[str] = attrs.field(factory=list, eq=False, repr=False)
+    keys: Keys = attrs.field(init=False, eq=False, repr=False)
+    waiter: Waiter = attrs.field(init=False, eq=False, repr=False)
+
+    @keys.default
+    def _keys(self) -> Keys:
+        return Keys(self.prefix)
+
+    @waiter.default
+    def _waiter(self) -> Waiter:
+        return Waiter(self.store, self.rank, self.connections.halted, self.grace)
+
+    # ------------------------------------------------------------ this rank's status
+
+    def post(self, state: str, **fields: Any) -> None:
+        """Post this rank's status (a :class:`~fmesh.context.store.records.Status` in ``state`` with ``fields``); a
+        final one also joins the list of ranks whose status is final (:meth:`finals`)."""
+        status = Status(state, **fields)
+        self.store.set(self.keys.status(self.rank), status.dumps())
+        if status.final:
+            self.store.append(self.keys.finals, f"{self.rank},")
+
+    def post_quietly(self, state: str, **fields: Any) -> None:
+        """:meth:`post`, on a way out: a store that is gone (its host died) is no reason to raise."""
+        # The store may be what failed; the error that brought us here matters more.
+        with contextlib.suppress(Exception):
+            self.post(state, **fields)
+
+    def failed(self, error: BaseException, refused: bool = False) -> None:
+        """Post that this rank failed with ``error`` (others waiting for it report it); ``refused``: it refused a
+        collective on itself, before sending any of it (the caller's tensor or arguments). Never raises."""
+        self.post_quietly(FAILED, error=f"{type(error).__name__}: {error}"[:2000], kind=type(error).__name__,
+                          refused=refused)
+
+    def open(self) -> Board:
+        """Post that this rank runs, and have a process that ends without closing its context tell its peers so at
+        interpreter exit (:meth:`post_exit`), instead of leaving them to wait for it."""
+        self.post(RUNNING)
+        atexit.register(self.post_exit)
+        return self
+
+    def agree_options(self, mine: Mapping[str, str]) -> None:
+        """Agree this context's wire-relevant options (:func:`~fmesh.context.options.wire_options`) with its other
+        ranks: the first rank to start fixes them (one ``compare_set``); a rank that means others raises ``ValueError``
+        naming each field that differs (its caller then ends the context with that error, so the ranks waiting for it
+        raise ``RankLostError`` with it at their first look). Without it, ``check_tensors`` on one rank and not on
+        another matched one rank's check with the other's data inside gloo, which killed a rank with SIGABRT.
+
+        >>> store = dist.HashStore()
+        >>> Board(store, "doc", 0, timedelta(seconds=1)).agree_options({"check_tensors": "True"})
+        >>> Board(store, "doc", 1, timedelta(seconds=1)).agree_options({"check_tensors": "False"})
+        Traceback (most recent call last):
+        ...
+        ValueError: on rank 1: this rank's Context options differ from rank 0's, which started first: check_tensors: ...
+        """
+        posted = json.dumps({"rank": self.rank, "options": dict(mine)})
+        first = json.loads(self.store.compare_set(self.keys.options, "", posted))
+        differ = options_differ(mine, first["options"])
+        if differ:
+            raise ValueError(
+                f"on rank {self.rank}: this rank's Context options differ from rank {first['rank']}'s, which started "
+                f"first: {'; '.join(differ)}. Expected every rank to create its Context with the same options (they "
+                "decide which groups a collective runs on and what goes over the wire); pass the same to every rank")
+
+    def leave(self, aborted: bool, error: BaseException | None = None) -> None:
+        """The end of this rank's context: the exit hook withdrawn (it also held this board and its store
+        connection), and the peers that wait for this rank told why it will not come."""
+        atexit.unregister(self.post_exit)
+        if error is not None:
+            self.failed(error)
+        else:
+            self.close_quietly(aborted=aborted)
+        self.waiter.release()  # its second store connection goes with the last wait on it (one per ended context)
+
+    def close_quietly(self, aborted: bool) -> None:
+        """Post that this rank closed (or aborted) its context, keeping the error it failed with, if any.
+
+        An abort is never told as a close: ``abort()`` on a watchdog thread and ``close()`` on the main thread
+        may both end the context, in either order, and peers should hear the abort.
+        """
+        with contextlib.suppress(Exception):
+            last = self.statuses([self.rank])[self.rank]
+            failure = last if last.state == FAILED else Status(CLOSED)
+            aborted = aborted or self.connections.halted.is_set()
+            self.post(CLOSED, aborted=aborted, error=failure.error, kind=failure.kind, refused=failure.refused,
+                      agreed=tuple(self.agreed))
+
+    def post_exit(self) -> None:
+        """Post, at interpreter exit, that this rank's process ended without closing its context (the Context
+        registers this with ``atexit`` while it is open), with the uncaught exception that ended it, if any."""
+        if os.getpid() != self.pid:
+            return
+        error = getattr(sys, "last_value", None)  # where the interpreter keeps the exception that ended the program
+        with contextlib.suppress(Exception):  # a store that stopped answering must not hold the exit for long
+            self.store.set_timeout(EXIT_POST_TIMEOUT)
+        self.post_quietly(EXITED, error=f"{type(error).__name__}: {error}"[:2000] if error is not None else None)
+
+    # ------------------------------------------------------------ the others'
+
+    def finals(self) -> set[int]:
+        """The ranks whose status is final (failed, closed, exited): one store operation, so that a watcher's look
+        costs the same whatever the number of members it waits for."""
+        return read_list(self.store, self.keys.finals)
+
+    def statuses(self, ranks: Sequence[int], posted_before: set[int] | None = None) -> dict[int, Status]:
+        """The statuses of ``ranks`` (two round trips when all posted one; ranks that never did are ``missing``,
+        found by halving the ranks checked: a few checks per missing rank, then one ``multi_get``).
+        ``posted_before``: ranks known to have posted (a status is never taken back), not checked again, and updated
+        with those found now: a watcher's later looks read its members' statuses in one round trip."""
+        known = posted_before if posted_before is not None else set()
+        posted = [rank for rank in ranks if rank in known]
+        unknown = [rank for rank in ranks if rank not in known]
+        pending = [unknown] if unknown else []
+        while pending:
+            part = pending.pop()
+            if self.store.check([self.keys.status(rank) for rank in part]):
+                posted += part
+            elif len(part) > 1:
+                pending += [part[:len(part) // 2], part[len(part) // 2:]]
+        known.update(posted)
+        read = (dict(zip(posted, self.store.multi_get([self.keys.status(rank) for rank in posted]), strict=True))
+                if posted else {})
+        return {rank: Status.loads(bytes(read[rank])) if rank in read else Status(MISSING) for rank in ranks}
+
+    def current(self, statuses: dict[int, Status]) -> dict[int, Status]:
+        """``statuses`` as they stand now: an agreement leaves its members' statuses at "waiting at K" (setting them
+        back costs a store operation per member and agreement), so a rank waiting at a group whose verdict is written
+        went on past it: ``running``, after it. One ``check`` per group named; only the slow paths that describe
+        ranks call this.
+
+        >>> store = dist.HashStore(); board = Board(store, "doc", 0, timedelta(seconds=1))
+        >>> store.set("doc/agree/k/done", "ok")
+        >>> board.current({3: Status("waiting", at="k", what="tp (2, 3)")})[3].describe(3)
+        'rank 3 is not creating a group, having created tp (2, 3) (busy elsewhere, or it took another path)'
+        """
+        waiting_at = {status.at for status in statuses.values() if status.state == WAITING and status.at}
+        past = {key for key in waiting_at if self.store.check([self.keys.agreement(key).verdict])}
+        return {rank: Status(RUNNING, after=status.what or "?")
+                if status.state == WAITING and status.at in past else status
+                for rank, status in statuses.items()}
+
+    def ended(self, ranks: Sequence[int]) -> list[int]:
+        """Those of ``ranks`` whose process the launcher saw end (:func:`mark_ended`): one store operation, however
+        many ranks."""
+        if self.launcher_store is None or not ranks:
+            return []
+        marked = read_list(self.launcher_store, ENDED_LIST)
+        return [rank for rank in ranks if rank in marked]
+
+    def store_gone(self, doing: str, error: BaseException) -> RankLostError:
+        """The error of a rank whose store connection broke (``error``) while ``doing``: its host is gone."""
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return RankLostError(
+            f"on rank {self.rank}: the store is unreachable while {doing}: its host is gone (rank 0, unless "
+            f"torchrun's agent hosts it; {type(error).__name__}: {cause}). No group can be made or recovered without "
+            "it: see that process's error first, then restart the job (a store hosted outside the ranks survives "
+            "any rank's loss)")

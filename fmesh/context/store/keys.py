@@ -1,0 +1,180 @@
+"""Every key fmesh writes in a job's store, spelled in one place.
+
+A Context's keys live under its namespace, ``fmesh/<name>/<epoch>`` (:class:`Keys`); the start rendezvous and the
+launcher's marks live under ``fmesh/start`` and ``fmesh/ended``, outside any context. A meeting (an agreement, a
+roll call, the recovery's vote, the start) has four keys of its own (:class:`MeetingKeys`): what the members
+compare, their arrival count, and the verdict every member blocks on.
+
+>>> keys = Keys("fmesh/job/0")
+>>> keys.status(3), keys.agreement("d").verdict, keys.roll_call("barrier-world").arrivals
+('fmesh/job/0/status/3', 'fmesh/job/0/agree/d/done', 'fmesh/job/0/roll/barrier-world/count')
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import attrs
+
+START = "fmesh/start"
+START_FAILED = f"{START}/failed"  # a bad rank's report: JSON with its error, the variables it read, host and pid
+START_SEEN = f"{START}/failed/seen"  # how many waiting ranks read the report (its host stays up until they all have)
+ENDED_LIST = "fmesh/ended/all"  # every rank the launcher saw end, "3,7,": one read tells a watcher about them all
+
+
+@attrs.frozen
+class MeetingKeys:
+    """The keys of one meeting under ``base``: what the members compare (``compared``: the first member's value
+    stays), how many came (``arrivals``) and the ``verdict`` every outcome writes."""
+
+    base: str
+    compared_name: str = "digest"
+    arrivals_name: str = "arrived"
+    verdict_name: str = "done"
+
+    @property
+    def compared(self) -> str:
+        return f"{self.base}/{self.compared_name}"
+
+    @property
+    def arrivals(self) -> str:
+        return f"{self.base}/{self.arrivals_name}"
+
+    @property
+    def verdict(self) -> str:
+        return f"{self.base}/{self.verdict_name}"
+
+    def under(self, *parts: object) -> str:
+        """A key of the meeting's own (``members``, ``fate/3``, ...)."""
+        return "/".join((self.base, *map(str, parts)))
+
+
+def context_prefix(name: str, epoch: int) -> str:
+    """The namespace of a Context's keys: its world's ``name`` and ``epoch`` (its number among the contexts made
+    on that world).
+
+    >>> context_prefix("job", 2)
+    'fmesh/job/2'
+    """
+    return f"fmesh/{name}/{epoch}"
+
+
+def contexts_made(name: str, rank: int) -> str:
+    """How many contexts ``rank`` made on the world ``name`` (each takes the next epoch)."""
+    return f"fmesh/{name}/contexts/{rank}"
+
+
+def ended(rank: int) -> str:
+    """Where a launcher that saw ``rank``'s process end says so, in the store it hosts (the key :func:`fmesh.launch`
+    writes): a roll call stops waiting for a rank that can never answer. (A process that ends on its own posts the
+    status ``exited`` itself; one killed cannot.)"""
+    return f"fmesh/ended/{rank}"
+
+
+def start(generation: int) -> MeetingKeys:
+    """The keys of the ranks' ``generation``-th start rendezvous: they compare the world size, count themselves, and
+    block on ``.../all``.
+
+    >>> start(1).verdict
+    'fmesh/start/1/all'
+    """
+    return MeetingKeys(f"{START}/{generation}", compared_name="world_size", verdict_name="all")
+
+
+def start_claim(restarts: str, rank: int) -> str:
+    """Which process claimed ``rank`` in the launcher's ``restarts``-th start of the workers."""
+    return f"{START}/claims/{restarts}/{rank}"
+
+
+def start_count(rank: int) -> str:
+    """How many times ``rank`` started (the n-th start is the n-th on every rank)."""
+    return f"{START}/inits/{rank}"
+
+
+@attrs.frozen
+class Keys:
+    """The keys of one Context (``prefix``: :func:`context_prefix`)."""
+
+    prefix: str
+
+    def status(self, rank: int) -> str:
+        """``rank``'s status (a :class:`~fmesh.context.store.records.Status`)."""
+        return f"{self.prefix}/status/{rank}"
+
+    @property
+    def finals(self) -> str:
+        """The list of ranks whose status is final."""
+        return f"{self.prefix}/finals"
+
+    @property
+    def options(self) -> str:
+        """The context's wire-relevant options, as the first rank to start posted them (and who it was)."""
+        return f"{self.prefix}/options"
+
+    def agreement(self, key: str) -> MeetingKeys:
+        """The agreement on the group at ``key`` (the digest of its content)."""
+        return MeetingKeys(f"{self.prefix}/agree/{key}")
+
+    def members(self, key: str) -> str:
+        """The members of the group at ``key``, published by a watcher for the others' search for cycles."""
+        return self.agreement(key).under("members")
+
+    def roll_call(self, label: str) -> MeetingKeys:
+        """The roll call ``label``: each member's answer under it (:meth:`answer`), the list of those who answered."""
+        return MeetingKeys(f"{self.prefix}/roll/{label}", arrivals_name="count")
+
+    def answer(self, label: str, rank: int) -> str:
+        return self.roll_call(label).under(rank)
+
+    def answered(self, label: str) -> str:
+        return self.roll_call(label).under("answered")
+
+    @property
+    def recovery(self) -> MeetingKeys:
+        """The survivors' vote on the ranks lost: they compare the lost set (the first survivor's stays)."""
+        return MeetingKeys(f"{self.prefix}/recovery-agreement", compared_name="lost", arrivals_name="count")
+
+    def fate(self, rank: int) -> str:
+        """``rank``'s fate in the recovery: a survivor (it claims it) or fenced out (the last survivor's)."""
+        return self.recovery.under("fate", rank)
+
+    def held(self, group: str) -> str:
+        """How many survivors hold the group whose digest is ``group``."""
+        return self.recovery.under("held", group)
+
+    @property
+    def came_to_recover(self) -> str:
+        """The list of survivors that came to recover."""
+        return self.recovery.under("called")
+
+    @property
+    def cut(self) -> str:
+        """The list of groups the survivors cut while they waited (closed by the last to come)."""
+        return self.recovery.under("cut")
+
+    @property
+    def recovered(self) -> str:
+        """The namespace of the store of the world a recovery makes."""
+        return f"{self.prefix}/recovered"
+
+    def refusals(self, group: str, rank: int) -> str:
+        """How many collectives ``rank`` refused on itself on the torch group ``group``."""
+        return f"{self.prefix}/refusals/{group}/{rank}"
+
+    def guarded(self, rank: int) -> str:
+        """How many failures ``rank`` explained in collectives fmesh did not run."""
+        return f"{self.prefix}/guarded/{rank}"
+
+    def tensor(self, group: str, count: int, rank: int) -> str:
+        """What ``rank`` passed to the ``count``-th checked collective on the group whose digest is ``group``."""
+        return f"{self.prefix}/tensor/{group}/{count}/{rank}"
+
+
+def digest(text: str) -> str:
+    """A fixed-size digest of ``text``, the same in every process: what names a group's agreement, and what its
+    members compare.
+
+    >>> len(digest("Mesh(dp=2; world=2)"))
+    32
+    """
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
