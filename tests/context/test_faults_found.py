@@ -47,7 +47,7 @@ def raises_while_the_job_starts(ctx: Context) -> Any:
 def test_a_rank_that_fails_while_the_others_start_ends_their_wait_at_once() -> None:
     """Campaign seed 8 (worlds 2-4): a rank raised inside the start's rendezvous; the other waited the whole
     collective timeout, then raised GroupTimeoutError."""
-    from fmesh.context import rendezvous
+    from fmesh.context.store import rendezvous
 
     meet = rendezvous.meet
 
