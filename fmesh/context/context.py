@@ -40,7 +40,7 @@ from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, materialize, plan_groups
 from fmesh.context.groups import GroupRegistry, Target
 from fmesh.context.options import AxisOptions, GroupSettings, wire_options
-from fmesh.context.store import recovery_vote
+from fmesh.context.renewal import Renewal
 from fmesh.context.tensors import TensorChecks, check_tensor
 from fmesh.context.world import World
 from fmesh.layout.int_tuple import is_int
@@ -108,6 +108,7 @@ class Context:
         self._board = world.board(self._settings.creation_timeout, wire_options(self._settings, tensors.enabled))
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._groups = GroupRegistry(world, self._settings, board=self._board, ascending_only=simulated)
+        self._renewal = Renewal()  # this context's recoveries, which may be tried again
         self._exports = Exporter(world.device.type)
 
     # -------------------------------------------------------------- builders
@@ -578,7 +579,8 @@ class Context:
         ...
         ValueError: recover: rank 0 is calling recover, so it is not lost; expected the ranks that are gone, but got [0]
         """
-        self._groups.enter("recover")
+        if not self._renewal.failed_to_start:  # tried again after its new world failed to start: handed over already
+            self._groups.enter("recover")
         gone = recovery.check_lost(lost, self.world_size, self.rank)
         _torch.require(_torch.RECOVERY)
         world = recovery.new_world(self.world_size, gone, mesh)
@@ -586,15 +588,15 @@ class Context:
             raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
         self._groups.cut_broken(gone)
         survivors = tuple(r for r in range(self.world_size) if r not in gone)
-        holding = recovery_vote.agree_on_loss(self._board, survivors, gone, self._groups.held_groups())
+        holding = self._renewal.vote(self._world, self._board, survivors, gone, self._groups.held_groups())
         renumber = {old: new for new, old in enumerate(world)}
         taken = self._groups.take_renewed(renumber, holding, set(survivors))
-        store = dist.PrefixStore(self._board.keys.recovered, self._world.store())
-        old, ended = self._world, self._board.ended  # the launcher's marks, by old rank
+        old = self._world
         self._end("hand_over")
-        if self.rank not in renumber:
+        started = self._renewal.start(old, self._board, world, gone, self._settings)
+        self._board = None  # its store connection goes with it (this context holds none once recovered)
+        if started is None:  # this rank is not in the new world: it leaves
             return None
-        started = old.renewed(world, gone, store, self._settings.timeout, self._settings.creation_timeout, ended)
         renewed = Context._made(started, self._settings, TensorChecks(self._tensors.enabled), self._simulated)
         renewed._groups.adopt_all(taken)
         return renewed
@@ -607,8 +609,8 @@ class Context:
             return
         if how == "abort":  # first, before any store operation: ends this rank's waits and frees the peers blocked
             self._groups.halt()
-        if self._board is not None:  # the exit hook withdrawn, and peers waiting for this rank told why
-            self._board.leave(aborted=how != "close", error=error)
+        if self._board is not None and how != "hand_over":  # the exit hook withdrawn, peers waiting told why (a
+            self._board.leave(aborted=how != "close", error=error)  # recovery leaves its board once it started)
         self._exports.clear()
         if how == "hand_over":
             self._groups.hand_over()

@@ -345,20 +345,20 @@ class World:
             return World.start(backend=self.backend, rank=rank, world_size=world_size, store=store, timeout=timeout,
                                device=self.device, gpus_per_node=min(self.local_world_size, world_size),
                                name=self.name, generation=self.generation + 1, connect_timeout=meet_timeout,
-                               gone=lambda: [survivors.index(r) for r in gone()])
-        except (RankLostError, GroupTimeoutError) as error:  # a survivor died after agreeing, or never started
-            failure: Exception = error
-            cause = f"{error} (ranks by their old number)"
-        except (RuntimeError, ValueError) as error:  # torch's set-up of the new world failed: a survivor died in it
-            failure = error
-            with contextlib.suppress(Exception):
+                               gone=gone)
+        except (RuntimeError, ValueError, GroupTimeoutError) as error:  # a survivor died after the vote, or in torch's
+            failure = error                                             # set-up, or never came
+            with contextlib.suppress(Exception):  # a half-made default group would be joined by the next try
                 if dist.is_initialized():
                     _torch.abort_group(None)
             dead: list[int] = []
             with contextlib.suppress(Exception):  # the store may be gone: then its host is what died
                 dead = gone()
-            cause = (f"ranks {dead} ended while torch set it up ({type(error).__name__}: {error})" if dead else
-                     f"torch's set-up of it failed: {type(error).__name__}: {error}")
+            if isinstance(error, (RankLostError, GroupTimeoutError)):
+                cause = f"{error} (ranks by their old number)"
+            else:
+                cause = (f"ranks {dead} ended while torch set it up ({type(error).__name__}: {error})" if dead else
+                         f"torch's set-up of it failed: {type(error).__name__}: {error}")
         raise RecoveryError(f"on rank {self.rank}: the survivors agreed to recover without {list(lost)}, but their new "
                             f"world could not start: {cause}. Recover again without those ranks too, or restart the "
                             "job") from failure

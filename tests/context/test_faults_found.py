@@ -34,10 +34,15 @@ def options_differ_between_ranks(ctx: Context) -> Any:
 
 
 def test_ranks_whose_options_differ_each_get_one_clear_error_at_start() -> None:
-    first, second = launch(options_differ_between_ranks, 2, timeout=60)
-    assert second[0] == "ValueError" and "check_tensors: False here, True there" in second[1], second
-    assert first[0] == "RankLostError" and "rank 1" in first[1] and "check_tensors" in first[1], first
-    assert first[2] < patience(10, 2), first  # the first look of its group's agreement, not the creation timeout
+    results = launch(options_differ_between_ranks, 2, timeout=60)
+    # The rank that starts second is told (either may be first): ValueError naming the field there, RankLostError
+    # naming that rank and its error on the other.
+    (odd,) = [rank for rank, result in enumerate(results) if result[0] == "ValueError"]
+    mine, theirs = ("False", "True") if odd == 1 else ("True", "False")
+    assert f"check_tensors: {mine} here, {theirs} there" in results[odd][1], results
+    other = results[1 - odd]
+    assert other[0] == "RankLostError" and f"rank {odd} failed" in other[1] and "check_tensors" in other[1], other
+    assert other[2] < patience(10, 2), other  # the first look of its group's agreement, not the creation timeout
 
 
 def raises_while_the_job_starts(ctx: Context) -> Any:
@@ -97,3 +102,99 @@ def test_tasks_started_by_srun_form_a_job_from_slurms_variables() -> None:
                 proc.wait()
     lines = sorted(out.strip().splitlines()[-1] if out.strip() else err[-500:] for out, err in outputs)
     assert lines == ["0 2 3", "1 2 3"], lines
+
+
+# ------------------------------------------------------------------------------------------ recovery tried again
+
+ALL = ("all",)
+
+
+def recovered_after_retries(ctx: Context, tries: list[list[int]], before: Any = None) -> Any:
+    """Rank 3 dies; each survivor recovers with each lost set of ``tries`` in turn until one succeeds (``before(ctx,
+    n)``: what this rank does before its n-th try). What each try raised, and the new world's sum and size."""
+    mesh = fmesh.make_mesh((4,), ALL)
+    ctx.all_reduce(torch.ones(1), mesh, ALL)
+    if ctx.rank == 3:
+        os._exit(3)
+    with pytest.raises(fmesh.RankLostError):
+        ctx.all_reduce(torch.ones(1), mesh, ALL)
+    errors = []
+    for n, lost in enumerate(tries):
+        if before is not None:
+            before(ctx, n)
+        try:
+            renewed = ctx.recover(lost)
+        except fmesh.RecoveryError as error:
+            errors.append(str(error))
+            continue
+        assert renewed is not None
+        with renewed:
+            world = fmesh.make_mesh((renewed.world_size,), ALL)
+            return errors, renewed.all_reduce(torch.ones(1), world, ALL).item(), renewed.world_size
+    return errors, None, None
+
+
+def dies_in_the_vote(ctx: Context, n: int) -> None:
+    """Rank 2 dies when it comes to the survivors' vote."""
+    from fmesh.context.store import recovery_vote
+
+    if ctx.rank == 2:
+        recovery_vote.agree_on_loss = lambda *args, **kwargs: os._exit(7)  # type: ignore[assignment]
+
+
+def dies_in_torchs_set_up(ctx: Context, n: int) -> None:
+    """Rank 2 dies inside torch's set-up of the new world (after the vote, after fmesh's rendezvous)."""
+    import torch.distributed as dist
+
+    if ctx.rank == 2:
+        dist.init_process_group = lambda *args, **kwargs: os._exit(7)  # type: ignore[assignment]
+
+
+def retries(ctx: Context, before: Any, tries: list[list[int]]) -> Any:
+    return recovered_after_retries(ctx, tries, before)
+
+
+@pytest.mark.parametrize(("before", "first", "said"), [
+    (dies_in_the_vote, [3], "survivors [2] did not come to recover without [3]"),
+    (dies_in_torchs_set_up, [3], "their new world could not start: ranks [2] ended"),
+])
+def test_recover_tried_again_after_a_second_death_succeeds(before: Any, first: list[int], said: str) -> None:
+    """A second survivor dies during the recovery: the others' RecoveryError names it, and ``recover`` tried again
+    without it too succeeds. Before, the second try raised "fenced out ... they went on without it" (after a failed
+    vote) or ContextClosedError (after a failed start); a death inside torch's set-up of the new world left the
+    others waiting the whole collective timeout, then a raw DistStoreError."""
+    started = time.monotonic()
+    results = launch(lambda ctx: retries(ctx, before, [first, [2, 3]]), 4, timeout=120, context_timeout=60,
+                     creation_timeout=8, on_rank_loss="continue")
+    took = time.monotonic() - started
+    assert [getattr(result, "exitcode", None) for result in results[2:]] == [7, 3], results
+    for rank in (0, 1):
+        errors, total, size = results[rank]
+        assert len(errors) == 1 and said in errors[0], (rank, errors)
+        assert (total, size) == (2.0, 2), results[rank]
+    assert took < patience(40, 4), took  # not the 60 s collective timeout
+
+
+def late_by_the_creation_timeout(ctx: Context, n: int) -> None:
+    if ctx.rank == 2 and n == 0:
+        time.sleep(10)  # past the others' creation timeout (8 s): they give up on it
+
+
+def test_recover_tried_again_after_a_survivor_came_too_late_succeeds() -> None:
+    results = launch(lambda ctx: retries(ctx, late_by_the_creation_timeout, [[3], [3]]), 4, timeout=120,
+                     context_timeout=60, creation_timeout=8, on_rank_loss="continue")
+    for rank in (0, 1, 2):
+        errors, total, size = results[rank]
+        assert len(errors) == 1 and "survivors [2] did not come" in errors[0], (rank, errors)
+        assert (total, size) == (3.0, 3), results[rank]
+
+
+def test_recover_tried_again_after_the_survivors_disagreed_succeeds() -> None:
+    def tries(ctx: Context) -> Any:  # rank 0 first means the wrong ranks (rank 1 is alive)
+        return recovered_after_retries(ctx, [[1, 3] if ctx.rank == 0 else [3], [3]])
+
+    results = launch(tries, 4, timeout=120, context_timeout=60, creation_timeout=8, on_rank_loss="continue")
+    for rank in (0, 1, 2):
+        errors, total, size = results[rank]
+        assert len(errors) == 1 and "the survivors disagree about the ranks lost" in errors[0], (rank, errors)
+        assert (total, size) == (3.0, 3), results[rank]

@@ -93,12 +93,13 @@ class Board:
     # The last groups this rank agreed on (their descriptions), posted when it closes: a peer that waits for it
     # in a group it never came to can tell that the ranks made different groups.
     agreed: list[str] = attrs.field(factory=list, eq=False, repr=False)
+    attempt: int = 0  # which of the context's recoveries its recovery keys are (Keys.attempt)
     keys: Keys = attrs.field(init=False, eq=False, repr=False)
     waiter: Waiter = attrs.field(init=False, eq=False, repr=False)
 
     @keys.default
     def _keys(self) -> Keys:
-        return Keys(self.prefix)
+        return Keys(self.prefix, self.attempt)
 
     @waiter.default
     def _waiter(self) -> Waiter:
