@@ -125,7 +125,8 @@ def draw(seed: int, worlds: tuple[int, int] = (2, 8)) -> Trial:
     shape = factors(world, rng)
     names = tuple(rng.sample(["dp", "tp", "pp", "cp", "ep"], len(shape)))
     rank_map = tuple(rng.sample(range(world), world)) if rng.random() < 0.3 else None
-    axes = tuple(tuple(rng.sample(names, rng.randint(1, len(names)))) for _ in range(STEPS))
+    # The last step is over every rank: each survivor learns of a loss there, if not before, and recovers.
+    axes = tuple(tuple(rng.sample(names, rng.randint(1, len(names)))) for _ in range(STEPS - 1)) + (names,)
     check_tensors = rng.random() < 0.7
     mesh = fmesh.make_mesh(shape, names, rank_map=None if rank_map is None else list(rank_map))
     kind, victim, point = rng.choice(KINDS), rng.randrange(world), rng.choice(FIRST_POINTS)
@@ -296,10 +297,8 @@ _GONE = [re.compile(p) for p in (
     r"ranks \[([\d, ]+)\] of the group are gone",
     r"ranks \[([\d, ]+)\] of the group did not answer a roll call",
     r"launcher saw the processes of ranks \[([\d, ]+)\] end",
-    r"ranks \[([\d, ]+)\] never came",
     r"ranks \[([\d, ]+)\] are lost",
     r"ranks \[([\d, ]+)\] ended",
-    r"survivors \[([\d, ]+)\] did not come",
 )]
 
 
@@ -314,6 +313,19 @@ def blamed(message: str) -> set[int]:
         for match in pattern.finditer(message):
             named.update(int(r) for r in match.group(1).split(","))
     return named
+
+
+def explained(error: BaseException) -> bool:
+    """fmesh's explanation of a collective that failed on its members while every member answered the roll call
+    (one member's collective raised on itself, an error that is not a closed connection): a ``RuntimeError`` by design
+    (docs/guides/failures.md: nobody is lost, each member's error is named), not the backend's bare error.
+
+    >>> explained(RuntimeError("on rank 0: all_reduce ... failed on its members, and every member answered a roll "
+    ...                        "call"))
+    True
+    """
+    text = str(error)
+    return type(error) is RuntimeError and text.startswith("on rank ") and "every member answered a roll call" in text
 
 
 def bound(trial: Trial) -> float:
@@ -364,7 +376,7 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
             continue
         if isinstance(result, BaseException):
             outcomes.append(f"rank {rank}: {type(result).__name__}: {str(result)[:300]}")
-            if not isinstance(result, NAMED):
+            if not (isinstance(result, NAMED) or explained(result)):
                 violations.append(f"rank {rank} (not a victim) raised a bare {type(result).__name__}: "
                                   f"{str(result)[:300]}")
             continue

@@ -159,7 +159,9 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         raise RankLostError(f"on rank {'?' if board is None else board.rank}: {where} failed earlier and was "
                             "aborted then; this context cannot use it again: abort the context and restart, or "
                             "recover onto a mesh without the lost ranks") from None
-    if process_group is not None and board is not None:
+    if board is not None:  # first, so a member still connecting this group, whose connection the cut below breaks,
+        board.post_quietly(FAILING, what=what)  # reads why (connect_failed); and not blocked: a recovery that waits
+    if process_group is not None and board is not None:  # for this rank does not cut its groups to free it
         # Cut its connections first: torch's abort of a gloo group releases neither a peer blocked in it nor this
         # rank; with them cut, every member still blocked fails now and answers the roll call. A communicator that
         # can shrink (NCCL >= 2.27) is left for a recovery to shrink (SHRINK_ABORT ends its work; pytorch #194775:
@@ -173,8 +175,6 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         if timed_out:
             raise GroupTimeoutError(f"{what} along {where} timed out after {timeout.total_seconds():g}s") from error
         raise error
-    # Not blocked: a recovery that waits for this rank does not cut its groups to free it (agree_on_loss).
-    board.post_quietly(FAILING, what=what)
     try:
         label = f"{what}-{target.spec.digest() if target is not None else 'world'}"
         missing = roll_call(board, label, ranks, ROLL_CALL_SECONDS, f"{type(error).__name__}: {error}")

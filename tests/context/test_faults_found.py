@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+import faults
 import pytest
 import torch
 from support import launch, patience
@@ -198,3 +199,16 @@ def test_recover_tried_again_after_the_survivors_disagreed_succeeds() -> None:
         errors, total, size = results[rank]
         assert len(errors) == 1 and "the survivors disagree about the ranks lost" in errors[0], (rank, errors)
         assert (total, size) == (3.0, 3), results[rank]
+
+
+# ------------------------------------------------------------------------------------------ seeds of the campaign
+
+
+def test_a_member_that_cuts_a_group_a_peer_still_connects_is_named_on_that_peer() -> None:
+    """Campaign seed 5 (the first draw, worlds 2-4): rank 2's first collective raised on it (the tensor check's
+    all_reduce), so it cut the group while rank 1 was still connecting it; rank 1 raised gloo's raw "Connection closed
+    by peer" from inside torch's set-up, and the others blamed rank 1, alive, as gone. Now rank 1 names rank 2."""
+    trial = faults.Trial(5, 4, (4,), ("ep",), (3, 0, 2, 1), (("ep",),) * 4,
+                         (faults.Fault("raise", "collective", 2, call=1),), check_tensors=True)
+    verdict = faults.run(trial)
+    assert verdict.ok, str(verdict)
