@@ -126,7 +126,7 @@ def draw(seed: int, worlds: tuple[int, int] = (2, 8)) -> Trial:
     names = tuple(rng.sample(["dp", "tp", "pp", "cp", "ep"], len(shape)))
     rank_map = tuple(rng.sample(range(world), world)) if rng.random() < 0.3 else None
     # The last step is over every rank: each survivor learns of a loss there, if not before, and recovers.
-    axes = tuple(tuple(rng.sample(names, rng.randint(1, len(names)))) for _ in range(STEPS - 1)) + (names,)
+    axes = (*(tuple(rng.sample(names, rng.randint(1, len(names)))) for _ in range(STEPS - 1)), names)
     check_tensors = rng.random() < 0.7
     mesh = fmesh.make_mesh(shape, names, rank_map=None if rank_map is None else list(rank_map))
     kind, victim, point = rng.choice(KINDS), rng.randrange(world), rng.choice(FIRST_POINTS)

@@ -428,9 +428,10 @@ def release_groups(root: DeviceMesh) -> None:
     root._flatten_mapping.clear()
 
 
-def host_store(port: int, world_size: int, timeout: float) -> dist.Store:
-    """A store server on loopback for ``world_size`` clients, as torchrun's agent hosts one."""
-    return dist.TCPStore("127.0.0.1", port, world_size, is_master=True, timeout=timedelta(seconds=timeout),
+def host_store(port: int, world_size: int, timeout: float, host: str = "127.0.0.1") -> dist.Store:
+    """A store server for ``world_size`` clients, as torchrun's agent hosts one (``host``: the address its clients
+    reach it at; loopback by default)."""
+    return dist.TCPStore(host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout),
                          wait_for_workers=False)
 
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from fmesh.context.options import GroupSettings
 from fmesh.context.store import recovery_vote
 from fmesh.context.store.board import Board
+from fmesh.context.store.records import CLOSED, EXITED
 from fmesh.context.store.recovery_vote import HeldGroup
 from fmesh.context.world import World
 from fmesh.errors import RecoveryError
@@ -70,8 +71,14 @@ class Renewal:
         if self.store is None or self.ballot is None:
             raise RuntimeError("Renewal.start before a vote")
         store = dist.PrefixStore(self.ballot.keys.recovered, self.store)
+
+        def gone(ranks: list[int]) -> list[int]:  # the launcher saw it end, or it exited or closed (a survivor that
+            final = sorted(board.finals().intersection(ranks))  # failed once is on the list of finals too)
+            left = [r for r, status in board.statuses(final).items() if status.state in (CLOSED, EXITED)]
+            return sorted({*board.ended(ranks), *left})
+
         try:
-            started = old.renewed(world, lost, store, settings.timeout, settings.creation_timeout, board.ended)
+            started = old.renewed(world, lost, store, settings.timeout, settings.creation_timeout, gone)
         except RecoveryError:
             self.failed_to_start = True
             raise
