@@ -414,6 +414,18 @@ def shrink_group(group: dist.ProcessGroup, exclude: Sequence[int]) -> dist.Proce
     return shrunk
 
 
+def reconfigurable() -> bool:
+    """Whether this torch's ``init_process_group`` can make a default group that is reconfigured in place after a loss
+    (``enable_reconfigure``, which issue 38 reports on torch's main branch): where it can, a recovery could reconfigure
+    the default group instead of aborting it and making a new one. torch 2.13 has no such parameter (checked by this
+    probe), and nothing here uses it yet: :meth:`fmesh.Context.recover` makes the default group anew.
+
+    >>> reconfigurable() in (True, False)
+    True
+    """
+    return "enable_reconfigure" in _parameters(dist.init_process_group)
+
+
 def set_group_timeout(group: dist.ProcessGroup | None, timeout: timedelta) -> None:
     """Give ``group``'s collectives ``timeout`` (it was connected under a shorter one); ``None``: the default group."""
     require(GROUPS)

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from fmesh.context import _torch
 from fmesh.context.groups import Target, usable
 from fmesh.context.store.board import Board
-from fmesh.context.store.records import FAILED, FAILING, RECOVERING, Status
+from fmesh.context.store.records import CLOSED, EXITED, FAILED, FAILING, RECOVERING, Status
 from fmesh.context.store.recovery_vote import recovering as recovering_ranks
 from fmesh.context.store.roll_call import answers as roll_answers
 from fmesh.context.store.roll_call import roll_call
@@ -176,7 +176,10 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
             raise GroupTimeoutError(f"{what} along {where} timed out after {timeout.total_seconds():g}s") from error
         raise error
     try:
-        label = f"{what}-{target.spec.digest() if target is not None else 'world'}"
+        # One roll call per group, whatever call each member was caught in (the members' tensor check and the data
+        # collective after it, or two calls in a row): a group fails once (it is cut and aborted, or left to a
+        # recovery's shrink), so its digest names its roll call. A failure of the world names its own (guarded).
+        label = f"group-{target.spec.digest()}" if target is not None else f"{what}-world"
         missing = roll_call(board, label, ranks, ROLL_CALL_SECONDS, f"{type(error).__name__}: {error}")
         statuses = board.current(board.statuses(missing))
         answers = {} if missing else roll_answers(board, label, ranks)
@@ -191,9 +194,10 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         ended = board.ended(missing)
         if ended:
             doing = f"the launcher saw the processes of ranks {ended} end; {doing}"
-    # Gone for sure: the launcher saw the process end, or it posted a final status. The others that did not answer
-    # are alive as far as anyone knows (blocked in a collective, or slow): named apart, never as lost.
-    known_gone = sorted({*ended, *(m for m in missing if statuses.get(m, NO_STATUS).final)})
+    # Gone for sure: the launcher saw the process end, or it closed its context or exited. The others that did not
+    # answer are alive as far as anyone knows (blocked in a collective, or slow): named apart, never as lost; one whose
+    # status says it failed among them (it raised once, and may have caught it and gone on).
+    known_gone = sorted({*ended, *(m for m in missing if statuses.get(m, NO_STATUS).state in (CLOSED, EXITED))})
     blocked = [m for m in missing if m not in known_gone and m != board.rank]  # this rank answered, if late
     recovering = [m for m in missing if statuses.get(m, NO_STATUS).state == RECOVERING]
     mismatch = next((m for m in missing if statuses.get(m, NO_STATUS).kind == "MeshMismatchError"), None)

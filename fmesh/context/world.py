@@ -259,7 +259,7 @@ class World:
                 store=store,
                 timeout=connecting,
             )
-            if connecting < timeout:
+            if connecting < timeout and backend != "fake":
                 _torch.set_group_timeout(None, timeout)
             if backend != "fake" and dist.get_world_size() > 1:
                 _connected(dist.get_rank(), dist.get_world_size(), connecting,

@@ -212,3 +212,66 @@ def test_a_member_that_cuts_a_group_a_peer_still_connects_is_named_on_that_peer(
                          (faults.Fault("raise", "collective", 2, call=1),), check_tensors=True)
     verdict = faults.run(trial)
     assert verdict.ok, str(verdict)
+
+
+def test_ranks_caught_in_different_phases_of_one_call_answer_one_roll_call() -> None:
+    """Rank 2 dies while rank 0 is still in the members' tensor check (its all_reduce) and rank 1 is already in the
+    data all_reduce of the same call: each names rank 2 alone, in seconds. Before, the two collectives carried
+    different roll-call labels, so each waited out the roll call and named the other, alive, as gone."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from fmesh.context import failures
+    from fmesh.context.groups import Target
+    from fmesh.context.options import GroupSettings
+    from fmesh.context.store.board import Board, mark_ended
+
+    store, mesh = dist.HashStore(), fmesh.make_mesh((3,), ("dp",))
+    spec = GroupSettings.of(None, 60, backend="gloo").spec(("dp",), (0, 1, 2))
+    mark_ended(store, 2, -9)
+    said: dict[int, tuple[str, str, float]] = {}
+
+    def fails(rank: int) -> None:
+        board = Board(store, "t", rank, timedelta(seconds=30), launcher_store=store)
+        what = "all_reduce (the members' check of their tensors)" if rank == 0 else "all_reduce"
+        started = time.monotonic()
+        try:
+            failures.failed(what, Target(mesh, ("dp",), (0, 1, 2), spec, member=rank), (0, 1, 2),
+                            timedelta(seconds=60), started, RuntimeError("Connection closed by peer"), board)
+        except Exception as error:
+            said[rank] = type(error).__name__, str(error), time.monotonic() - started
+
+    from support import in_threads
+
+    in_threads(fails, [0, 1], timeout=patience(30))
+    for rank in (0, 1):
+        kind, message, took = said[rank]
+        assert kind == "RankLostError" and "ranks [2] of the group are gone" in message, said[rank]
+        assert "did not answer" not in message and took < patience(3), said[rank]  # not the 5 s roll call
+
+
+def test_a_harmless_error_earlier_does_not_make_a_living_rank_gone() -> None:
+    """Rank 1 raised once and went on (its status still says it failed); later rank 2 dies while rank 1 is busy
+    elsewhere (it does not answer the roll call): rank 0 names rank 2 as gone, and rank 1 apart, as not known to be
+    gone. Before, a status that said failed counted as gone."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from fmesh.context import failures
+    from fmesh.context.groups import Target
+    from fmesh.context.options import GroupSettings
+    from fmesh.context.store.board import Board, mark_ended
+
+    store, mesh = dist.HashStore(), fmesh.make_mesh((3,), ("dp",))
+    spec = GroupSettings.of(None, 60, backend="gloo").spec(("dp",), (0, 1, 2))
+    Board(store, "t", 1, timedelta(seconds=30)).failed(ValueError("a bad batch, caught and skipped"))
+    mark_ended(store, 2, -9)
+    board = Board(store, "t", 0, timedelta(seconds=30), launcher_store=store)
+    with pytest.raises(fmesh.RankLostError) as caught:
+        failures.failed("all_reduce", Target(mesh, ("dp",), (0, 1, 2), spec, member=0), (0, 1, 2),
+                        timedelta(seconds=60), time.monotonic(), RuntimeError("Connection closed by peer"), board)
+    message = str(caught.value)
+    assert "ranks [2] of the group are gone" in message, message
+    assert "ranks [1] did not answer a roll call" in message and "not known to be gone" in message, message
