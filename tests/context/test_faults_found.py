@@ -275,3 +275,20 @@ def test_a_harmless_error_earlier_does_not_make_a_living_rank_gone() -> None:
     message = str(caught.value)
     assert "ranks [2] of the group are gone" in message, message
     assert "ranks [1] did not answer a roll call" in message and "not known to be gone" in message, message
+
+
+def test_the_store_host_checks_master_addr_names_a_host() -> None:
+    """The process that hosts the store (RANK=0) with a MASTER_ADDR that names no host: ValueError naming MASTER_ADDR
+    at once, as every other rank gets. Before, it hosted the store and waited its whole timeout for ranks that could
+    never reach it."""
+    script = ("import fmesh\ntry:\n    fmesh.Context.from_env(backend='gloo', timeout=30)\nexcept Exception as error:\n"
+              "    print(type(error).__name__, error)\n")
+    environ = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "no-such-host.invalid",
+               "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True, text=True,
+                          timeout=patience(60))
+    took = time.monotonic() - started
+    assert done.stdout.startswith("ValueError") and "MASTER_ADDR='no-such-host.invalid' names no host" in done.stdout, \
+        done.stdout + done.stderr[-2000:]
+    assert took < patience(20), took  # the interpreter's start and torch's import, not the 30 s timeout
