@@ -292,3 +292,4 @@ def test_the_store_host_checks_master_addr_names_a_host() -> None:
     assert done.stdout.startswith("ValueError") and "MASTER_ADDR='no-such-host.invalid' names no host" in done.stdout, \
         done.stdout + done.stderr[-2000:]
     assert took < patience(20), took  # the interpreter's start and torch's import, not the 30 s timeout
+

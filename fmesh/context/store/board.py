@@ -47,6 +47,18 @@ EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits t
 AGREED_POSTED = 4  # how many of the groups a rank agreed on last it posts when it closes
 
 
+def store_address(store: dist.Store) -> str:
+    """``the store at HOST:PORT; `` for a TCP store (under any prefixes), else nothing.
+
+    >>> store_address(dist.HashStore())
+    ''
+    """
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    return f"the store at {host}:{port}; " if host is not None and port is not None else ""
+
+
 def read_list(store: dist.Store, key: str) -> set[int]:
     """The ranks of the list at ``key`` (empty where nobody appended yet), in ONE store operation: a
     ``compare_set`` from nothing to nothing hands back what is there, and creates the empty list otherwise.
@@ -243,10 +255,11 @@ class Board:
         return [rank for rank in ranks if rank in marked]
 
     def store_gone(self, doing: str, error: BaseException) -> RankLostError:
-        """The error of a rank whose store connection broke (``error``) while ``doing``: its host is gone."""
+        """The error of a rank whose store connection broke (``error``) while ``doing``: its host is gone. Names the
+        store's address where it has one."""
         cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return RankLostError(
             f"on rank {self.rank}: the store is unreachable while {doing}: its host is gone (rank 0, unless "
-            f"torchrun's agent hosts it; {type(error).__name__}: {cause}). No group can be made or recovered without "
-            "it: see that process's error first, then restart the job (a store hosted outside the ranks survives "
-            "any rank's loss)")
+            f"torchrun's agent hosts it; {store_address(self.store)}{type(error).__name__}: {cause}). No group can "
+            "be made or recovered without it: see that process's error first, then restart the job (a store hosted "
+            "outside the ranks survives any rank's loss)")
