@@ -185,7 +185,7 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         answers = {} if missing else roll_answers(board, label, ranks)
     except ContextClosedError:
         raise
-    except Exception:  # the store is gone too: its host is likely what died; this rank is not what is missing
+    except dist.DistError:  # the store is gone too: its host is likely what died; this rank is not what is missing
         missing, statuses, answers = [m for m in ranks if m != board.rank], {}, {}
     doing = "; ".join(statuses[m].describe(m) if m in statuses else f"rank {m}: the store is unreachable, "
                       "its host is gone (rank 0, unless torchrun's agent hosts it)" for m in missing[:8])
