@@ -293,3 +293,27 @@ def test_the_store_host_checks_master_addr_names_a_host() -> None:
         done.stdout + done.stderr[-2000:]
     assert took < patience(20), took  # the interpreter's start and torch's import, not the 30 s timeout
 
+
+
+def test_an_error_inside_the_roll_call_is_not_taken_for_the_store_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Campaign seed 116 (worlds 2-8): an exception inside a survivor's roll call (not the store's) was taken for the
+    store gone, and that survivor named every other member as silent. Now it passes unchanged."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from fmesh.context import failures
+    from fmesh.context.groups import Target
+    from fmesh.context.options import GroupSettings
+    from fmesh.context.store.board import Board
+
+    def broken(*args: Any, **kwargs: Any) -> list[int]:
+        raise RuntimeError("the roll call itself failed")
+
+    monkeypatch.setattr(failures, "roll_call", broken)
+    mesh = fmesh.make_mesh((3,), ("dp",))
+    spec = GroupSettings.of(None, 60, backend="gloo").spec(("dp",), (0, 1, 2))
+    with pytest.raises(RuntimeError, match="the roll call itself failed"):
+        failures.failed("all_reduce", Target(mesh, ("dp",), (0, 1, 2), spec, member=0), (0, 1, 2),
+                        timedelta(seconds=60), time.monotonic(), RuntimeError("Connection closed by peer"),
+                        Board(dist.HashStore(), "t", 0, timedelta(seconds=5)))
