@@ -33,6 +33,11 @@ from fmesh.errors import GroupTimeoutError, LaunchError, RankLostError, Recovery
 from fmesh.layout.int_tuple import is_int
 
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# How long torch's set-up of a recovered world's default group may take: the survivors met in fmesh's rendezvous just
+# before, so it takes milliseconds; a survivor that dies inside it (the others block in torch's C++, which nothing
+# can tell) costs the others this, not the creation timeout (2 minutes by default). The survivors may then recover
+# again without it.
+NEW_WORLD_CONNECT = timedelta(seconds=20)
 
 
 MAX_COUNT = 2**31 - 1  # torch numbers ranks (and counts them) with 32-bit ints
@@ -344,8 +349,8 @@ class World:
             rendezvous.meet(store, rank=rank, world_size=world_size, timeout=meet_timeout, gone=gone)
             return World.start(backend=self.backend, rank=rank, world_size=world_size, store=store, timeout=timeout,
                                device=self.device, gpus_per_node=min(self.local_world_size, world_size),
-                               name=self.name, generation=self.generation + 1, connect_timeout=meet_timeout,
-                               gone=gone)
+                               name=self.name, generation=self.generation + 1,
+                               connect_timeout=min(meet_timeout, NEW_WORLD_CONNECT), gone=gone)
         except (RuntimeError, ValueError, GroupTimeoutError) as error:  # a survivor died after the vote, or in torch's
             failure = error                                             # set-up, or never came
             with contextlib.suppress(Exception):  # a half-made default group would be joined by the next try
