@@ -13,9 +13,11 @@ process before the fork (:func:`wrapped`): the wrapper acts only in the victim's
 Every rank runs :func:`program`: the steps, each sum checked against the mesh's own answer; on a named fmesh error
 a survivor recovers without the ranks whose deadly fault fired (as the launcher tells an operator), retrying
 ``recover`` when a second fault ends the first try, then runs two steps on the new world. :func:`judge` holds each
-run to the promises: no hang (the launch's bound), no wrong sum, every survivor either recovers into the same new
-world (the survivors, in ascending order) or raises a named fmesh error within :func:`bound` of the first fault, no
-error names a living rank as gone, a non-deadly fault ends no rank. The leak check is the caller's
+run to the promises: no hang (the launch's bound), no wrong sum, every survivor raises a named fmesh error (or fmesh's
+own explanation that every member answered: :func:`explained`) within :func:`bound` of the first fault, and, when a
+deadly fault struck, recovers into the same new world (the survivors, in ascending order: the store is the
+launcher's, so every loss can be recovered from); no error names a living rank as gone (:func:`blamed`); a
+non-deadly fault ends no rank. The leak check is the caller's
 (``nothing_left_behind`` in the suite, :func:`leaks` in ``bench/faults.py``).
 
 ``python bench/faults.py --seeds N`` runs seeds 0..N-1; ``tests/context/test_fault_campaign.py`` a fixed sample.
