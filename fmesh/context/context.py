@@ -560,7 +560,8 @@ class Context:
         hang). After any :class:`~fmesh.RecoveryError` (a second death during the vote, or while the new
         world starts, torch's own set-up included) ``recover`` may be called again on this context, with the ranks the
         error names added to ``lost`` (:mod:`fmesh.context.renewal`). A survivor still running (blocked in a collective
-        with a survivor that came, say) is freed: past a second, the survivors that came cut the groups they share with it, so its collective raises
+        with a survivor that came, say) is freed: past a second, the survivors that came cut the groups they share with
+        it, so its collective raises
         :class:`~fmesh.RankLostError` saying which ranks are lost and to call ``recover`` too; those groups are made
         anew, even where the printed plan, which assumes every survivor comes at once, keeps them. Then each group is
         kept, shrunk or made again by the rule ``python -m fmesh plan --lose`` prints by
