@@ -414,8 +414,20 @@ def shrink_group(group: dist.ProcessGroup, exclude: Sequence[int]) -> dist.Proce
     return shrunk
 
 
-def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
-    """Give ``group``'s collectives ``timeout`` (it was connected under a shorter one)."""
+def reconfigurable() -> bool:
+    """Whether this torch's ``init_process_group`` can make a default group that is reconfigured in place after a loss
+    (``enable_reconfigure``, which issue 38 reports on torch's main branch): where it can, a recovery could reconfigure
+    the default group instead of aborting it and making a new one. torch 2.13 has no such parameter (checked by this
+    probe), and nothing here uses it yet: :meth:`fmesh.Context.recover` makes the default group anew.
+
+    >>> reconfigurable() in (True, False)
+    True
+    """
+    return "enable_reconfigure" in _parameters(dist.init_process_group)
+
+
+def set_group_timeout(group: dist.ProcessGroup | None, timeout: timedelta) -> None:
+    """Give ``group``'s collectives ``timeout`` (it was connected under a shorter one); ``None``: the default group."""
     require(GROUPS)
     c10d._set_pg_timeout(timeout, group)
 
@@ -428,9 +440,10 @@ def release_groups(root: DeviceMesh) -> None:
     root._flatten_mapping.clear()
 
 
-def host_store(port: int, world_size: int, timeout: float) -> dist.Store:
-    """A store server on loopback for ``world_size`` clients, as torchrun's agent hosts one."""
-    return dist.TCPStore("127.0.0.1", port, world_size, is_master=True, timeout=timedelta(seconds=timeout),
+def host_store(port: int, world_size: int, timeout: float, host: str = "127.0.0.1") -> dist.Store:
+    """A store server for ``world_size`` clients, as torchrun's agent hosts one (``host``: the address its clients
+    reach it at; loopback by default)."""
+    return dist.TCPStore(host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout),
                          wait_for_workers=False)
 
 

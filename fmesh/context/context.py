@@ -29,9 +29,8 @@ from fmesh.context.collectives import ReduceOp
 from fmesh.context.export import Exporter
 from fmesh.context.group_plan import GroupPlan, PlanItem, agree_at_start, materialize, plan_groups, starting_with
 from fmesh.context.groups import GroupRegistry, Target
-from fmesh.context.options import AxisOptions, GroupSettings
-from fmesh.context.store import keys
-from fmesh.context.store.board import Board
+from fmesh.context.options import AxisOptions, GroupSettings, wire_options
+from fmesh.context.recovery_tries import RecoveryTries
 from fmesh.context.tensors import check_tensor
 from fmesh.context.world import World
 from fmesh.layout.int_tuple import is_int
@@ -44,10 +43,11 @@ Ending = Literal["close", "abort", "hand_over"]  # how a context ends (Context._
 class Context:
     """Owns process groups for fmesh meshes; the only fmesh object that communicates.
 
-    Build it with :meth:`from_env` under ``torchrun``, :meth:`fake` for a dry run, or explicitly.
-    Use it as a context manager (or call :meth:`close`) to destroy the groups it made. ``meshes``: the meshes
-    (or ``(mesh, axes)`` pairs) whose groups every rank agrees on as it starts, in the start's own meeting
-    (fmesh's ``env://`` rendezvous) or one meeting right after; their groups are then made without meeting again.
+    Build it with :meth:`from_env` under ``torchrun``, :meth:`fake` for a dry run, or explicitly. Use it as a
+    context manager (or call :meth:`close`) to destroy the groups it made. ``meshes``: the meshes (or ``(mesh,
+    axes)`` pairs) whose groups every rank agrees on as it starts, in the start's own meeting (fmesh's ``env://``
+    rendezvous) or one meeting right after; their groups are then made without meeting again. ``check_tensors``:
+    the members' check of their calls (True, False or ``"every-call"``: :mod:`fmesh.context.call_checks`).
 
     >>> import fmesh
     >>> with fmesh.Context.fake(8, rank=3) as ctx:
@@ -69,7 +69,7 @@ class Context:
         agenda = starting_with(meshes, settings)  # the meshes its groups come from, agreed on as the ranks start
         world = World.start(backend=backend, rank=rank, world_size=world_size, store=store, init_method=init_method,
                             timeout=settings.timeout, device=device, gpus_per_node=gpus_per_node, name=name,
-                            agenda=agenda)
+                            agenda=agenda, connect_timeout=settings.creation_timeout)
         self._own(world, settings, tensors, simulated, meshes)
 
     @classmethod
@@ -86,12 +86,12 @@ class Context:
         self._simulated = simulated
         self._tensors = tensors  # the members' check of their calls before each collective (fmesh.context.call_checks)
         self._settings = attrs.evolve(settings, backend=world.backend)
-        store = None if world.fake else _torch.store_client(world.store())  # the fake backend's cannot be used
-        self._board = None if store is None else Board(
-            store, keys.context_prefix(world.name, world.epoch), world.rank, self._settings.creation_timeout,
-            launcher_store=_torch.root_store(store) if world.generation == 0 else None).open()
+        # The ranks' status board (none on the fake backend, whose store cannot be used), once the ranks agree on
+        # every option that decides what goes over the wire.
+        self._board = world.board(self._settings.creation_timeout, wire_options(self._settings, tensors.mode))
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._groups = GroupRegistry(world, self._settings, board=self._board, ascending_only=simulated)
+        self._recoveries = RecoveryTries()  # this context's recoveries, which may be tried again
         self._exports = Exporter(world.device.type)
         try:
             agree_at_start(meshes, self._groups, world)
@@ -106,10 +106,10 @@ class Context:
                  axis_options: Mapping[str, AxisOptions] | None = None, gpus_per_node: int | None = None,
                  name: str = "fmesh", creation_timeout: timedelta | float | None = None,
                  check_tensors: CheckArg = None, meshes: Sequence[PlanItem] = ()) -> Context:
-        """Under ``torchrun`` (any ``env://`` launch): init the default group if needed, NCCL with
-        CUDA else gloo, and bind ``cuda:LOCAL_RANK``. With none of the launcher's variables (``RANK``,
-        ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): a world of one in this process, said in one
-        line on stderr, so the same script runs under ``python`` and under ``torchrun``.
+        """Under ``torchrun`` (any ``env://`` launch): init the default group if needed, NCCL with CUDA else gloo,
+        and bind ``cuda:LOCAL_RANK``. With none of the launcher's variables (``RANK``, ``WORLD_SIZE``,
+        ``MASTER_ADDR``, ``MASTER_PORT``): a world of one in this process, said in one line on stderr, so the same
+        script runs under ``python`` and under ``torchrun``.
 
         >>> import os
         >>> launcher = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -121,9 +121,8 @@ class Context:
         """
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         tensors = CallChecks.of(check_tensors)  # every argument checked before the default group is made
-        agenda = starting_with(meshes, settings)
         world = World.from_env(backend=backend, timeout=settings.timeout, gpus_per_node=gpus_per_node, name=name,
-                               agenda=agenda)
+                               agenda=starting_with(meshes, settings), connect_timeout=settings.creation_timeout)
         return cls._made(world, settings, tensors, meshes=meshes)
 
     @classmethod
@@ -185,8 +184,8 @@ class Context:
     # ---------------------------------------------------------------- groups
 
     def group(self, mesh: Mesh, axes: AxesArg = None) -> dist.ProcessGroup:
-        """This rank's ``ProcessGroup`` along ``axes`` of ``mesh`` (group rank = mesh coordinate),
-        created on first use and shared by every mesh with the same ranks in the same order.
+        """This rank's ``ProcessGroup`` along ``axes`` of ``mesh`` (group rank = mesh coordinate), created on first
+        use and shared by every mesh with the same ranks in the same order.
 
         >>> import fmesh
         >>> with fmesh.Context.fake(4, rank=2) as ctx:
@@ -197,8 +196,8 @@ class Context:
         return route.group if route.group is not None else self._groups.process_group(route.target)
 
     def index(self, mesh: Mesh, axes: AxesArg = None) -> int:
-        """This rank's index in its group along ``axes`` (its group rank; ``dp_rank``, ``tp_rank``), from
-        the mesh alone: no group is created.
+        """This rank's index in its group along ``axes`` (its group rank; ``dp_rank``, ``tp_rank``), from the mesh
+        alone: no group is created.
 
         >>> import fmesh
         >>> with fmesh.Context.fake(8, rank=6) as ctx:
@@ -231,9 +230,8 @@ class Context:
         """
         return self._collective("all_gather", tensor, mesh, axes, dim, dims={"dim": dim})
 
-    def reduce_scatter(
-        self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0, op: ReduceOp = "sum"
-    ) -> torch.Tensor:
+    def reduce_scatter(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, dim: int = 0,
+                       op: ReduceOp = "sum") -> torch.Tensor:
         """Reduce over the group, then keep this member's chunk of ``dim`` (its coordinate's).
 
         >>> import fmesh
@@ -242,9 +240,8 @@ class Context:
         torch.Size([2])
         """
         collectives.reduce_op(op)
-        return self._collective(
-            "reduce_scatter", tensor, mesh, axes, dim, op, op=op,
-            check=lambda t, target: collectives.check_divisible("reduce_scatter", "dim", t, dim, target.size))
+        return self._collective("reduce_scatter", tensor, mesh, axes, dim, op, op=op, check=lambda t, target:
+                                collectives.check_divisible("reduce_scatter", "dim", t, dim, target.size))
 
     def broadcast(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, src: int = 0) -> torch.Tensor:
         """Every member gets the ``tensor`` of member ``src`` (an index within the group).
@@ -257,11 +254,10 @@ class Context:
         return self._collective("broadcast", tensor, mesh, axes, src,
                                 check=lambda t, target: collectives.check_index("broadcast", "src", src, target.size))
 
-    def all_to_all(
-        self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, split_dim: int = 0, concat_dim: int = 0
-    ) -> torch.Tensor:
-        """Split ``tensor`` into group-size chunks along ``split_dim``; chunk i goes to member i;
-        the chunks received are concatenated along ``concat_dim`` in member order.
+    def all_to_all(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None, split_dim: int = 0,
+                   concat_dim: int = 0) -> torch.Tensor:
+        """Split ``tensor`` into group-size chunks along ``split_dim``; chunk i goes to member i; the chunks
+        received are concatenated along ``concat_dim`` in member order.
 
         >>> import fmesh
         >>> with fmesh.Context.fake(2) as ctx:
@@ -275,10 +271,10 @@ class Context:
     def sum_gradients(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None) -> torch.Tensor:
         """``tensor`` itself forward; its gradient is summed over the group along ``axes`` backward.
 
-        The first half of the tensor-parallel pair (Megatron's "f"): put it on the input of a
-        column-parallel linear layer, whose members each use the whole (replicated) input for their own
-        shard of the output, so the input's gradient is the sum of the members' gradients. The other half
-        is :meth:`sum_partials`. Not a collective in the forward: nothing is sent without autograd.
+        The first half of the tensor-parallel pair (Megatron's "f"): put it on the input of a column-parallel linear
+        layer, whose members each use the whole (replicated) input for their own shard of the output, so the
+        input's gradient is the sum of the members' gradients. The other half is :meth:`sum_partials`. Not a
+        collective in the forward: nothing is sent without autograd.
 
         >>> import fmesh
         >>> with fmesh.Context.fake(2) as ctx:
@@ -292,11 +288,11 @@ class Context:
     def sum_partials(self, tensor: torch.Tensor, mesh: Mesh, axes: AxesArg = None) -> torch.Tensor:
         """The sum over the group along ``axes`` forward (an all_reduce); the gradient passes unchanged backward.
 
-        The second half of the tensor-parallel pair (Megatron's "g"): put it on the output of a
-        row-parallel linear layer, whose members each hold a partial sum of the output. The gradient is
-        passed through, not summed, because every member computes the same loss from the same summed
-        output: that loss counts once. (:meth:`all_reduce` instead differentiates the sum of every
-        member's loss, and sums the gradient.) The other half is :meth:`sum_gradients`.
+        The second half of the tensor-parallel pair (Megatron's "g"): put it on the output of a row-parallel linear
+        layer, whose members each hold a partial sum of the output. The gradient is passed through, not summed,
+        because every member computes the same loss from the same summed output: that loss counts once.
+        (:meth:`all_reduce` instead differentiates the sum of every member's loss, and sums the gradient.) The
+        other half is :meth:`sum_gradients`.
 
         >>> import fmesh
         >>> with fmesh.Context.fake(2) as ctx:
@@ -313,8 +309,7 @@ class Context:
         members' tensors compared, if asked; then the collective ``kind`` with ``args``: eager, recorded by autograd
         (:class:`~fmesh.context.autograd.Collective`), or with no gradient (max, min, product). ``what`` names the
         call in errors (``ppermute`` and ``shift`` are permutes)."""
-        what = what or kind
-        checked = check_tensor(what, tensor, self._world.device, op)
+        checked = check_tensor(what := what or kind, tensor, self._world.device, op)
         if dims:
             for label, dim in dims.items():
                 collectives.check_dim(what, label, checked, dim)
@@ -348,11 +343,11 @@ class Context:
 
     @contextlib.contextmanager
     def guard(self, what: str = "a training step") -> Iterator[None]:
-        """Explain a lost rank in collectives fmesh did not run (FSDP2's, DTensor's, raw ``torch.distributed``
-        calls on this context's groups) as fmesh's own collectives do: inside ``with ctx.guard():``, a backend
-        error saying a peer is gone becomes, after a roll call of the world, :class:`~fmesh.RankLostError`
-        naming the ranks that did not answer (the backend's error is its ``__cause__``), on every survivor whose
-        block failed; any other error passes unchanged. ``what`` names the block in the error.
+        """Explain a lost rank in collectives fmesh did not run (FSDP2's, DTensor's, raw ``torch.distributed`` calls
+        on this context's groups) as fmesh's own collectives do: inside ``with ctx.guard():``, a backend error saying
+        a peer is gone becomes, after a roll call of the world, :class:`~fmesh.RankLostError` naming the ranks that
+        did not answer (the backend's error is its ``__cause__``), on every survivor whose block failed; any other
+        error passes unchanged. ``what`` names the block in the error.
 
         >>> import fmesh
         >>> with Context.fake(2) as ctx, ctx.guard("step 3"):
@@ -361,14 +356,12 @@ class Context:
         with failures.guarded(what, self.world_size, self._settings.timeout, self._board):
             yield
 
-    # ------------------------------------------------------ objects, permutes
-
     def all_gather_object(self, obj: object, mesh: Mesh, axes: AxesArg = None) -> list[Any]:
         """Every member's picklable ``obj``, in group (coordinate) order.
 
-        The objects travel as byte tensors on the context's device (NCCL too). An object that cannot be
-        pickled raises :class:`~fmesh.errors.UnpicklableObjectError` on every member, naming the member. On the
-        fake backend (a dry run, :func:`fmesh.simulate`) every member's object is this process's ``obj``.
+        The objects travel as byte tensors on the context's device (NCCL too). An object that cannot be pickled
+        raises :class:`~fmesh.errors.UnpicklableObjectError` on every member, naming the member. On the fake backend
+        (a dry run, :func:`fmesh.simulate`) every member's object is this process's ``obj``.
 
         >>> import fmesh
         >>> with fmesh.Context.fake(4, rank=1) as ctx:
@@ -381,11 +374,10 @@ class Context:
         return objects.all_gather_object(route, obj, self.device)
 
     def broadcast_object(self, obj: object, mesh: Mesh, axes: AxesArg = None, src: int = 0) -> Any:
-        """Member ``src``'s picklable ``obj`` (``src`` an index within the group) on every member; the
-        others' ``obj`` is not read. ``src`` gets its own ``obj`` back, the others a copy.
-
-        An object that cannot be pickled raises :class:`~fmesh.errors.UnpicklableObjectError` on every member.
-        On the fake backend every member gets this process's ``obj``.
+        """Member ``src``'s picklable ``obj`` (``src`` an index within the group) on every member; the others'
+        ``obj`` is not read. ``src`` gets its own ``obj`` back, the others a copy. An object that cannot be pickled
+        raises :class:`~fmesh.errors.UnpicklableObjectError` on every member. On the fake backend every member gets
+        this process's ``obj``.
 
         >>> import fmesh
         >>> with fmesh.Context.fake(4) as ctx:
@@ -399,9 +391,9 @@ class Context:
         return objects.broadcast_object(route, obj, src, self.device)
 
     def ppermute(self, tensor: torch.Tensor, mesh: Mesh, axis: str, perm: Sequence[tuple[int, int]]) -> torch.Tensor:
-        """JAX's collective permute along one ``axis``: for each ``(source, destination)`` pair of
-        coordinates along it, the member at ``source`` sends ``tensor`` to the member at ``destination``.
-        Returns what this member received; a member that receives nothing gets zeros.
+        """JAX's collective permute along one ``axis``: for each ``(source, destination)`` pair of coordinates along
+        it, the member at ``source`` sends ``tensor`` to the member at ``destination``. Returns what this member
+        received; a member that receives nothing gets zeros.
 
         Sends and receives are posted together (``dist.batch_isend_irecv``), so they cannot deadlock. A
         repeated source or destination, or a coordinate outside the axis, is an error naming the pair.
@@ -416,9 +408,9 @@ class Context:
         return self._permute("ppermute", tensor, mesh, axis, send_to, receive_from)
 
     def shift(self, tensor: torch.Tensor, mesh: Mesh, axis: str, offset: int = 1, wrap: bool = False) -> torch.Tensor:
-        """:meth:`ppermute` to the member ``offset`` steps along ``axis`` (the next pipeline stage, for
-        ``offset=1``; the previous, for ``-1``). Without ``wrap`` the members within ``offset`` of the
-        start receive zeros (and the last ones send nothing); with it the axis is a ring.
+        """:meth:`ppermute` to the member ``offset`` steps along ``axis`` (the next pipeline stage, for ``offset=1``;
+        the previous, for ``-1``). Without ``wrap`` the members within ``offset`` of the start receive zeros (and
+        the last ones send nothing); with it the axis is a ring.
 
         >>> import fmesh
         >>> with fmesh.Context.fake(4) as ctx:
@@ -499,8 +491,8 @@ class Context:
     def close(self) -> None:
         """Destroy the groups this context made (and the default group, if it made that too).
 
-        Idempotent. Every reference fmesh holds to a group (the exported ``DeviceMesh`` roots too) is
-        dropped while the interpreter is alive, so no gloo group is left for interpreter shutdown.
+        Idempotent. Every reference fmesh holds to a group (the exported ``DeviceMesh`` roots too) is dropped while
+        the interpreter is alive, so no gloo group is left for interpreter shutdown.
 
         >>> ctx = Context.fake(2)
         >>> ctx.close(); ctx.close(); ctx
@@ -509,11 +501,10 @@ class Context:
         self._end("close")
 
     def abort(self) -> None:
-        """Tear down every group this context made at once, without waiting for peers or for any lock (a rank
-        died, or this one failed); the context is closed afterwards. ``with ctx:`` does this when an
-        exception leaves it. Safe from any thread and from a signal handler: a collective or a group creation
-        this rank is blocked in ends with :class:`~fmesh.ContextClosedError` (within 0.1 s), and peers blocked
-        with this rank fail at once and name it.
+        """Tear down every group this context made at once, without waiting for peers or for any lock (a rank died,
+        or this one failed); the context is closed afterwards. ``with ctx:`` does this when an exception leaves it.
+        Safe from any thread and from a signal handler: a collective or a group creation this rank is blocked in
+        ends with :class:`~fmesh.ContextClosedError` (within 0.1 s), and peers blocked with it fail and name it.
 
         >>> ctx = Context.fake(2)
         >>> ctx.abort(); ctx
@@ -526,17 +517,19 @@ class Context:
         :class:`~fmesh.RankLostError` (with the same ``lost``); this context is closed afterwards.
 
         The new world is the survivors, renumbered ``0, 1, ...`` in ascending order of their old rank, as
-        :func:`fmesh.without` and :func:`fmesh.plan.rescale.scale_down` number the meshes to use in it; given
-        ``mesh`` (made from this world by :func:`fmesh.without`), the ranks it covers, and a survivor
-        outside it gets ``None``: it leaves the job. :func:`fmesh.old_rank` on the new meshes gives each
-        rank's old number.
+        :func:`fmesh.without` and :func:`fmesh.plan.rescale.scale_down` number the meshes to use in it; given ``mesh``
+        (made from this world by :func:`fmesh.without`), the ranks it covers, and a survivor outside it gets
+        ``None``: it leaves the job. :func:`fmesh.old_rank` on the new meshes gives each rank's old number.
 
         The survivors first agree, through the store, on ``lost`` (:class:`~fmesh.RecoveryError` naming both
         sets if they disagree, or naming the survivors that never came, after the creation timeout: never a
-        hang); a survivor still blocked in a collective is freed. Then each group is kept, shrunk or made again
-        by the rule ``python -m fmesh plan --lose`` prints by (:func:`fmesh.plan.communicators.renewal`). The
-        default group is made again over the new world, in a namespace of the store of its own. A kept group must
-        be idle: recover after the collective that failed, not while another runs.
+        hang); a survivor still blocked in a collective is freed. After any :class:`~fmesh.RecoveryError` (a
+        second death during the vote, or while the new world starts, torch's own set-up included) ``recover`` may be
+        called again on this context, with the ranks the error names added to ``lost``
+        (:mod:`fmesh.context.recovery_tries`). Then each group is kept, shrunk or made again by the rule ``python -m
+        fmesh plan --lose`` prints by (:func:`fmesh.plan.communicators.renewal`). The default group is made again
+        over the new world, in a namespace of the store of its own. A kept group must be idle: recover after the
+        collective that failed, not while another runs.
 
         A whole job is in the guide (*Elastic meshes*). The lost ranks are checked first, before anything is touched:
 
@@ -546,19 +539,25 @@ class Context:
         ...
         ValueError: recover: rank 0 is calling recover, so it is not lost; expected the ranks that are gone, but got [0]
         """
-        self._groups.enter("recover")
+        if not self._recoveries.failed_to_start:  # tried again after its new world failed to start: handed over already
+            self._groups.enter("recover")
         gone = recovery.check_lost(lost, self.world_size, self.rank)
         _torch.require(_torch.RECOVERY)
         world = recovery.new_world(self.world_size, gone, mesh)
         if self._board is None:
             raise ValueError("recover: a dry run (the fake backend) loses no rank; recover on real processes")
-        taken = renewal.renew(self._board, self._groups.held(), self.world_size, gone, world)
-        store = dist.PrefixStore(self._board.keys.recovered, self._world.store())
-        old, ended = self._world, self._board.ended  # the launcher's marks, by old rank
+        held = self._groups.held()
+        renewal.cut_broken(held, gone, self._board)
+        survivors = tuple(r for r in range(self.world_size) if r not in gone)
+        holding = self._recoveries.vote(self._world, self._board, survivors, gone, renewal.held_groups(held))
+        taken = renewal.take_renewed(held, self.rank, {old: new for new, old in enumerate(world)}, holding,
+                                     set(survivors), self._board)
+        old = self._world
         self._end("hand_over")
-        if self.rank not in world:
+        started = self._recoveries.start(old, self._board, world, gone, self._settings)
+        self._board = None  # its store connection goes with it (this context holds none once recovered)
+        if started is None:  # this rank is not in the new world: it leaves
             return None
-        started = old.renewed(world, gone, store, self._settings.timeout, self._settings.creation_timeout, ended)
         renewed = Context._made(started, self._settings, CallChecks(self._tensors.mode), self._simulated)
         renewed._groups.adopt_all(taken)
         return renewed
@@ -572,8 +571,8 @@ class Context:
         if how == "abort":  # first, before any store operation: ends this rank's waits and frees the peers blocked
             self._groups.halt()
         self._tensors.close()
-        if self._board is not None:  # the exit hook withdrawn, and peers waiting for this rank told why
-            self._board.leave(aborted=how != "close", error=error)
+        if self._board is not None and how != "hand_over":  # the exit hook withdrawn, peers waiting told why (a
+            self._board.leave(aborted=how != "close", error=error)  # recovery leaves its board once it started)
         self._exports.clear()
         if how == "hand_over":
             self._groups.hand_over()

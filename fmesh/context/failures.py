@@ -33,7 +33,7 @@ import torch.distributed as dist
 from fmesh.context import _torch
 from fmesh.context.groups import Target, usable
 from fmesh.context.store.board import Board
-from fmesh.context.store.records import FAILED, FAILING, RECOVERING, Status
+from fmesh.context.store.records import CLOSED, EXITED, FAILED, FAILING, RECOVERING, Status
 from fmesh.context.store.recovery_vote import recovering as recovering_ranks
 from fmesh.context.store.roll_call import answers as roll_answers
 from fmesh.context.store.roll_call import roll_call
@@ -159,7 +159,9 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         raise RankLostError(f"on rank {'?' if board is None else board.rank}: {where} failed earlier and was "
                             "aborted then; this context cannot use it again: abort the context and restart, or "
                             "recover onto a mesh without the lost ranks") from None
-    if process_group is not None and board is not None:
+    if board is not None:  # first, so a member still connecting this group, whose connection the cut below breaks,
+        board.post_quietly(FAILING, what=what)  # reads why (connect_failed); and not blocked: a recovery that waits
+    if process_group is not None and board is not None:  # for this rank does not cut its groups to free it
         # Cut its connections first: torch's abort of a gloo group releases neither a peer blocked in it nor this
         # rank; with them cut, every member still blocked fails now and answers the roll call. A communicator that
         # can shrink (NCCL >= 2.27) is left for a recovery to shrink (SHRINK_ABORT ends its work; pytorch #194775:
@@ -173,16 +175,17 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         if timed_out:
             raise GroupTimeoutError(f"{what} along {where} timed out after {timeout.total_seconds():g}s") from error
         raise error
-    # Not blocked: a recovery that waits for this rank does not cut its groups to free it (agree_on_loss).
-    board.post_quietly(FAILING, what=what)
     try:
-        label = f"{what}-{target.spec.digest() if target is not None else 'world'}"
+        # One roll call per group, whatever call each member was caught in (the members' tensor check and the data
+        # collective after it, or two calls in a row): a group fails once (it is cut and aborted, or left to a
+        # recovery's shrink), so its digest names its roll call. A failure of the world names its own (guarded).
+        label = f"group-{target.spec.digest()}" if target is not None else f"{what}-world"
         missing = roll_call(board, label, ranks, ROLL_CALL_SECONDS, f"{type(error).__name__}: {error}")
         statuses = board.current(board.statuses(missing))
         answers = {} if missing else roll_answers(board, label, ranks)
     except ContextClosedError:
         raise
-    except Exception:  # the store is gone too: its host is likely what died; this rank is not what is missing
+    except dist.DistError:  # the store is gone too: its host is likely what died; this rank is not what is missing
         missing, statuses, answers = [m for m in ranks if m != board.rank], {}, {}
     doing = "; ".join(statuses[m].describe(m) if m in statuses else f"rank {m}: the store is unreachable, "
                       "its host is gone (rank 0, unless torchrun's agent hosts it)" for m in missing[:8])
@@ -191,9 +194,10 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         ended = board.ended(missing)
         if ended:
             doing = f"the launcher saw the processes of ranks {ended} end; {doing}"
-    # Gone for sure: the launcher saw the process end, or it posted a final status. The others that did not answer
-    # are alive as far as anyone knows (blocked in a collective, or slow): named apart, never as lost.
-    known_gone = sorted({*ended, *(m for m in missing if statuses.get(m, NO_STATUS).final)})
+    # Gone for sure: the launcher saw the process end, or it closed its context or exited. The others that did not
+    # answer are alive as far as anyone knows (blocked in a collective, or slow): named apart, never as lost; one whose
+    # status says it failed among them (it raised once, and may have caught it and gone on).
+    known_gone = sorted({*ended, *(m for m in missing if statuses.get(m, NO_STATUS).state in (CLOSED, EXITED))})
     blocked = [m for m in missing if m not in known_gone and m != board.rank]  # this rank answered, if late
     recovering = [m for m in missing if statuses.get(m, NO_STATUS).state == RECOVERING]
     mismatch = next((m for m in missing if statuses.get(m, NO_STATUS).kind in ("MeshMismatchError",

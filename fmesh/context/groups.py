@@ -438,8 +438,10 @@ class GroupRegistry:
 
     def hand_over(self) -> None:
         """Close this registry without ending its groups: a recovery took the ones it keeps and aborts the
-        rest (all at once); forgets every group, as :meth:`close` does."""
+        rest (all at once); forgets every group, as :meth:`close` does, and the status board (its store connection
+        goes with the recovery that took the groups)."""
         self._end(lambda group: None)
+        self._board = None
 
     def adopt(self, spec: GroupSpec, group: dist.ProcessGroup, action: Action,
               sockets: frozenset[Any] = frozenset()) -> None:

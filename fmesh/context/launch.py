@@ -233,6 +233,9 @@ def launch(
             if not return_exceptions:
                 raise failure
             results[rank] = failure
+            # Its process ends now, and a rank that raised out of a recovery posts nothing more (a forked process runs
+            # no exit hook): the survivors waiting for it are told at once.
+            mark_ended(store, rank, "raised")
     finally:
         started = [proc for proc in procs if proc.pid is not None]
         for proc in started:

@@ -223,3 +223,35 @@ class GroupSettings:
             override.options_key if has_options and override.options_key is not None else self.options_key,
             override.timeout or self.timeout,
         )
+
+
+# Fields of GroupSettings that only say how long this rank waits, never what goes over the wire or which group a
+# collective runs on: ranks may differ in them. Every other field, present and future, is agreed at start.
+LOCAL_FIELDS = frozenset({"creation_timeout"})
+# Fields described by another field (the backend options object, by its exact description ``options_key``).
+DESCRIBED_FIELDS = frozenset({"options"})
+
+
+def wire_options(settings: GroupSettings, check_tensors: str) -> dict[str, str]:
+    """What the ranks of one context must agree on, each field as text the same in every process: every field of
+    ``settings`` but :data:`LOCAL_FIELDS` (an option added later is covered by default), and how the members check
+    their calls (``check_tensors``: the mode of :mod:`fmesh.context.call_checks`; a member that meets while another
+    does not waits for it).
+
+    >>> record = wire_options(GroupSettings.of(None, 60, backend="gloo"), check_tensors="steady")
+    >>> sorted(record), record["check_tensors"]
+    (['axis_options', 'backend', 'check_tensors', 'options_key', 'timeout'], "'steady'")
+    """
+    record = {field.name: _wire_text(getattr(settings, field.name)) for field in attrs.fields(GroupSettings)
+              if field.name not in LOCAL_FIELDS | DESCRIBED_FIELDS}
+    record["check_tensors"] = repr(check_tensors)
+    return record
+
+
+def _wire_text(value: object) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{key!r}: {_wire_text(value[key])}" for key in sorted(value)) + "}"
+    if isinstance(value, AxisOptions):
+        return f"AxisOptions(backend={value.backend!r}, options={value.options_key!r}, timeout={value.timeout!r})"
+    return repr(value)
+

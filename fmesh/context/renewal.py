@@ -15,7 +15,7 @@ new world when first needed.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -24,7 +24,7 @@ import torch.distributed as dist
 from fmesh.context import _torch
 from fmesh.context.options import GroupSpec
 from fmesh.context.store.board import Board
-from fmesh.context.store.recovery_vote import HeldGroup, agree_on_loss
+from fmesh.context.store.recovery_vote import HeldGroup
 from fmesh.plan.communicators import CREATE, SHRINK, Action, renewals
 
 Held = Mapping[GroupSpec, dist.ProcessGroup]  # the groups a rank holds that torch still knows
@@ -39,17 +39,6 @@ class Taken:
     detached: Any
     action: Action
     sockets: frozenset[Any]
-
-
-def renew(board: Board, held: Held, world_size: int, lost: Sequence[int],
-          world: Sequence[int]) -> tuple[Taken, ...]:
-    """The groups of ``held`` that go on into the new ``world`` (its old ranks, in new rank order) of a world of
-    ``world_size`` without the ``lost`` ranks, once the survivors agreed on them (see the module docstring)."""
-    cut_broken(held, lost, board)
-    survivors = tuple(r for r in range(world_size) if r not in lost)
-    holding = agree_on_loss(board, survivors, lost, held_groups(held))
-    renumber = {old: new for new, old in enumerate(world)}
-    return take_renewed(held, board.rank, renumber, holding, set(survivors), board)
 
 
 def held_groups(held: Held) -> list[HeldGroup]:

@@ -13,6 +13,8 @@ else in the Context reads the world; nothing else initialises or destroys the de
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -23,13 +25,19 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from fmesh.context import _torch
+from fmesh.context import _torch, slurm
 from fmesh.context.options import DEFAULT_TIMEOUT, normalize_backend
 from fmesh.context.store import keys, rendezvous
-from fmesh.errors import GroupTimeoutError, LaunchError, RankLostError, RecoveryError
+from fmesh.context.store.board import Board, read_list
+from fmesh.errors import GroupTimeoutError, LaunchError, MeshMismatchError, RankLostError, RecoveryError
 from fmesh.layout.int_tuple import is_int
 
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# How long torch's set-up of a recovered world's default group may take: the survivors met in fmesh's rendezvous just
+# before, so it takes milliseconds; a survivor that dies inside it (the others block in torch's C++, which nothing
+# can tell) costs the others this, not the creation timeout (2 minutes by default). The survivors may then recover
+# again without it.
+NEW_WORLD_CONNECT = timedelta(seconds=20)
 
 
 MAX_COUNT = 2**31 - 1  # torch numbers ranks (and counts them) with 32-bit ints
@@ -118,7 +126,10 @@ def checked_launch(environ: Mapping[str, str]) -> None:
 
 def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None, timeout: timedelta,
          agenda: str = "") -> tuple[dist.Store, int, int]:
-    """The job's store, this rank and the world size, once every rank has come (``env://``), meaning ``agenda``."""
+    """The job's store, this rank and the world size, once every rank has come (``env://``), meaning ``agenda``. A
+    rank that fails while the others wait for it (any error but the ones the rendezvous reports itself) posts its
+    error first, so that they stop waiting at once; a rank whose process the launcher saw end
+    (:func:`launcher_ended`) ends the wait too."""
     try:
         store, rank, world_size = rendezvous.open_store(environ, rank, world_size, timeout)
     except ValueError as error:
@@ -127,9 +138,32 @@ def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None, t
     except LaunchError as error:  # MASTER_PORT taken: a rank 0 of this job may host the store there (RANK=0 twice)
         rendezvous.report_bad_environment(environ, error, host=False)
         raise
-    rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout,
-                    hosts=rendezvous.hosts_store(environ, rank), agenda=agenda)
+    try:
+        rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout,
+                        hosts=rendezvous.hosts_store(environ, rank), agenda=agenda,
+                        gone=launcher_ended(store, world_size))
+    except (ValueError, LaunchError, RankLostError, GroupTimeoutError, MeshMismatchError):  # reported, or another's
+        raise
+    except Exception as error:
+        with contextlib.suppress(Exception):  # the report is a courtesy: this process's own error matters more
+            rendezvous.post_failure(store, {k: environ[k] for k in rendezvous.ENVIRONMENT if k in environ}, error)
+        raise
     return store, rank, world_size
+
+
+def launcher_ended(store: dist.Store, world_size: int) -> Callable[[], list[int]]:
+    """The ranks of a world of ``world_size`` whose processes the launcher that hosts ``store`` saw end (none where
+    no launcher says: torchrun's agent does not), each time it is called: one store operation."""
+    root = _torch.root_store(store)
+    return lambda: sorted(r for r in read_list(root, keys.ENDED_LIST) if r < world_size)
+
+
+def _connected(rank: int, world_size: int, timeout: timedelta, gone: Callable[[], list[int]]) -> None:
+    """Return once every rank's default group has connected (a rendezvous of its own in the group's store). Without
+    it a rank that finished connecting and left at once (its program done, or failed) cut a peer still connecting
+    to it, which then failed inside torch's set-up with the backend's raw error: the default group's start race."""
+    store = dist.PrefixStore("fmesh/connected", _torch.default_store())
+    rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout, gone=gone)
 
 
 def local_gpu(environ: Mapping[str, str], count: int | None = None) -> torch.device:
@@ -197,13 +231,18 @@ class World:
         cls, *, rank: int | None = None, world_size: int | None = None, backend: str | None = None,
         device: torch.device | str | None = None, gpus_per_node: int | None = None, name: str = "fmesh",
         store: dist.Store | None = None, init_method: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT,
-        generation: int = 0, agenda: Callable[[str], str] | None = None,
+        generation: int = 0, agenda: Callable[[str], str] | None = None, connect_timeout: timedelta | None = None,
+        gone: Callable[[], list[int]] | None = None,
     ) -> World:
         """Join the default process group, initialising it first if nobody has.
 
         Every argument is checked before the default group is touched. ``agenda``: given the backend the world
         will have, what else the ranks must mean as they start, compared in fmesh's env:// rendezvous where it runs
-        (:attr:`agreed_at_start` then holds it).
+        (:attr:`agreed_at_start` then holds it). Torch's set-up of the default group (its rendezvous and
+        connections) is bounded by ``connect_timeout`` (the creation timeout), not by the collectives' ``timeout``:
+        a rank that dies inside it costs the others that, not 10 minutes. Then the ranks wait until every one has
+        connected (:func:`_connected`; ``gone`` names the ranks whose processes ended, the launcher's marks by
+        default).
         """
         backend = normalize_backend(backend)
         if not isinstance(name, str) or not name or "/" in name:
@@ -227,14 +266,20 @@ class World:
             store = dist.PrefixStore("default_pg", store)  # the namespace torch's env:// rendezvous gives it
             init_method = None
         if owns:
+            connecting = timeout if connect_timeout is None else min(timeout, connect_timeout)
             dist.init_process_group(
                 backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"),
                 init_method=init_method,
                 rank=-1 if rank is None else rank,
                 world_size=-1 if world_size is None else world_size,
                 store=store,
-                timeout=timeout,
+                timeout=connecting,
             )
+            if connecting < timeout and backend != "fake":
+                _torch.set_group_timeout(None, timeout)
+            if backend != "fake" and dist.get_world_size() > 1:
+                _connected(dist.get_rank(), dist.get_world_size(), connecting,
+                           gone or launcher_ended(_torch.default_store(), dist.get_world_size()))
         elif world_size is not None and world_size != dist.get_world_size():
             raise ValueError(
                 f"world_size={world_size}, but the default group already has {dist.get_world_size()} ranks"
@@ -263,7 +308,10 @@ class World:
     def from_env(cls, *, backend: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT, **kwargs: Any) -> World:
         """Under ``torchrun`` (any ``env://`` launch): NCCL with CUDA else gloo, bound to ``cuda:LOCAL_RANK``.
         With none of the launcher's variables set, a world of one in this process (one line on stderr
-        says so), so that one script runs under ``python`` and under ``torchrun``."""
+        says so), so that one script runs under ``python`` and under ``torchrun``. Under ``srun`` the launcher's
+        variables missing are derived from Slurm's (:func:`fmesh.context.slurm.launcher_variables`)."""
+        if not dist.is_initialized():
+            os.environ.update(slurm.launcher_variables(os.environ))
         missing = [v for v in LAUNCHER_VARIABLES if v not in os.environ]
         alone = len(missing) == len(LAUNCHER_VARIABLES) and not dist.is_initialized()
         if missing and not alone and not dist.is_initialized():
@@ -294,7 +342,7 @@ class World:
         _torch.abort_group(None)
         return attrs.evolve(self, owns_default_group=False)
 
-    def renewed(self, survivors: Sequence[int], lost: Sequence[int], store: dist.Store, timeout: timedelta,
+    def renewed(self, survivors: tuple[int, ...], lost: Sequence[int], store: dist.Store, timeout: timedelta,
                 meet_timeout: timedelta, ended: Callable[[list[int]], list[int]]) -> World:
         """The world a recovery makes of ``survivors`` (old ranks, in new rank order; this rank among them), the
         ``lost`` ranks gone: its default group started on ``store`` (a namespace of the old store of its own), the
@@ -305,16 +353,52 @@ class World:
         whole ``timeout`` for a survivor that died after agreeing, then raise a raw store error. A survivor that
         never comes is one :class:`~fmesh.RecoveryError` naming it."""
         rank, world_size = list(survivors).index(self.rank), len(survivors)
+
+        def gone() -> list[int]:  # old ranks: what the launcher marked
+            return ended(list(survivors))
+
         try:
-            rendezvous.meet(store, rank=rank, world_size=world_size, timeout=meet_timeout,
-                            gone=lambda: ended(list(survivors)))
+            rendezvous.meet(store, rank=rank, world_size=world_size, timeout=meet_timeout, gone=gone)
             return World.start(backend=self.backend, rank=rank, world_size=world_size, store=store, timeout=timeout,
                                device=self.device, gpus_per_node=min(self.local_world_size, world_size),
-                               name=self.name, generation=self.generation + 1)
-        except (RankLostError, GroupTimeoutError) as error:  # a survivor died after agreeing, or never started
-            raise RecoveryError(f"on rank {self.rank}: the survivors agreed to recover without {list(lost)}, but "
-                                f"their new world could not start: {error} (ranks by their old number). Recover "
-                                "again without those ranks too, or restart the job") from error
+                               name=self.name, generation=self.generation + 1,
+                               connect_timeout=min(meet_timeout, NEW_WORLD_CONNECT), gone=gone)
+        except (RuntimeError, ValueError, GroupTimeoutError) as error:  # a survivor died after the vote, or in torch's
+            failure = error                                             # set-up, or never came
+            with contextlib.suppress(Exception):  # a half-made default group would be joined by the next try
+                if dist.is_initialized():
+                    _torch.abort_group(None)
+            dead: list[int] = []
+            with contextlib.suppress(Exception):  # the store may be gone: then its host is what died
+                dead = gone()
+            if isinstance(error, (RankLostError, GroupTimeoutError)):
+                cause = f"{error} (ranks by their old number)"
+            else:
+                cause = (f"ranks {dead} ended while torch set it up ({type(error).__name__}: {error})" if dead else
+                         f"torch's set-up of it failed: {type(error).__name__}: {error}")
+        raise RecoveryError(f"on rank {self.rank}: the survivors agreed to recover without {list(lost)}, but their new "
+                            f"world could not start: {cause}. Recover again without those ranks too, or restart the "
+                            "job") from failure
+
+    def board(self, creation_timeout: timedelta, options: Mapping[str, str]) -> Board | None:
+        """This rank's status board for one context of this world (``None`` on the fake backend, whose store cannot be
+        used), on a store connection of its own, opened once the ranks agree on the context's wire-relevant
+        ``options`` (:meth:`~fmesh.context.store.board.Board.agree_options`). A rank that means others raises
+        ``ValueError`` naming each field that differs, having posted that error and aborted the default group this
+        world made: the peers waiting for it raise ``RankLostError`` with that error."""
+        if self.fake:
+            return None
+        store = _torch.store_client(self.store())
+        board = Board(store, keys.context_prefix(self.name, self.epoch), self.rank, creation_timeout,
+                      launcher_store=_torch.root_store(store) if self.generation == 0 else None).open()
+        try:
+            board.agree_options(options)
+        except ValueError as error:
+            board.leave(aborted=True, error=error)
+            if self.close(abort=True):
+                gc.collect()  # the C++ group ends here, not at interpreter exit
+            raise
+        return board
 
     def store(self) -> dist.Store:
         """The default group's store, where group creation rendezvous and agreement happen."""

@@ -41,8 +41,13 @@ from fmesh.context.store.board import AGREED_POSTED, Board
 from fmesh.context.store.diagnosis import Look
 from fmesh.context.store.keys import digest
 from fmesh.context.store.meeting import Meeting, watches
-from fmesh.context.store.records import ENDED, LOST, MISMATCH, OK, TIMEOUT, WAITING, Verdict
+from fmesh.context.store.records import ENDED, FAILING, LOST, MISMATCH, OK, TIMEOUT, WAITING, Verdict
+from fmesh.context.store.wait import ABORT_NOTICE_SECONDS
 from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
+
+# How long a member whose connection to a new group broke reads its peers' statuses again for why: a peer that cut
+# the group (it saw a collective fail) posts that just before it cuts.
+CUT_NOTICE_SECONDS = 1.0
 
 
 def agree(board: Board, key: str, members: Sequence[int], description: str, what: str) -> None:
@@ -137,20 +142,36 @@ def _write_timeout(board: Board, meeting: Meeting, key: str, members: Sequence[i
 def connect_failed(board: Board, members: Sequence[int], what: str, error: Exception) -> Exception:
     """What it means that connecting an agreed group failed with ``error``: a member that failed or closed
     meanwhile (it had arrived, then raised, exited its context or ran out of descriptors) is named with
-    what it posted; a member that never connected within the creation timeout is a timeout; anything else
-    is the backend's own ``error``."""
+    what it posted, as is one that saw a collective fail (it cut its groups, this one among them, while this rank
+    still connected it) and one whose process the launcher saw end; a member that never connected within the
+    creation timeout is a timeout; anything else is the backend's own ``error``. A member that cut the group posts
+    why first, but this rank may read before: the statuses are read again for up to :data:`CUT_NOTICE_SECONDS`."""
     others = [m for m in members if m != board.rank]
+    deadline = time.monotonic() + CUT_NOTICE_SECONDS
     try:
-        statuses = board.statuses(others)
+        while True:
+            statuses = board.statuses(others)
+            cause = next((m for m in others if statuses[m].final), None)
+            cause = cause if cause is not None else next((m for m in others if statuses[m].state == FAILING), None)
+            ended = board.ended(others)
+            if cause is not None or ended or time.monotonic() >= deadline or _timed_out(error):
+                break
+            time.sleep(ABORT_NOTICE_SECONDS)
     except Exception:  # the store is gone: its host is what died
         return RankLostError(f"on rank {board.rank}: connecting {what} failed and the store is unreachable "
                              f"(its host is gone): {error}")
-    final = next((m for m in others if statuses[m].final), None)
-    if final is not None:
-        kind = MeshMismatchError if statuses[final].kind == "MeshMismatchError" else RankLostError
-        return kind(f"on rank {board.rank}: {statuses[final].describe(final)}, after agreeing to create "
+    if cause is not None and statuses[cause].final:
+        kind = MeshMismatchError if statuses[cause].kind == "MeshMismatchError" else RankLostError
+        return kind(f"on rank {board.rank}: {statuses[cause].describe(cause)}, after agreeing to create "
                     f"{what}, a group it is a member of. See that rank's error first")
-    if isinstance(error, dist.DistStoreError) or "imeout" in str(error) or "timed out" in str(error):
+    if ended:
+        return RankLostError(f"on rank {board.rank}: connecting {what} failed: the launcher saw the processes of ranks "
+                             f"{ended} end after they agreed to create it ({error}). See their logs first")
+    if cause is not None:
+        return RankLostError(f"on rank {board.rank}: connecting {what} failed: {statuses[cause].describe(cause)}, "
+                             "so it cut its groups while this rank still connected this one (a member of that "
+                             f"collective failed or is lost: see rank {cause}'s error first; {error})")
+    if _timed_out(error):
         now = board.current({m: statuses[m] for m in others[:8]})
         doing = "; ".join(status.describe(m) for m, status in now.items())
         return GroupTimeoutError(
@@ -158,3 +179,7 @@ def connect_failed(board: Board, members: Sequence[int], what: str, error: Excep
             f"timeout ({board.creation_timeout.total_seconds():g}s): a member died or hangs ({doing}). See the "
             "logs of the ranks named here")
     return error
+
+
+def _timed_out(error: Exception) -> bool:
+    return isinstance(error, dist.DistStoreError) or "imeout" in str(error) or "timed out" in str(error)

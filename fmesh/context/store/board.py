@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -28,12 +29,34 @@ import torch.distributed as dist
 from fmesh.context.store.connections import Connections
 from fmesh.context.store.keys import ENDED_LIST, Keys
 from fmesh.context.store.keys import ended as ended_key
-from fmesh.context.store.records import CLOSED, EXITED, FAILED, MISSING, RUNNING, WAITING, Status, ranks_of
+from fmesh.context.store.records import (
+    CLOSED,
+    EXITED,
+    FAILED,
+    MISSING,
+    RUNNING,
+    WAITING,
+    Status,
+    options_differ,
+    ranks_of,
+)
 from fmesh.context.store.wait import FIRST_LOOK_SECONDS, Waiter
 from fmesh.errors import RankLostError
 
 EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits to post that it exited
 AGREED_POSTED = 4  # how many of the groups a rank agreed on last it posts when it closes
+
+
+def store_address(store: dist.Store) -> str:
+    """``the store at HOST:PORT; `` for a TCP store (under any prefixes), else nothing.
+
+    >>> store_address(dist.HashStore())
+    ''
+    """
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    return f"the store at {host}:{port}; " if host is not None and port is not None else ""
 
 
 def read_list(store: dist.Store, key: str) -> set[int]:
@@ -103,12 +126,13 @@ class Board:
     # The last groups this rank agreed on (their descriptions), posted when it closes: a peer that waits for it
     # in a group it never came to can tell that the ranks made different groups.
     agreed: list[str] = attrs.field(factory=list, eq=False, repr=False)
+    attempt: int = 0  # which of the context's recoveries its recovery keys are (Keys.attempt)
     keys: Keys = attrs.field(init=False, eq=False, repr=False)
     waiter: Waiter = attrs.field(init=False, eq=False, repr=False)
 
     @keys.default
     def _keys(self) -> Keys:
-        return Keys(self.prefix)
+        return Keys(self.prefix, self.attempt)
 
     @waiter.default
     def _waiter(self) -> Waiter:
@@ -142,6 +166,29 @@ class Board:
         self.post(RUNNING)
         atexit.register(self.post_exit)
         return self
+
+    def agree_options(self, mine: Mapping[str, str]) -> None:
+        """Agree this context's wire-relevant options (:func:`~fmesh.context.options.wire_options`) with its other
+        ranks: the first rank to start fixes them (one ``compare_set``); a rank that means others raises ``ValueError``
+        naming each field that differs (its caller then ends the context with that error, so the ranks waiting for it
+        raise ``RankLostError`` with it at their first look). Without it, ``check_tensors`` on one rank and not on
+        another matched one rank's check with the other's data inside gloo, which killed a rank with SIGABRT.
+
+        >>> store = dist.HashStore()
+        >>> Board(store, "doc", 0, timedelta(seconds=1)).agree_options({"check_tensors": "True"})
+        >>> Board(store, "doc", 1, timedelta(seconds=1)).agree_options({"check_tensors": "False"})
+        Traceback (most recent call last):
+        ...
+        ValueError: on rank 1: this rank's Context options differ from rank 0's, which started first: check_tensors: ...
+        """
+        posted = json.dumps({"rank": self.rank, "options": dict(mine)})
+        first = json.loads(self.store.compare_set(self.keys.options, "", posted))
+        differ = options_differ(mine, first["options"])
+        if differ:
+            raise ValueError(
+                f"on rank {self.rank}: this rank's Context options differ from rank {first['rank']}'s, which started "
+                f"first: {'; '.join(differ)}. Expected every rank to create its Context with the same options (they "
+                "decide which groups a collective runs on and what goes over the wire); pass the same to every rank")
 
     def leave(self, aborted: bool, error: BaseException | None = None) -> None:
         """The end of this rank's context: the exit hook withdrawn (it also held this board and its store
@@ -223,10 +270,11 @@ class Board:
         return [rank for rank in ranks if rank in marked]
 
     def store_gone(self, doing: str, error: BaseException) -> RankLostError:
-        """The error of a rank whose store connection broke (``error``) while ``doing``: its host is gone."""
+        """The error of a rank whose store connection broke (``error``) while ``doing``: its host is gone. Names the
+        store's address where it has one."""
         cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return RankLostError(
             f"on rank {self.rank}: the store is unreachable while {doing}: its host is gone (rank 0, unless "
-            f"torchrun's agent hosts it; {type(error).__name__}: {cause}). No group can be made or recovered without "
-            "it: see that process's error first, then restart the job (a store hosted outside the ranks survives "
-            "any rank's loss)")
+            f"torchrun's agent hosts it; {store_address(self.store)}{type(error).__name__}: {cause}). No group can "
+            "be made or recovered without it: see that process's error first, then restart the job (a store hosted "
+            "outside the ranks survives any rank's loss)")

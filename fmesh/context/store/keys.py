@@ -93,9 +93,16 @@ def start_count(rank: int) -> str:
 
 @attrs.frozen
 class Keys:
-    """The keys of one Context (``prefix``: :func:`context_prefix`)."""
+    """The keys of one Context (``prefix``: :func:`context_prefix`); ``attempt``: which of its recoveries the
+    recovery's keys are (a recovery retried after a :class:`~fmesh.RecoveryError` votes, and starts its new world,
+    under keys of its own: the failed try's verdict and claims stay where they were).
+
+    >>> Keys("fmesh/job/0").fate(3), Keys("fmesh/job/0", attempt=2).fate(3)
+    ('fmesh/job/0/recovery-agreement/fate/3', 'fmesh/job/0/recovery-agreement/2/fate/3')
+    """
 
     prefix: str
+    attempt: int = 0
 
     def status(self, rank: int) -> str:
         """``rank``'s status (a :class:`~fmesh.context.store.records.Status`)."""
@@ -105,6 +112,11 @@ class Keys:
     def finals(self) -> str:
         """The list of ranks whose status is final."""
         return f"{self.prefix}/finals"
+
+    @property
+    def options(self) -> str:
+        """The context's wire-relevant options, as the first rank to start posted them (and who it was)."""
+        return f"{self.prefix}/options"
 
     def agreement(self, key: str) -> MeetingKeys:
         """The agreement on the group at ``key`` (the digest of its content)."""
@@ -127,7 +139,8 @@ class Keys:
     @property
     def recovery(self) -> MeetingKeys:
         """The survivors' vote on the ranks lost: they compare the lost set (the first survivor's stays)."""
-        return MeetingKeys(f"{self.prefix}/recovery-agreement", compared_name="lost", arrivals_name="count")
+        base = f"{self.prefix}/recovery-agreement" + (f"/{self.attempt}" if self.attempt else "")
+        return MeetingKeys(base, compared_name="lost", arrivals_name="count")
 
     def fate(self, rank: int) -> str:
         """``rank``'s fate in the recovery: a survivor (it claims it) or fenced out (the last survivor's)."""
@@ -150,7 +163,7 @@ class Keys:
     @property
     def recovered(self) -> str:
         """The namespace of the store of the world a recovery makes."""
-        return f"{self.prefix}/recovered"
+        return f"{self.prefix}/recovered" + (f"/{self.attempt}" if self.attempt else "")
 
     def refusals(self, group: str, rank: int) -> str:
         """How many collectives ``rank`` refused on itself on the torch group ``group``."""

@@ -14,7 +14,7 @@ Verdict(kind='mismatch', message='ranks disagree')
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -246,3 +246,15 @@ def rank_list(ranks: Iterable[int]) -> str:
     '3,'
     """
     return "".join(f"{rank}," for rank in ranks)
+
+
+def options_differ(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
+    """The fields of two records of a context's options (:func:`~fmesh.context.options.wire_options`) that differ,
+    as ``name: this rank's value here, theirs there``.
+
+    >>> options_differ({"check_tensors": "True"}, {"check_tensors": "False"})
+    ['check_tensors: True here, False there']
+    """
+    return [f"{name}: {mine.get(name, 'unset')} here, {theirs.get(name, 'unset')} there"
+            for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
+

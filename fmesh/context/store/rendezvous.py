@@ -98,7 +98,7 @@ def open_store(environ: Mapping[str, str], rank: int | None, world_size: int | N
                          "and MASTER_PORT (torchrun sets them); check how this process was started")
     port = _launcher_value(environ, "MASTER_PORT", None)
     hosts = hosts_store(environ, rank)
-    if not hosts and (unknown := _unresolved(address)) is not None:
+    if (unknown := _unresolved(address)) is not None:  # the store's host too: its own client connects there
         raise ValueError(f"on rank {rank}: the launcher's MASTER_ADDR={address!r} names no host here ({unknown}): "
                          "expected the name or address of the machine of rank 0 (or of torchrun's agent); check how "
                          "this process was started")
