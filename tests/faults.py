@@ -44,7 +44,7 @@ from support import patience
 
 import fmesh
 from fmesh import errors
-from fmesh.context import failures, groups, tensors
+from fmesh.context import call_checks, creation, failures
 from fmesh.context.store import recovery_vote, rendezvous
 from fmesh.context.world import World
 
@@ -132,7 +132,7 @@ def draw(seed: int, worlds: tuple[int, int] = (2, 8)) -> Trial:
     check_tensors = rng.random() < 0.7
     mesh = fmesh.make_mesh(shape, names, rank_map=None if rank_map is None else list(rank_map))
     kind, victim, point = rng.choice(KINDS), rng.randrange(world), rng.choice(FIRST_POINTS)
-    first = Fault(kind, point, victim, call=rng.randint(1, reached(point, mesh, axes, victim, check_tensors)),
+    first = Fault(kind, point, victim, call=rng.randint(1, reached(point, mesh, axes, victim)),
                   seconds=round(rng.uniform(0.2, 2.5), 1))
     faults = (first,)
     survivors = [r for r in range(world) if r != first.rank]
@@ -141,12 +141,12 @@ def draw(seed: int, worlds: tuple[int, int] = (2, 8)) -> Trial:
     return Trial(seed, world, shape, names, rank_map, axes, faults, check_tensors)
 
 
-def reached(point: str, mesh: fmesh.Mesh, axes: tuple[tuple[str, ...], ...], rank: int, check_tensors: bool) -> int:
+def reached(point: str, mesh: fmesh.Mesh, axes: tuple[tuple[str, ...], ...], rank: int) -> int:
     """How many times ``rank`` reaches a first fault's ``point`` in a run without faults (at least once), so that
     the fault's call is drawn among those that happen."""
     shared = [along for along in axes if len(mesh.group(rank, along)) > 1]  # a group of one sends nothing
     counts = {"start": 1, "agreement": len({tuple(mesh.group(rank, along)) for along in shared}),
-              "tensor check": len(axes), "collective": len(shared) * (2 if check_tensors else 1),
+              "tensor check": len(axes), "collective": len(shared),  # the members' check sends no collective
               "between steps": len(axes)}
     return max(1, counts[point])
 
@@ -195,8 +195,8 @@ def _patch_points() -> dict[str, tuple[Any, str, int]]:
     """Where each point is: (owner, attribute, calls to skip); a function is wrapped where its caller looks it up."""
     return {
         "start": (rendezvous, "meet", 0),
-        "agreement": (groups, "agree", 0),
-        "tensor check": (tensors.TensorChecks, "check", 0),
+        "agreement": (creation, "agree", 0),
+        "tensor check": (call_checks.CallChecks, "check", 0),
         "collective": (dist, "all_reduce", 0),
         "roll call": (failures, "roll_call", 0),
         "recovery": (recovery_vote, "agree_on_loss", 0),

@@ -39,7 +39,7 @@ def test_ranks_whose_options_differ_each_get_one_clear_error_at_start() -> None:
     # The rank that starts second is told (either may be first): ValueError naming the field there, RankLostError
     # naming that rank and its error on the other.
     (odd,) = [rank for rank, result in enumerate(results) if result[0] == "ValueError"]
-    mine, theirs = ("False", "True") if odd == 1 else ("True", "False")
+    mine, theirs = ("'off'", "'steady'") if odd == 1 else ("'steady'", "'off'")  # the check's modes
     assert f"check_tensors: {mine} here, {theirs} there" in results[odd][1], results
     other = results[1 - odd]
     assert other[0] == "RankLostError" and f"rank {odd} failed" in other[1] and "check_tensors" in other[1], other
