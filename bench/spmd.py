@@ -87,7 +87,7 @@ def _rank(ctx: Any, n: int) -> dict[str, Any]:
             return a.psum(block, "tp") if spec.partial else a.all_gather_invariant(block, "tp", 0)
 
         ctx.barrier(mesh, "tp")
-        shard_map(checked, mesh=mesh, in_specs=spec, out_specs=P(), ctx=ctx)(torch.ones(2))
+        shard_map(checked, mesh=mesh, in_specs=spec, out_specs=P(), ctx=ctx).local(torch.ones(2))
         x = torch.ones(2)
         rows[name] = (bare, off, found[0])
 
@@ -106,7 +106,7 @@ def _rank(ctx: Any, n: int) -> dict[str, Any]:
     regions = {"region, checked": shard_map(body, **specs), "region, unchecked": shard_map(body, check=False, **specs)}
     unchecked = regions["region, unchecked"]
     torch._dynamo.reset()
-    regions["region, compiled"] = torch.compile(lambda *a: unchecked(*a), backend="aot_eager", fullgraph=True)
+    regions["region, compiled"] = torch.compile(lambda *a: unchecked.local(*a), backend="aot_eager", fullgraph=True)
     device_mesh = ctx.device_mesh(mesh)
     dw1 = distribute_tensor(w1, device_mesh, [Shard(0)]).requires_grad_()
     dw2 = distribute_tensor(w2, device_mesh, [Shard(1)]).requires_grad_()
@@ -115,7 +115,7 @@ def _rank(ctx: Any, n: int) -> dict[str, Any]:
     steps = max(5, n // 20)
     for name, region in regions.items():
         def step(region: Any = region) -> None:
-            region(data, w1l, w2l).to_local().backward()
+            (region.local if hasattr(region, "local") else region)(data, w1l, w2l).backward()
         ctx.barrier(mesh, "tp")
         mlp[name] = _median_us(step, steps)
 
@@ -216,7 +216,7 @@ def _block(ctx: Any, mesh: Any, steps: int) -> dict[str, Any]:
     unchecked = shard_map(body, check=False, **region_args)
     ways: dict[str, Any] = {"region, checked": shard_map(body, **region_args), "region, unchecked": unchecked}
     torch._dynamo.reset()
-    ways["region, compiled"] = torch.compile(lambda *a: unchecked(*a), backend="aot_eager", fullgraph=True)
+    ways["region, compiled"] = torch.compile(lambda *a: unchecked.local(*a), backend="aot_eager", fullgraph=True)
 
     device_mesh = ctx.device_mesh(mesh)
     gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
@@ -232,7 +232,8 @@ def _block(ctx: Any, mesh: Any, steps: int) -> dict[str, Any]:
         return (model(x) ** 2).sum() / count
 
     compiled_dtensor = torch.compile(dtensor_loss, backend="aot_eager", fullgraph=True)
-    steps_of: dict[str, Any] = {name: (lambda way=way: way(x_local, *weights).to_local()) for name, way in ways.items()}
+    steps_of: dict[str, Any] = {name: (lambda way=way: (way.local if hasattr(way, "local") else way)(x_local, *weights))
+                                for name, way in ways.items()}
     steps_of["DTensor (parallelize_module)"] = lambda: dtensor_loss(dx).full_tensor()
     steps_of["DTensor, compiled"] = lambda: compiled_dtensor(dx).full_tensor()
     found: dict[str, Any] = {}
@@ -293,7 +294,7 @@ def _python_cost(n: int) -> dict[str, tuple[float, float, float]]:
                 found.append(min(_median_us(lambda: call(a, block), n) for _ in range(3)))
                 return a.psum(block, "tp") if spec.partial else a.all_gather_invariant(block, "tp", 0)  # noqa: B023
 
-            shard_map(checked, mesh=mesh, in_specs=spec, out_specs=P(), ctx=ctx)(torch.ones(2))
+            shard_map(checked, mesh=mesh, in_specs=spec, out_specs=P(), ctx=ctx).local(torch.ones(2))
             rounds = [(_median_us(today, n), _median_us(lambda call=call: call(ax, x), n)) for _ in range(3)]
             out[name] = min(r[0] for r in rounds), min(r[1] for r in rounds), found[0]
         return out
