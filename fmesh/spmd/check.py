@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 from fmesh.context import dispatch_mode_base
 from fmesh.errors import SpmdTypeError
 from fmesh.mesh import Mesh
-from fmesh.spmd.rules import FACTORIES, LIKE, Call, Rule, join, rule_of, unknown
+from fmesh.spmd.rules import FACTORIES, LIKE, Call, Rule, attention, einsum, einsum_equation, join, rule_of, unknown
 from fmesh.spmd.types import INV, INVARIANT, PARTIAL, VAR, VARYING, AxisType, Operand, means_summed
 
 Record = tuple["weakref.ref[torch.Tensor]", tuple[AxisType, ...], str]
@@ -80,6 +80,7 @@ class Types:
         self.rules: Mapping[Any, str | Rule] = dict(rules or {})
         self.quiet = 0  # inside one of the region's own collectives: their torch calls are not the program's
         self.where: list[str] = []  # the user's calls under way (the outermost names the aten calls it makes)
+        self.marked: frozenset[str] = frozenset()  # the axes a number in the user's call under way differs along
         self._types: dict[int, Record] = {}
         self._bases: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
 
@@ -114,6 +115,19 @@ class Types:
         base, aligned = (root[0], root[1] and aligned) if root is not None else (of, aligned)
         self._bases[id(view)] = (weakref.ref(base), aligned)
 
+    def cut(self, whole: torch.Tensor, out: torch.Tensor, axis: str, d: int, length: int, block: bool) -> None:
+        """``out``, cut from dimension ``d`` of ``whole`` by a member's number along ``axis``: this member's block
+        of it (split there) where ``block`` and the pieces cover the dimension; else each member's own piece."""
+        source, now = self.operand(whole), self.operand(out)
+        i = self.axes.index(axis)
+        d = d % whole.dim()
+        kind, split = source.types[i].kind, source.types[i].dim
+        covers = block and whole.shape[d] == length * self.sizes[i] and kind != PARTIAL and split is None
+        if covers:
+            types = list(now.types)
+            types[i] = AxisType(VARYING, d - whole.dim() + (out.dim() - whole.dim()))
+            self.set(out, tuple(types), now.name)
+
     def modes(self) -> tuple[Calls, Ops]:
         return Calls(self), Ops(self)
 
@@ -128,11 +142,17 @@ class MemberInt(int):
     """
 
     axes: frozenset[str]
+    form: tuple[str, int, int] | None  # (axis, scale, offset): scale * axis_index(axis) + offset, where it is
 
-    def __new__(cls, value: int, axes: Any) -> MemberInt:
+    def __new__(cls, value: int, axes: Any, form: tuple[str, int, int] | None = None) -> MemberInt:
         made = super().__new__(cls, value)
         made.axes = frozenset(axes)
+        made.form = form
         return made
+
+    def block(self, length: int, axis: str) -> bool:
+        """Whether it is ``axis_index(axis) * length`` (where this member's block of ``length`` starts)."""
+        return self.form == (axis, length, 0)
 
 
 class MemberFloat(float):
@@ -151,10 +171,22 @@ def member(value: Any, axes: frozenset[str]) -> Any:
     if not axes or isinstance(value, bool):
         return value
     if isinstance(value, int):
-        return MemberInt(value, axes)
+        return MemberInt(value, axes, None)
     if isinstance(value, float):
         return MemberFloat(value, axes)
     return value
+
+
+def _affine(form: tuple[str, int, int] | None, name: str, others: Sequence[Any]) -> tuple[str, int, int] | None:
+    """The form of ``scale * axis_index + offset`` after ``name`` with plain ints ``others``."""
+    if form is None or any(isinstance(o, (MemberInt, MemberFloat)) or not isinstance(o, int) for o in others):
+        return None
+    axis, scale, offset = form
+    k = others[0] if others else 0
+    found = {"__add__": (scale, offset + k), "__radd__": (scale, offset + k), "__sub__": (scale, offset - k),
+             "__rsub__": (-scale, k - offset), "__mul__": (scale * k, offset * k), "__rmul__": (scale * k, offset * k),
+             "__neg__": (-scale, -offset), "__pos__": (scale, offset)}.get(name)
+    return None if found is None else (axis, found[0], found[1])
 
 
 def _arithmetic(base: type, name: str) -> Callable[..., Any]:
@@ -165,7 +197,10 @@ def _arithmetic(base: type, name: str) -> Callable[..., Any]:
         if result is NotImplemented:
             return result
         axes = frozenset(self.axes).union(*(getattr(o, "axes", frozenset()) for o in others))
-        return member(result, axes)
+        made = member(result, axes)
+        if isinstance(made, MemberInt):
+            made.form = _affine(getattr(self, "form", None), name, others)
+        return made
     return method
 
 
@@ -210,11 +245,22 @@ class Calls(TorchFunctionMode):  # type: ignore[misc]
             return self._item(args[0], func)
         if name == "backward" and args and isinstance(args[0], torch.Tensor):
             means_summed("backward", [owner.operand(args[0])], [], owner.axes, owner.sizes)
+        whole = self._whole(name, args, kwargs)
+        before, owner.marked = owner.marked, marks(list(args) + list(kwargs.values()))
         owner.where.append(name)
+        owner.quiet += whole is not None  # a composite typed whole: its aten calls are not looked at
         try:
             result = func(*args, **kwargs)
         finally:
             owner.where.pop()
+            owner.quiet -= whole is not None
+            owner.marked = before
+        if whole is not None and isinstance(result, torch.Tensor):
+            call = attrs.evolve(whole, out=tuple(result.shape))
+            rule = einsum if whole.op == "einsum" else attention
+            types = tuple(rule(call, i) for i in range(len(owner.axes)))
+            _needs_pvary(call, types)
+            owner.set(result, types, name)
         outputs = [t for _, t in tensors_in(result if isinstance(result, (list, tuple)) else [result])]
         inputs = [t for _, t in tensors_in(list(args) + list(kwargs.values()))]
         label = called(name, [owner.operand(t).name for t in inputs])
@@ -226,7 +272,53 @@ class Calls(TorchFunctionMode):  # type: ignore[misc]
             written = [args[0]] if name in ("setitem",) or (name.endswith("_") and inputs) else []
             for out in outputs + [t for t in written if isinstance(t, torch.Tensor)]:
                 self._vary(out, axes, label)
+            if name in ("narrow", "getitem") and len(outputs) == 1 and isinstance(args[0], torch.Tensor):
+                self._block(args[0], outputs[0], name, args[1:])
+        if name in ("chunk", "split", "unbind", "tensorsplit") and isinstance(result, (tuple, list)) and inputs:
+            dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+            return Pieces(result, self, inputs[0], int(dim) if name != "unbind" else None)
         return result
+
+    def _block(self, whole: torch.Tensor, out: torch.Tensor, name: str, index: Sequence[Any]) -> None:
+        """``out`` typed as this member's block of ``whole`` where it was cut at ``axis_index * length``
+        (``x.narrow(d, i * n, n)``, ``x[i * n:(i + 1) * n]``) from a dimension whole along that axis."""
+        if name == "narrow":
+            d, start, length = int(index[0]), index[1], int(index[2])
+        else:
+            where = index[0] if isinstance(index[0], tuple) else (index[0],)
+            cut = [(d, s) for d, s in enumerate(where) if isinstance(s, slice) and s != slice(None)]
+            if len(cut) != 1 or any(not isinstance(s, slice) for s in where) or cut[0][1].step not in (None, 1):
+                return
+            d, piece = cut[0]
+            start, length = piece.start, (piece.stop or 0) - (piece.start or 0)
+        if isinstance(start, MemberInt) and start.form is not None:
+            self.types.cut(whole, out, start.form[0], d, length, start.block(length, start.form[0]))
+
+    def _whole(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call | None:
+        """The call of a composite typed whole (``matmul``/``einsum`` by their equation, attention), whose
+        decomposition's views would hide what it contracts; ``None`` for any other call."""
+        owner = self.types
+        found = tensors_in(list(args) + list(kwargs.values()))
+        if name in ("matmul", "rmatmul", "einsum"):
+            tensors = [t for _, t in found]
+            if name == "rmatmul":
+                tensors.reverse()
+            equation = einsum_equation("einsum" if name == "einsum" else "matmul", args, [t.dim() for t in tensors])
+            if equation is None:
+                return None
+            op, call_args, slots = "einsum", (equation,), tuple(range(len(tensors)))
+        elif name == "scaleddotproductattention" and len(found) >= 3:
+            tensors = [t for _, t in found]
+            op, call_args = "scaled_dot_product_attention", tuple(args) + tuple(
+                kwargs.get(k) for k in ("attn_mask", "dropout_p", "is_causal")[max(len(args) - 3, 0):])
+            slots = tuple(p if p < len(args) else 3 for p, _ in found)
+        else:
+            return None
+        operands = tuple(owner.operand(t) for t in tensors)
+        if all(t.kind == INVARIANT and not t.mean for o in operands for t in o.types):
+            return None
+        return Call(op=op, where=name, args=call_args, kwargs=dict(kwargs), operands=operands,
+                    shapes=tuple(tuple(t.shape) for t in tensors), slots=slots, out=(), axes=owner.axes)
 
     def _item(self, tensor: torch.Tensor, func: Any) -> Any:
         operand = self.types.operand(tensor)
@@ -254,6 +346,33 @@ class Calls(TorchFunctionMode):  # type: ignore[misc]
                                 f"differs per member along {sorted(axes)} makes it differ; fix: "
                                 f"ax.pvary({operand.name}, {_axes_said(sorted(axes))}) first")
         self.types.set(tensor, tuple(new), operand.name)
+
+
+class Pieces(tuple):  # type: ignore[type-arg]
+    """The pieces of ``chunk``/``split``/``unbind``: a piece chosen by a member's number (``pieces[axis_index]``)
+    is typed as that member's block (or its own value), not as the same on every member."""
+
+    calls: Calls
+    whole: torch.Tensor
+    dim: int | None
+
+    def __new__(cls, pieces: Sequence[Any], calls: Calls, whole: torch.Tensor, dim: int | None) -> Pieces:
+        made = super().__new__(cls, pieces)
+        made.calls, made.whole, made.dim = calls, whole, dim
+        return made
+
+    def __getitem__(self, index: Any) -> Any:
+        piece = super().__getitem__(index)
+        if isinstance(index, MemberInt) and isinstance(piece, torch.Tensor):
+            label = f"pieces[{index.form[0] if index.form else 'i'}]"
+            self.calls._vary(piece, index.axes, label)
+            if self.dim is not None and index.form is not None and index.form[1:] == (1, 0):
+                axis = index.form[0]
+                even = all(p.shape == piece.shape for p in self)
+                length = piece.shape[self.dim]
+                self.calls.types.cut(self.whole, piece, axis, self.dim, length, even and len(self) == self.calls
+                                     .types.sizes[self.calls.types.axes.index(axis)])
+        return piece
 
 
 def _axes_said(axes: Sequence[str]) -> str:
@@ -333,7 +452,18 @@ class Ops(dispatch_mode_base()):  # type: ignore[misc]
             return
         base, aligned = root
         old = owner.operand(base)
-        joined = tuple(join(t, n if aligned or n.kind != VARYING else VAR, axis, old.name)
+        whole = aligned and tensor.dim() == base.dim()  # a view cutting no dimension the written value splits
+        for axis, t, n in zip(owner.axes, old.types, new, strict=True):
+            same = t.kind == INVARIANT or t.copy
+            if same and whole and n.kind == VARYING and n.dim is not None and axis not in owner.marked and (
+                    tensor.shape[n.dim] != base.shape[n.dim]):
+                raise SpmdTypeError(
+                    f"{op} writes a value split along {axis!r} at dimension {n.dim} into the same positions of "
+                    f"{old.name} on every member: each member's block lands where the others' do; fix: write at "
+                    f"ax.axis_index({axis!r}) times the block's length")
+        joined = tuple(n if whole and t.kind == INVARIANT and n.kind == VARYING and n.dim is not None
+                       and tensor.shape[n.dim] == base.shape[n.dim] else join(
+                           t, n if aligned or n.kind != VARYING else VAR, axis, old.name)
                        for axis, t, n in zip(owner.axes, old.types, new, strict=True))
         owner.set(base, joined, old.name)
 

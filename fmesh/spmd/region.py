@@ -34,6 +34,7 @@ from fmesh.spmd.rules import Rule
 from fmesh.spmd.spec import PartitionSpec, Sharding, check_spec, dim_axes
 from fmesh.spmd.trees import broadcast, leaves, rebuild
 from fmesh.spmd.types import (
+    COPY,
     INV,
     INVARIANT,
     PARTIAL,
@@ -166,7 +167,7 @@ class Axes:
         """This rank's coordinate along ``axis`` (JAX's ``lax.axis_index``); checked, a number marked as differing
         per member, so that what is built from it is typed varying."""
         index = self.ctx.index(self.mesh, self._axes(axis)[0])
-        return MemberInt(index, {axis}) if self.types is not None else index
+        return MemberInt(index, {axis}, (axis, 1, 0)) if self.types is not None else index
 
     def axis_size(self, axis: AxesArg) -> int:
         """The number of members along ``axis`` (or the product over several)."""
@@ -199,6 +200,9 @@ class Axes:
                 fix = "ax.psum" if t.pending == "sum" else f"ax.p{t.pending}"
                 raise self._refuse("pmean", x, t, axis, f"the mean of a pending {t.pending} divides it by the axis "
                                    f"size; fix: {fix}(..., {axis!r}) (or divide by the whole's count yourself)")
+            if t.kind == INVARIANT:
+                raise self._refuse("pmean", x, t, axis, "it is already the same on every member; its value stays, "
+                                   "but its gradient is divided by the axis size; fix: drop this pmean")
             return INV
         size = self.axis_size(names)
         return self._run("pmean", x, names, becomes,
@@ -233,7 +237,7 @@ class Axes:
                                    "own; a second pvary sums the gradient twice; fix: drop this pvary")
             if t.kind == PARTIAL:
                 raise self._refuse("pvary", x, t, axis, "a pending sum; fix: psum it first")
-            return VAR
+            return COPY
         return self._run("pvary", x, names, becomes, lambda: self.ctx.sum_gradients(x, self.mesh, names))
 
     def _gathering(self, x: torch.Tensor, names: tuple[str, ...], dim: int) -> None:
@@ -258,7 +262,7 @@ class Axes:
             if t.kind == INVARIANT:
                 raise self._refuse("all_gather", x, t, axis, "it is already the same on every member; gathering "
                                    "copies it once per member; fix: drop this all_gather (or slice it)")
-            return INV if invariant else VAR
+            return INV if invariant else COPY
         return becomes
 
     def all_gather(self, x: torch.Tensor, axis: AxesArg, dim: int = 0, tiled: bool = True) -> torch.Tensor:

@@ -33,7 +33,19 @@ import attrs
 import torch
 
 from fmesh.errors import SpmdTypeError
-from fmesh.spmd.types import COMPLETES, INV, INVARIANT, PARTIAL, PSUM, VAR, VARYING, AxisType, Operand, reshaped_dim
+from fmesh.spmd.types import (
+    COMPLETES,
+    COPY,
+    INV,
+    INVARIANT,
+    PARTIAL,
+    PSUM,
+    VAR,
+    VARYING,
+    AxisType,
+    Operand,
+    reshaped_dim,
+)
 
 
 @attrs.frozen
@@ -107,7 +119,9 @@ def _varying(call: Call, i: int, dims: Sequence[tuple[int, int | None, Any]]) ->
                                   f"gather one of them along {call.axes[i]!r} (ax.all_gather), or split both at the "
                                   "same dimension", k)
         return AxisType(VARYING, d0, strided=s0[0], stride=s0[1], extent=s0[2])
-    return VAR if dims else INV
+    if not dims:
+        return INV
+    return COPY if all(isinstance(t, AxisType) and t.copy for _, _, t in dims) else VAR
 
 
 def _layout(t: Any) -> tuple[bool, int, int]:
@@ -157,7 +171,8 @@ def pointwise(call: Call, i: int) -> AxisType:
     if found.kind == VARYING and found.dim is not None and call.out[found.dim] > 1:
         for k, t in enumerate(types):  # the same values on every member, paired with each member's own block
             shape = call.shapes[k]
-            if t.kind == INVARIANT and len(shape) >= -found.dim and shape[found.dim] == call.out[found.dim]:
+            alike = t.kind == INVARIANT or t.copy
+            if alike and len(shape) >= -found.dim and shape[found.dim] == call.out[found.dim]:
                 split = next(o for o, tt in enumerate(types) if tt.kind == VARYING and tt.dim == found.dim)
                 raise call.refuse(i, f"pairs {call.operands[split].name}, split along {call.axes[i]!r} at dimension "
                                   f"{found.dim}, with {call.operands[k].name}, which is the same on every member "
@@ -458,7 +473,7 @@ def _product(call: Call, i: int, a: int, b: int, layouts: tuple[dict[int, Any], 
                                   "other", "split both alike", k0)
             return PSUM  # a row-parallel product
         to = call.t(other, i)
-        if to.kind == VARYING and to.dim is None:  # a slice of the other made by this member: its own rows
+        if to.kind == VARYING and to.dim is None and not to.copy:  # a slice of the other made by this member
             return PSUM
         where = layouts[other - a]
         kdim = next(d for d, v in where.items() if v == "k")
@@ -478,8 +493,102 @@ def _product(call: Call, i: int, a: int, b: int, layouts: tuple[dict[int, Any], 
     return _varying(call, i, dims)
 
 
+def einsum_equation(op: str, args: Sequence[Any], ndims: Sequence[int]) -> str | None:
+    """The explicit equation (a letter per dimension, no ellipsis) of ``einsum``/``matmul`` on operands of ranks
+    ``ndims``; ``None`` where it cannot say (the call then goes to the aten rules).
+
+    >>> einsum_equation("matmul", (), [3, 2]), einsum_equation("einsum", ["...k,kn->...n"], [3, 2])
+    ('abc,cd->abd', 'abk,kn->abn')
+    """
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    if op == "matmul" and len(ndims) == 2:
+        na, nb = ndims
+        if na == 0 or nb == 0:
+            return None
+        batch = max(max(na, nb) - 2, 0)
+        b = letters[:batch]
+        n, k, m = letters[batch], letters[batch + 1], letters[batch + 2]
+        left = (b[len(b) - (na - 2):] if na > 2 else "") + (n + k if na >= 2 else k)
+        right = (b[len(b) - (nb - 2):] if nb > 2 else "") + (k + m if nb >= 2 else k)
+        out = b + (n if na >= 2 else "") + (m if nb >= 2 else "")
+        return f"{left},{right}->{out}"
+    if op != "einsum" or not args or not isinstance(args[0], str):
+        return None
+    equation = args[0].replace(" ", "")
+    ins, _, out = equation.partition("->")
+    terms = ins.split(",")
+    if len(terms) != len(ndims):
+        return None
+    used = set(equation) - set(".,->")
+    spare = [c for c in letters if c not in used]
+    longest = max((n - len(t.replace("...", "")) for t, n in zip(terms, ndims, strict=True) if "..." in t), default=0)
+    ell = "".join(spare[:longest])
+    explicit = [t.replace("...", ell[len(ell) - (n - len(t.replace("...", ""))):]) for t, n in zip(terms, ndims,
+                                                                                                  strict=True)]
+    if not _:
+        out = ell + "".join(sorted(c for c in set("".join(terms)) - set(".") if "".join(terms).count(c) == 1))
+    return ",".join(explicit) + "->" + out.replace("...", ell)
+
+
+def einsum(call: Call, i: int) -> AxisType:
+    """``einsum`` and ``matmul`` from their equation (``call.args[0]``, explicit): a letter split in every
+    operand that has it and summed away is a pending sum; kept, the result is split where it lands."""
+    ins, out = call.args[0].split("->")
+    terms = ins.split(",")
+    axis = call.axes[i]
+    types = [call.t(k, i) for k in range(len(terms))]
+    partial = [k for k, t in enumerate(types) if t.kind == PARTIAL]
+    if partial:
+        p = partial[0]
+        fix = f"ax.{COMPLETES[types[p].pending]}({call.operands[p].name}, {axis!r}) first"
+        for k, t in enumerate(types):
+            if k == p:
+                continue
+            if t.kind != INVARIANT or call.operands[k].grad:
+                raise call.refuse(i, f"multiplies a pending sum by {call.operands[k].said(axis, i)}"
+                                  + (", which wants a gradient" if call.operands[k].grad else ""), fix, p)
+        if types[p].pending not in ("sum", "mean"):
+            raise call.refuse(i, f"a product of a pending {types[p].pending} (not linear)", fix, p)
+        return types[p]
+    lands: list[tuple[int, int | None, Any]] = []
+    summed: dict[str, list[int]] = {}
+    for k, (term, t) in enumerate(zip(terms, types, strict=True)):
+        if t.kind != VARYING:
+            continue
+        if t.dim is None:
+            lands.append((k, None, t))
+            continue
+        letter = term[t.dim]
+        if letter in out:
+            lands.append((k, out.index(letter) - len(out), t))
+        else:
+            summed.setdefault(letter, []).append(k)
+    for letter, ks in summed.items():
+        holders = [k for k, term in enumerate(terms) if letter in term]
+        missing = [k for k in holders if k not in ks]
+        if missing and not all(types[k].kind == VARYING and types[k].dim is None and not types[k].copy
+                               for k in missing):
+            k0, k1 = ks[0], missing[0]
+            raise call.refuse(i, f"sums over dimension {types[k0].dim}, which {axis!r} splits, against "
+                              f"{call.operands[k1].said(axis, i)}, which it does not split there: each member "
+                              "multiplies its own block by the same values", f"split {call.operands[k1].name} along "
+                              f"{axis!r} at that dimension too (a row-parallel product), or "
+                              f"ax.all_gather({call.operands[k0].name}, {axis!r}, dim={types[k0].dim}) first", k0)
+        if len({_layout(types[k]) for k in ks}) > 1:
+            raise call.refuse(i, "sums over a dimension split in blocks in one operand and strided in another",
+                              "split them alike", ks[0])
+    if summed:
+        if any(d is not None for _, d, _ in lands):
+            k = next(k for k, d, _ in lands if d is not None)
+            raise call.refuse(i, f"sums over a dimension {axis!r} splits and keeps another it splits", "all_gather "
+                              "one of them first", k)
+        return PSUM
+    return _varying(call, i, lands)
+
+
 # Attention kernels: (q, k, v) are the first three operands; the mask's argument position; is_causal's.
 ATTENTION: dict[str, tuple[int | None, int | None]] = {
+    "scaled_dot_product_attention": (3, 5),  # F.scaled_dot_product_attention, taken whole
     "_scaled_dot_product_flash_attention_for_cpu": (5, 4),
     "_scaled_dot_product_flash_attention": (None, 4),
     "_scaled_dot_product_efficient_attention": (3, 6),
@@ -515,6 +624,12 @@ def attention(call: Call, i: int) -> AxisType:
                               "and values)", n)
     if mask is not None and call.t(mask, i).kind == VARYING and call.t(mask, i).dim == -1:
         raise call.refuse(i, "the mask's key dimension is split", f"ax.all_gather(mask, {axis!r}, dim=-1)", mask)
+    if mask is not None and q.kind == VARYING and q.dim == -2:
+        m = call.t(mask, i)
+        if (m.kind == INVARIANT or m.copy) and len(call.shapes[mask]) >= 2 and call.shapes[mask][-2] > 1:
+            raise call.refuse(i, "the mask is the same on every member along the queries' sequence, which "
+                              f"{axis!r} splits: each member masks its block as if it were the first",
+                              f"build the mask from global positions (offset by ax.axis_index({axis!r}))", mask)
     if causal and q.kind == VARYING and q.dim == -2:
         raise call.refuse(i, "is_causal=True with the queries' sequence split: the causal mask counts each member's "
                           "positions from 0", "pass attn_mask built from the global positions (ax.axis_index)", 0)
@@ -735,7 +850,9 @@ def write(call: Call, i: int) -> AxisType:
         new = call.t(k, i)
         if k in indices and new.kind == PARTIAL:
             raise call.refuse(i, "positions that are a pending sum", f"ax.psum them along {axis!r} first", k)
-        out = join(out, VAR if k in indices and new.kind == VARYING else new, axis, call.operands[0].name)
+        if k in indices and new.kind != VARYING:
+            continue  # positions alike on every member: where, not what, is written
+        out = join(out, VAR if k in indices else new, axis, call.operands[0].name)
     return out
 
 # ---------------------------------------------------------------- the table

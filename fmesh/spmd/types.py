@@ -53,6 +53,7 @@ class AxisType:
     pending: Pending = "sum"  # partial only: the reduction the members' values wait for
     stride: int = 1  # varying, strided by a reshape: the split factor's stride in ``dim`` ...
     extent: int = 0  # ... and its local size (0: the split is the dimension's major part, a block)
+    copy: bool = False  # varying, no dimension: the same values on every member (pvary-ed, gathered)
 
     def __repr__(self) -> str:
         if self.kind == INVARIANT:
@@ -60,12 +61,13 @@ class AxisType:
         if self.kind == PARTIAL:
             return PARTIAL if self.pending == "sum" else f"partial(pending {self.pending})"
         if self.dim is None:
-            return VARYING
+            return "varying(the same values on every member)" if self.copy else VARYING
         return f"varying(dim {self.dim}{', strided' if self.strided or self.extent else ''})"
 
 
 INV = AxisType(INVARIANT)
 VAR = AxisType(VARYING)
+COPY = AxisType(VARYING, copy=True)
 PSUM = AxisType(PARTIAL)
 
 

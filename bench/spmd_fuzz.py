@@ -1,0 +1,71 @@
+"""Benchmark (nightly): the manual region's checker against the differential fuzzer, on many more programs than
+the suite's 300 (``tests/spmd/spmd_fuzz.py``: random programs over a (dp=2, tp=2) mesh, a mistake planted in two
+of three, each run on a simulated 4-rank world in this process against one process).
+
+Prints each verdict's count (``caught``: refused, and wrong; ``right``: passed, and right; ``false positive``:
+refused, but right; ``silently wrong``: passed, but wrong; ``loud``: torch itself refused the unchecked program,
+its shapes wrong; ``not built``: the generator made no program), the caught mistakes by kind, and the seeds of any
+silently wrong program or false positive (each a test to write).
+
+    python bench/spmd_fuzz.py [--programs 5000] [--start 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import Counter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "spmd"))
+sys.path.insert(0, ROOT)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--programs", type=int, default=5000)
+    parser.add_argument("--start", type=int, default=0)
+    args = parser.parse_args()
+    import spmd_fuzz
+    from spmd_harness import judge
+
+    counts: Counter[str] = Counter()
+    kinds: Counter[tuple[str, str]] = Counter()
+    odd: list[tuple[int, str, str | None, str]] = []
+    began = time.perf_counter()
+    for seed in range(args.start, args.start + args.programs):
+        made = spmd_fuzz.program(seed)
+        if made is None:
+            counts["not built"] += 1
+            continue
+        try:
+            verdict, message = judge(made[0])
+        except (RuntimeError, ValueError, IndexError):
+            counts["not built"] += 1
+            continue
+        counts[verdict] += 1
+        kinds[(made[1] or "none planted", verdict)] += 1
+        if verdict in ("silently wrong", "false positive"):
+            odd.append((seed, verdict, made[1], message[:200]))
+    took = time.perf_counter() - began
+    right = counts["right"] + counts["false positive"]
+    print(f"{args.programs} seeds ({args.start}..{args.start + args.programs - 1}) in {took:.0f} s\n")
+    print("| verdict | programs |")
+    print("| --- | --- |")
+    for verdict in ("caught", "right", "false positive", "silently wrong", "loud", "not built"):
+        print(f"| {verdict} | {counts[verdict]} |")
+    print(f"\nfalse positives: {counts['false positive']} of {right} right programs "
+          f"({100 * counts['false positive'] / max(right, 1):.2f}%); silently wrong: {counts['silently wrong']}\n")
+    print("| mistake planted | caught | right (harmless) | false positive | silently wrong | loud |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for kind in sorted({k for k, _ in kinds}):
+        row = [kinds[(kind, v)] for v in ("caught", "right", "false positive", "silently wrong", "loud")]
+        print(f"| {kind} | " + " | ".join(str(n) for n in row) + " |")
+    for seed, verdict, kind, message in odd:
+        print(f"\nseed {seed}: {verdict} ({kind}): {message}")
+
+
+if __name__ == "__main__":
+    main()
