@@ -25,6 +25,9 @@ The processes run with ``check_tensors=False``: the members' check of their tens
 collective (one small all_reduce each, measured in ``bench/collectives.py``) is off, as DTensor's collectives
 make no such check.
 
+(d) The steady state of the check (``check=True``: checked once per signature, then unchecked) against
+    ``check=False`` on notebook 04's block, on the fake backend (the Python cost alone).
+
     python bench/spmd.py [--quick]
 """
 
@@ -300,6 +303,66 @@ def _python_cost(n: int) -> dict[str, tuple[float, float, float]]:
         return out
 
 
+def _steady(n: int) -> dict[str, float]:
+    """(d) The steady state of the check: notebook 04's block (sequence- and tensor-parallel, (dp=2, tp=2), fake
+    backend: the Python cost alone), forward + backward, checked (checked once, at its first call, then run
+    unchecked) against unchecked, interleaved, best of 5 medians, µs."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    import fmesh
+    from fmesh.spmd import P, Sharding
+    from fmesh.spmd.region import shard_map
+
+    b, s, h, heads, ffn = 4, 8, 8, 4, 16
+    shapes = {"ln1w": (h,), "ln1b": (h,), "wq": (h, h), "wk": (h, h), "wv": (h, h), "wo": (h, h), "bo": (h,),
+              "ln2w": (h,), "ln2b": (h,), "w1": (ffn, h), "b1": (ffn,), "w2": (h, ffn), "b2": (h,)}
+    specs = {"wq": P("tp", None), "wk": P("tp", None), "wv": P("tp", None), "wo": P(None, "tp"),
+             "w1": P("tp", None), "b1": P("tp"), "w2": P(None, "tp")}
+    names = tuple(shapes)
+
+    def attention(x: Any, wq: Any, wk: Any, wv: Any, count: int) -> Any:
+        bb, ss, _ = x.shape
+        q, k, v = (F.linear(x, w).view(bb, ss, count, -1).transpose(1, 2) for w in (wq, wk, wv))
+        scores = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(h // heads), dim=-1)
+        return (scores @ v).transpose(1, 2).reshape(bb, ss, -1)
+
+    def body(ax: Any, x: Any, *weights: Any) -> Any:
+        p = dict(zip(names, weights, strict=True))
+        for k in ("ln1w", "ln1b", "bo", "ln2w", "ln2b", "b2"):
+            p[k] = ax.pvary(p[k], ("dp", "tp"))
+        for k in specs:
+            p[k] = ax.pvary(p[k], "dp")
+        g = ax.all_gather(F.layer_norm(x, (h,), p["ln1w"], p["ln1b"]), "tp", dim=1)
+        a = F.linear(attention(g, p["wq"], p["wk"], p["wv"], heads // 2), p["wo"])
+        x = x + ax.psum_scatter(a, "tp", dim=1) + p["bo"]
+        g = ax.all_gather(F.layer_norm(x, (h,), p["ln2w"], p["ln2b"]), "tp", dim=1)
+        y = x + ax.psum_scatter(F.linear(F.gelu(F.linear(g, p["w1"], p["b1"])), p["w2"]), "tp", dim=1) + p["b2"]
+        return ax.psum((y ** 2).sum() / (b * s * h), ("dp", "tp"))
+
+    with fmesh.Context.fake(4) as ctx:
+        mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+        gen = torch.Generator().manual_seed(0)
+        in_specs = [P("dp", "tp", None)] + [specs.get(k, P()) for k in names]
+        whole = [torch.randn(b, s, h, generator=gen)] + [torch.randn(shapes[k], generator=gen) for k in names]
+        blocks = [v[tuple(slice(lo, hi) for lo, hi in Sharding(mesh, spec).block(0, v.shape))].clone()
+                  for v, spec in zip(whole, in_specs, strict=True)]
+        for w in blocks[1:]:
+            w.requires_grad_()
+        ways = {check: shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P(), ctx=ctx, check=check)
+                for check in (True, False)}
+        found: dict[str, float] = {}
+        for _ in range(5):
+            for check, region in ways.items():
+                def step(region: Any = region) -> None:
+                    region.local(*blocks).backward()
+                name = "checked" if check else "unchecked"
+                found[name] = min(found.get(name, math.inf), _median_us(step, n))
+        return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
@@ -338,6 +401,13 @@ def main() -> None:
         difference = f"{differences[name]:.1e}" if name in differences else "-"
         print(f"| block: {name} | {shown} | {difference} |")
     print(f"\nDTensor's first loss: {loss}")
+    steady = _steady(max(20, n // 5))
+    print("\n(d) the steady state of the check: notebook 04's block, (dp=2, tp=2), fake backend (the Python cost "
+          "alone), forward + backward, best of 5 medians (interleaved), µs\n")
+    print("| region | µs | / unchecked |")
+    print("| --- | --- | --- |")
+    for name, us in steady.items():
+        print(f"| {name} | {us:.0f} | {us / steady['unchecked']:.3f} |")
 
 
 if __name__ == "__main__":

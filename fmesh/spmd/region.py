@@ -391,6 +391,17 @@ class _Sliced(torch.autograd.Function):  # type: ignore[misc]
         return grad.narrow(dim, index * n, n), None, None, None, None
 
 
+def _orders(names: Sequence[str]) -> list[tuple[str, ...]]:
+    """Every ordering of two or more of ``names``.
+
+    >>> _orders(("dp", "tp"))
+    [('dp', 'tp'), ('tp', 'dp')]
+    """
+    import itertools
+
+    return [order for n in range(2, len(names) + 1) for order in itertools.permutations(names, n)]
+
+
 def _spec(value: Any) -> bool:
     return isinstance(value, PartitionSpec)
 
@@ -428,6 +439,12 @@ class Region:
         # torch 2.13 cannot hash a mesh, a user-defined __hash__).
         device_mesh = getattr(ctx, "device_mesh", None)
         self.exported = device_mesh(mesh) if device_mesh is not None else None
+        # Every group a collective can name (one axis, or several up to three), made and looked up now (in eager,
+        # every rank alike): a region compiled first cannot while Dynamo traces. Meshes of more axes:
+        # ctx.materialize((mesh, axes)) for the tuples of four or more axes the region names.
+        if device_mesh is not None and not compiling():
+            named = [(name,) for name in mesh.axis_names] + (_orders(mesh.axis_names) if mesh.ndim <= 3 else [])
+            ctx.materialize(mesh, *((mesh, axes) for axes in named))
         # Each spec's placements, made here: a compiled region only looks them up (by identity)
         self.placed = [(spec, to_placements(Sharding(mesh, check_spec(mesh, spec))))
                        for spec in leaves(self.in_specs, _spec) + leaves(out_specs, _spec)]
