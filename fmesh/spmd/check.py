@@ -1,5 +1,5 @@
 """The checker of a manual region: the per-axis types of its local values, kept on the side, and the two torch
-modes that apply the rules (:mod:`fmesh.spmd.rules`) to every call.
+modes that apply the rules (:mod:`fmesh.spmd.registry`) to every call.
 
 * :class:`Ops` (a ``TorchDispatchMode``) sees every aten call, composites taken apart (``einsum``, ``linear``,
   attention), and types its outputs by the call's rule; an in-place write re-types the tensor written and the
@@ -25,7 +25,9 @@ from torch.overrides import TorchFunctionMode
 from fmesh.context import dispatch_mode_base
 from fmesh.errors import SpmdTypeError
 from fmesh.mesh import Mesh
-from fmesh.spmd.rules import FACTORIES, LIKE, Call, Rule, attention, einsum, einsum_equation, join, rule_of, unknown
+from fmesh.spmd.call import Call, Rule, join
+from fmesh.spmd.products import attention, einsum, einsum_equation
+from fmesh.spmd.registry import FACTORIES, LIKE, rule_of, unknown
 from fmesh.spmd.types import INV, INVARIANT, PARTIAL, VAR, VARYING, AxisType, Operand, means_summed
 
 Record = tuple["weakref.ref[torch.Tensor]", tuple[AxisType, ...], str]

@@ -9,7 +9,7 @@ Inputs and outputs may be pytrees (tuples, lists, dicts), the specs a prefix of 
 With ``check=True`` (the default) the region is **checked once per signature** (its inputs' shapes, dtypes and
 ``requires_grad``): the first call with a new one runs ``f`` on copies of the inputs with rehearsed collectives
 (each computed locally at the right shape: no communication) under :mod:`fmesh.spmd.check`, where every aten
-call is typed per axis by :mod:`fmesh.spmd.rules`; a program whose gradient or result would be wrong raises
+call is typed per axis by :mod:`fmesh.spmd.registry`'s rules; a program whose gradient or result would be wrong raises
 :class:`~fmesh.errors.SpmdTypeError` there, before any collective. Then, and on every later call, ``f`` runs
 unchecked: the steady state costs what ``check=False`` costs. Under ``torch.compile`` the same check runs once
 when Dynamo traces the region (on stand-in tensors of the traced shapes), so a compiled region is checked too.
@@ -20,7 +20,7 @@ included, so a region compiled first finds its groups.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -28,9 +28,10 @@ from torch.distributed.tensor import DTensor
 from fmesh.context.collectives import compiling
 from fmesh.errors import SpmdTypeError
 from fmesh.mesh import Mesh
+from fmesh.spmd.call import Rule
 from fmesh.spmd.check import MemberInt, Types, called
 from fmesh.spmd.placements import to_placements
-from fmesh.spmd.rules import Rule
+from fmesh.spmd.rehearsal import Collectives, Rehearsal
 from fmesh.spmd.spec import PartitionSpec, Sharding, check_spec, dim_axes
 from fmesh.spmd.trees import broadcast, leaves, rebuild
 from fmesh.spmd.types import (
@@ -48,73 +49,6 @@ from fmesh.spmd.types import (
 )
 
 AxesArg = str | Sequence[str]
-
-
-class Collectives(Protocol):
-    """What the region asks of its context: :class:`~fmesh.Context` is one; the check's rehearsal and the tests'
-    simulated world are others."""
-
-    def index(self, mesh: Mesh, axes: Any = None) -> int: ...
-    def sum_partials(self, tensor: torch.Tensor, mesh: Mesh, axes: Any = None) -> torch.Tensor: ...
-    def sum_gradients(self, tensor: torch.Tensor, mesh: Mesh, axes: Any = None) -> torch.Tensor: ...
-    def all_gather(self, tensor: torch.Tensor, mesh: Mesh, axes: Any = None, dim: int = 0) -> torch.Tensor: ...
-    def reduce_scatter(self, tensor: torch.Tensor, mesh: Mesh, axes: Any = None, dim: int = 0) -> torch.Tensor: ...
-    def all_to_all(self, tensor: torch.Tensor, mesh: Mesh, axes: Any = None, split_dim: int = 0,
-                   concat_dim: int = 0) -> torch.Tensor: ...
-    def all_reduce(self, tensor: torch.Tensor, mesh: Mesh, axes: Any = None, op: Any = "sum") -> torch.Tensor: ...
-    def ppermute(self, tensor: torch.Tensor, mesh: Mesh, axis: str, perm: Sequence[tuple[int, int]]) -> torch.Tensor:
-        ...
-    def materialize(self, *items: Any) -> Any: ...
-
-
-class Rehearsal:
-    """The check's collectives: each computed locally at the right shape (no communication); it notes the axes
-    each names, so that the region can make their groups."""
-
-    def __init__(self, ctx: Collectives) -> None:
-        self.ctx = ctx
-        self.named: set[tuple[str, ...]] = set()
-
-    def _note(self, mesh: Mesh, axes: Any) -> int:
-        names = (axes,) if isinstance(axes, str) else tuple(axes)
-        self.named.add(names)
-        size = 1
-        for name in names:
-            size *= mesh.shape[name]
-        return size
-
-    def index(self, mesh: Mesh, axes: Any = None) -> int:
-        return self.ctx.index(mesh, axes)
-
-    def sum_partials(self, tensor: torch.Tensor, mesh: Mesh, axes: Any = None) -> torch.Tensor:
-        self._note(mesh, axes)
-        return tensor.clone()
-
-    def sum_gradients(self, tensor: torch.Tensor, mesh: Mesh, axes: Any = None) -> torch.Tensor:
-        self._note(mesh, axes)
-        return tensor.clone()
-
-    def all_reduce(self, tensor: torch.Tensor, mesh: Mesh, axes: Any = None, op: Any = "sum") -> torch.Tensor:
-        self._note(mesh, axes)
-        return tensor.clone()
-
-    def all_gather(self, tensor: torch.Tensor, mesh: Mesh, axes: Any = None, dim: int = 0) -> torch.Tensor:
-        return torch.cat([tensor] * self._note(mesh, axes), dim)
-
-    def reduce_scatter(self, tensor: torch.Tensor, mesh: Mesh, axes: Any = None, dim: int = 0) -> torch.Tensor:
-        n = self._note(mesh, axes)
-        return tensor.chunk(n, dim)[self.ctx.index(mesh, axes)].clone()
-
-    def all_to_all(self, tensor: torch.Tensor, mesh: Mesh, axes: Any = None, split_dim: int = 0,
-                   concat_dim: int = 0) -> torch.Tensor:
-        return torch.cat(tensor.chunk(self._note(mesh, axes), split_dim), concat_dim)
-
-    def ppermute(self, tensor: torch.Tensor, mesh: Mesh, axis: str, perm: Sequence[tuple[int, int]]) -> torch.Tensor:
-        self._note(mesh, axis)
-        return tensor.clone()
-
-    def materialize(self, *items: Any) -> None:
-        return None
 
 
 def _said(axes: Sequence[str]) -> str:
@@ -581,7 +515,7 @@ def shard_map(f: Callable[..., Any], *, mesh: Mesh, in_specs: Any, out_specs: An
 
     ``in_specs``/``out_specs``: one spec per input/output, or a pytree prefix of them. ``names`` name the
     inputs in error messages (default ``input 0``, ...). ``rules``: the rule of an aten op the registry lacks
-    (``{torch.ops.aten.foo: "pointwise"}``, see :data:`fmesh.spmd.rules.KINDS`).
+    (``{torch.ops.aten.foo: "pointwise"}``, see :data:`fmesh.spmd.registry.KINDS`).
 
     >>> import fmesh, torch
     >>> from fmesh.spmd import P

@@ -16,7 +16,7 @@ Along each mesh axis a local value is one of (JAX's ``vma`` words, plus DTensor'
 An ``invariant`` value that is a ``psum`` of pending means (``AxisType.mean``) is the axis size times the mean of
 the whole: only a division by that size makes it the mean (Megatron's loss averaging).
 
-Which operations keep which types is :mod:`fmesh.spmd.rules` (it needs torch); the checks here are those of the
+Which operations keep which types is :mod:`fmesh.spmd.registry` (it needs torch); the checks here are those of the
 region's doors: what may leave it (:func:`check_output`), where a gather lays its blocks (:func:`gathered`), what a
 summed mean may meet (:func:`means_summed`), and where a reshape moves a split dimension (:func:`reshaped_dim`).
 """

@@ -15,7 +15,7 @@ import torch
 
 import fmesh
 
-PATIENCE = 30.0  # seconds a member waits at a collective for the others
+PATIENCE = 10.0  # seconds a member waits at a collective for the others
 
 
 class World:

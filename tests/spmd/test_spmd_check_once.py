@@ -116,3 +116,17 @@ def test_a_region_over_two_axes_compiled_first_finds_its_groups() -> None:
         step = torch.compile(lambda x: made.local(x), backend="aot_eager", fullgraph=True, dynamic=False)
         assert step(torch.ones(3)).shape == ()
     torch._dynamo.reset()
+
+
+def test_a_compiled_region_returning_loss_and_output_differentiates_the_loss_alone() -> None:
+    with fmesh.Context.fake(2) as ctx:
+        mesh = fmesh.make_mesh((2,), ("tp",))
+        made = shard_map(lambda ax, x, w: (ax.psum((x @ w).sum(), "tp"), x @ w), mesh=mesh,
+                         in_specs=(P(None, "tp"), P("tp")), out_specs=(P(), P(partial="tp")), ctx=ctx)
+        torch._dynamo.reset()
+        step = torch.compile(lambda x, w: made.local(x, w), backend="aot_eager", fullgraph=True, dynamic=False)
+        w = torch.ones(2, 3, requires_grad=True)
+        loss, y = step(torch.ones(4, 2), w)
+        loss.backward()
+        assert y.shape == (4, 3) and w.grad is not None and w.grad.shape == (2, 3)
+    torch._dynamo.reset()
