@@ -1,6 +1,6 @@
-"""One aten call as the type rules see it (:class:`Call`), and what every rule shares: the dimensions an
-argument names, the result's split from its operands' (:func:`varying_of`), and the type of a tensor part of
-which was overwritten (:func:`join`)."""
+"""One aten call as the type rules see it (``Call``), and what every rule shares: the dimensions an
+argument names, the result's split from its operands' (``varying_of``), and the type of a tensor part of
+which was overwritten (``join``)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from fmesh.spmd.products import attention, einsum, einsum_equation
 from fmesh.spmd.registry import FACTORIES, LIKE, rule_of, unknown
 from fmesh.spmd.types import INV, INVARIANT, PARTIAL, VAR, VARYING, AxisType, Operand, means_summed
 
-Record = tuple["weakref.ref[torch.Tensor]", tuple[AxisType, ...], str]
+Record = tuple[Callable[[], "torch.Tensor | None"], tuple[AxisType, ...], str]  # a weak reference, its types, name
 _SHAPE_ONLY = frozenset({"view", "_unsafe_view", "reshape", "alias", "detach", "clone", "_to_copy", "squeeze",
                          "unsqueeze", "expand", "t", "transpose", "permute", "contiguous", "lift_fresh", "select",
                          "slice", "copy_"})
@@ -84,7 +84,7 @@ class Types:
         self.where: list[str] = []  # the user's calls under way (the outermost names the aten calls it makes)
         self.marked: frozenset[str] = frozenset()  # the axes a number in the user's call under way differs along
         self._types: dict[int, Record] = {}
-        self._bases: dict[int, tuple[weakref.ref[torch.Tensor], bool]] = {}
+        self._bases: dict[int, tuple[Callable[[], torch.Tensor | None], bool]] = {}
 
     def set(self, tensor: torch.Tensor, types: tuple[AxisType, ...], name: str) -> None:
         self._types[id(tensor)] = (weakref.ref(tensor), types, name)

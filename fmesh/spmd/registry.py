@@ -1,6 +1,6 @@
 """The rule of each aten op: a declared one first (``shard_map(..., rules=...)``), then the registry of
 :mod:`fmesh.spmd.rules`, :mod:`fmesh.spmd.products` and :mod:`fmesh.spmd.layouts`; an op with none is refused on a
-pending sum or a split dimension (:func:`unknown`)."""
+pending sum or a split dimension (``unknown``)."""
 
 from __future__ import annotations
 

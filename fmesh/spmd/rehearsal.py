@@ -1,5 +1,5 @@
-"""What a manual region asks of its context (:class:`Collectives`: the :class:`~fmesh.Context` is one), and the
-check's stand-in for it (:class:`Rehearsal`): each collective computed locally at the right shape, no
+"""What a manual region asks of its context (``Collectives``: the :class:`~fmesh.Context` is one), and the
+check's stand-in for it (``Rehearsal``): each collective computed locally at the right shape, no
 communication, the axes it names noted."""
 
 from __future__ import annotations

@@ -6,16 +6,16 @@ The rules work at the aten level, where every torch call ends (``einsum`` arrive
 passed for being reached through a composite. Where they come from:
 
 * **pointwise** operations: torch's own ``torch.Tag.pointwise`` on each aten op (broadcasting, the split
-  dimensions must agree), with a **linearity registry** (:data:`LINEAR`): a pending sum survives only the ops
+  dimensions must agree), with a **linearity registry** (``LINEAR``): a pending sum survives only the ops
   linear in it (a sum of pending sums, a pending sum times a value the same on every member, a zero written in
   it); anything else on it (a bias added, ``exp``) is refused;
-* **reductions, scans, normalisations** (:data:`REDUCTIONS`, :data:`SCANS`, :data:`NORMS`): the dimensions each
+* **reductions, scans, normalisations** (``REDUCTIONS``, ``SCANS``, ``NORMS``): the dimensions each
   reduces, scans or normalises, read from its arguments, against the dimension each axis splits: a sum along a
   split dimension is a pending sum, a mean a pending mean, a max a pending max; a scan or a normalisation along
   it is refused;
-* **contractions** (:data:`CONTRACTIONS`) and **attention** (:data:`ATTENTION`): which dimension of each operand
+* **contractions** (``CONTRACTIONS``) and **attention** (``ATTENTION``): which dimension of each operand
   is contracted, kept or shared; a dimension split in both operands and contracted is a pending sum;
-* **views, indexing, concatenation** (:data:`VIEWS`, :data:`INDEXING`): where the split dimension goes.
+* **views, indexing, concatenation** (``VIEWS``, ``INDEXING``): where the split dimension goes.
 
 An operation in none of these is refused when it touches a pending sum or a split dimension, naming the
 operation and how to declare its rule (``shard_map(..., rules={op: "pointwise"})``): never passed. DTensor's
