@@ -5,7 +5,7 @@ of three, each run on a simulated 4-rank world in this process against one proce
 Prints each verdict's count (``caught``: refused, and wrong; ``right``: passed, and right; ``false positive``:
 refused, but right; ``silently wrong``: passed, but wrong; ``loud``: torch itself refused the unchecked program,
 its shapes wrong; ``not built``: the generator made no program), the caught mistakes by kind, and the seeds of any
-silently wrong program or false positive (each a test to write).
+silently wrong program or false positive (each a test to write). Each 250 programs run in a fresh process.
 
     python bench/spmd_fuzz.py [--programs 5000] [--start 0]
 """
@@ -13,29 +13,31 @@ silently wrong program or false positive (each a test to write).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import multiprocessing
 import os
 import sys
 import time
 from collections import Counter
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "spmd"))
-sys.path.insert(0, ROOT)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--programs", type=int, default=5000)
-    parser.add_argument("--start", type=int, default=0)
-    args = parser.parse_args()
+CHUNK = 250  # programs per fresh process (thousands of short-lived rank threads in one process end up stuck)
+
+
+def judge_range(start: int, count: int) -> tuple[Counter[str], Counter[tuple[str, str]], list[Any]]:
+    """Each verdict's count for seeds ``start .. start + count - 1``, by mistake kind too, and the odd seeds."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "spmd"))
+    sys.path.insert(0, ROOT)
     import spmd_fuzz
     from spmd_harness import judge
 
     counts: Counter[str] = Counter()
     kinds: Counter[tuple[str, str]] = Counter()
-    odd: list[tuple[int, str, str | None, str]] = []
-    began = time.perf_counter()
-    for seed in range(args.start, args.start + args.programs):
+    odd: list[Any] = []
+    for seed in range(start, start + count):
         made = spmd_fuzz.program(seed)
         if made is None:
             counts["not built"] += 1
@@ -49,6 +51,25 @@ def main() -> None:
         kinds[(made[1] or "none planted", verdict)] += 1
         if verdict in ("silently wrong", "false positive"):
             odd.append((seed, verdict, made[1], message[:200]))
+    return counts, kinds, odd
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--programs", type=int, default=5000)
+    parser.add_argument("--start", type=int, default=0)
+    args = parser.parse_args()
+    counts: Counter[str] = Counter()
+    kinds: Counter[tuple[str, str]] = Counter()
+    odd: list[Any] = []
+    began = time.perf_counter()
+    starts = range(args.start, args.start + args.programs, CHUNK)
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn, max_tasks_per_child=1) as pool:
+        for found in pool.map(judge_range, starts, [min(CHUNK, args.start + args.programs - s) for s in starts]):
+            counts.update(found[0])
+            kinds.update(found[1])
+            odd.extend(found[2])
     took = time.perf_counter() - began
     right = counts["right"] + counts["false positive"]
     print(f"{args.programs} seeds ({args.start}..{args.start + args.programs - 1}) in {took:.0f} s\n")

@@ -84,7 +84,8 @@ class Types:
         self.where: list[str] = []  # the user's calls under way (the outermost names the aten calls it makes)
         self.marked: frozenset[str] = frozenset()  # the axes a number in the user's call under way differs along
         self._types: dict[int, Record] = {}
-        self._bases: dict[int, tuple[Callable[[], torch.Tensor | None], bool]] = {}
+        # a view's id -> (the view, the tensor it is a view of, aligned): weak, and checked (ids are reused)
+        self._bases: dict[int, tuple[Callable[[], torch.Tensor | None], Callable[[], torch.Tensor | None], bool]] = {}
 
     def set(self, tensor: torch.Tensor, types: tuple[AxisType, ...], name: str) -> None:
         self._types[id(tensor)] = (weakref.ref(tensor), types, name)
@@ -109,13 +110,15 @@ class Types:
 
     def base_of(self, tensor: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
         found = self._bases.get(id(tensor))
-        base = found[0]() if found is not None else None
-        return (base, found[1]) if base is not None and found is not None else None
+        if found is None or found[0]() is not tensor:
+            return None
+        base = found[1]()
+        return (base, found[2]) if base is not None else None
 
     def viewed(self, view: torch.Tensor, of: torch.Tensor, aligned: bool) -> None:
         root = self.base_of(of)
         base, aligned = (root[0], root[1] and aligned) if root is not None else (of, aligned)
-        self._bases[id(view)] = (weakref.ref(base), aligned)
+        self._bases[id(view)] = (weakref.ref(view), weakref.ref(base), aligned)
 
     def cut(self, whole: torch.Tensor, out: torch.Tensor, axis: str, d: int, length: int, block: bool) -> None:
         """``out``, cut from dimension ``d`` of ``whole`` by a member's number along ``axis``: this member's block
@@ -127,7 +130,9 @@ class Types:
         covers = block and whole.shape[d] == length * self.sizes[i] and kind != PARTIAL and split is None
         if covers:
             types = list(now.types)
-            types[i] = AxisType(VARYING, d - whole.dim() + (out.dim() - whole.dim()))
+            at = d - whole.dim() + (out.dim() - whole.dim())
+            nested = any(t.kind == VARYING and t.dim == at for j, t in enumerate(now.types) if j != i)
+            types[i] = AxisType(VARYING, at, strided=nested)  # inside another axis's block: not a block of the whole
             self.set(out, tuple(types), now.name)
 
     def modes(self) -> tuple[Calls, Ops]:
@@ -258,6 +263,7 @@ class Calls(TorchFunctionMode):  # type: ignore[misc]
             owner.quiet -= whole is not None
             owner.marked = before
         if whole is not None and isinstance(result, torch.Tensor):
+            means_summed(name, list(whole.operands), [], owner.axes, owner.sizes)  # a summed mean: refused
             call = attrs.evolve(whole, out=tuple(result.shape))
             rule = einsum if whole.op == "einsum" else attention
             types = tuple(rule(call, i) for i in range(len(owner.axes)))

@@ -30,7 +30,7 @@ def view(call: Call, i: int) -> AxisType:
         return t
     before, after = call.shapes[0], call.out
     n, m = len(before), len(after)
-    d, op, axis, name = t.dim, call.op, call.axes[i], call.operands[0].name
+    d, op, axis, name = t.dim, call.op.rstrip("_"), call.axes[i], call.operands[0].name
     p = _positive(d, n)
     if op in ("view", "_unsafe_view", "reshape", "_reshape_alias", "view_as", "reshape_as"):
         moved = reshaped_dim(before, after, d, t.stride, t.extent)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import torch
 from torch.distributed.tensor import DTensor
 
@@ -187,6 +188,17 @@ class Axes:
         for axis in names:
             gathered(axis, self.mesh.axis_index(axis), operand, d, split)
 
+    def _nested(self, out: torch.Tensor, names: tuple[str, ...], dim: int) -> torch.Tensor:
+        """After a gather along ``names`` at ``dim``: another axis that split that dimension too now holds pieces
+        of it that are not its blocks in order (strided)."""
+        if self.types is not None:
+            record = self.types.operand(out)
+            d = dim - out.dim() if dim >= 0 else dim
+            new = tuple(attrs.evolve(t, strided=True) if axis not in names and t.kind == VARYING and t.dim == d
+                        else t for axis, t in zip(self.mesh.axis_names, record.types, strict=True))
+            self.types.set(out, new, record.name)
+        return out
+
     def _gather_type(self, x: torch.Tensor, tiled: bool, invariant: bool) -> Callable[[AxisType, str], AxisType]:
         def becomes(t: AxisType, axis: str) -> AxisType:
             if t.kind == PARTIAL and tiled:
@@ -208,7 +220,8 @@ class Axes:
 
         def gather() -> torch.Tensor:
             return self.ctx.all_gather(x if tiled else x.unsqueeze(dim), self.mesh, names, dim)
-        return self._run("all_gather", x, names, self._gather_type(x, tiled, False), gather)
+        out = self._run("all_gather", x, names, self._gather_type(x, tiled, False), gather)
+        return self._nested(out, names, dim) if tiled else out
 
     def all_gather_invariant(self, x: torch.Tensor, axis: AxesArg, dim: int = 0, tiled: bool = True) -> torch.Tensor:
         """Every member's ``x`` along ``dim``, invariant: its backward keeps this member's slice, no collective."""
@@ -223,7 +236,8 @@ class Axes:
             if not (x.requires_grad and torch.is_grad_enabled()):
                 return whole
             return _Sliced.apply(block, whole, dim, index, size)
-        return self._run("all_gather_invariant", x, names, self._gather_type(x, tiled, True), gather)
+        out = self._run("all_gather_invariant", x, names, self._gather_type(x, tiled, True), gather)
+        return self._nested(out, names, dim) if tiled else out
 
     def psum_scatter(self, x: torch.Tensor, axis: AxesArg, dim: int = 0, tiled: bool = True) -> torch.Tensor:
         """The sum over ``axis``, this member keeping its block of ``dim`` (a reduce_scatter); varying."""
@@ -279,15 +293,18 @@ class Axes:
         return self._run("all_to_all", x, names, becomes,
                          lambda: self.ctx.all_to_all(x, self.mesh, names, split_dim % n, concat_dim % n))
 
-    def reinterpret(self, x: torch.Tensor, axis: str, kind: str, dim: int | None = None) -> torch.Tensor:
+    def reinterpret(self, x: torch.Tensor, axis: str, kind: str, dim: int | None = None,
+                    same: bool = False) -> torch.Tensor:
         """``x`` itself, its type along ``axis`` declared ``kind`` (``"invariant"``, ``"varying"``, ``"partial"``) at
-        ``dim``: unchecked, the way out where the types cannot see a program is right (the blocks a ring all-gather
-        put in order, the accumulator a ring reduce-scatter completed). The claim is yours; nothing moves."""
+        ``dim`` (``same``: varying, but the same values on every member, as a gathered value is): unchecked, the way
+        out where the types cannot see a program is right (the blocks a ring all-gather put in order, the
+        accumulator a ring reduce-scatter completed). The claim is yours; nothing moves."""
         names = self._axes(axis)
         if kind not in (INVARIANT, VARYING, PARTIAL):
             raise ValueError(f"expected one of 'invariant', 'varying', 'partial', but got {kind!r}")
         d = None if dim is None else (dim % x.dim()) - x.dim()
-        declared = AxisType(kind, d if kind == VARYING else None)
+        declared = AxisType(kind, d if kind == VARYING else None,
+                            copy=same and kind == VARYING and d is None)
         return self._run("reinterpret", x, names, lambda t, a: declared, lambda: x.view_as(x))
 
     def cumsum(self, x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:

@@ -44,7 +44,7 @@ def rule_of(func: Any, op: str, declared: Mapping[Any, str | Rule]) -> Rule | No
         found = declared.get(key)
         if found is not None:
             return KINDS[found] if isinstance(found, str) else found
-    if op in VIEWS:
+    if op in VIEWS or op.rstrip("_") in VIEWS:  # squeeze_, t_, transpose_: views in place
         return view
     if op in CONTRACTIONS:
         return contraction

@@ -277,8 +277,8 @@ def ring_all_gather(ax: Any, x: Any, bug: str | None = None) -> Any:
         pieces[(index - step) % n] = current
     whole = torch.cat(pieces, 1)
     if bug == "the ring's blocks summed over dp":
-        return ax.pmean(ax.psum(ax.reinterpret(whole, "tp", "varying"), "dp"), "tp")
-    return ax.pmean(ax.reinterpret(whole, "tp", "varying"), "tp")
+        return ax.pmean(ax.psum(ax.reinterpret(whole, "tp", "varying", same=True), "dp"), "tp")
+    return ax.pmean(ax.reinterpret(whole, "tp", "varying", same=True), "tp")
 
 
 @entry((("x", X, P("dp", partial="tp"), True),), (P("dp", "tp"),), identity)

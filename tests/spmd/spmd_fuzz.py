@@ -69,6 +69,10 @@ BINARY: list[tuple[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]] =
 ]
 
 
+class Skip(Exception):
+    """An operation abandoned by the generator (what it emitted before stays a consistent program)."""
+
+
 class Builder:
     """One random program: its values, the region's steps and the reference's, and the planted mistake."""
 
@@ -156,6 +160,8 @@ class Builder:
             return self.emit(self.relaid(v, axis, "R", var=False),
                              lambda ax, x: ax.all_gather_invariant(x, axis, dim=d), lambda x: x, v)
         if have == "R" and isinstance(want, tuple):
+            if v.lay[1 - i] == want:  # two axes on one dimension: nested splits, not generated
+                raise Skip(f"{other} splits dimension {want[1]} already")
             v = self.typed_varying(v, axis)
             d = want[1]
             n = v.local()[d] // N
@@ -288,6 +294,7 @@ class Builder:
         if kind == "sum":
             return out
         complete = {"mean": "pmean", "amax": "pmax"}[kind]
+        pending = out
         for axis in AXES:  # a mean or a max along a split dimension: completed at once
             if v.split(axis) == r:
                 dropped = self.wrong(f"{complete} dropped", 0.3)
@@ -299,6 +306,8 @@ class Builder:
                     out = self.emit(done, lambda ax, x, a=axis: ax.psum(x, a), lambda x: x, out)
                 else:
                     out = self.emit(done, lambda ax, x, a=axis, c=complete: getattr(ax, c)(x, a), lambda x: x, out)
+        if out is not pending:  # a pending mean or max is not a pending sum: no later operation takes it
+            self.vals.remove(pending)
         return out
 
     def scan(self) -> Val | None:
@@ -544,7 +553,7 @@ class Builder:
                     current = ax.ppermute(current, axis, [(i, (i + 1) % N) for i in range(N)])
                     pieces[(index - step) % N] = current
                 whole = torch.cat(pieces, d)  # in order: the types cannot see it (strided), so it is declared
-                return ax.reinterpret(whole, axis, "varying")
+                return ax.reinterpret(whole, axis, "varying", same=True)
             return self.emit(out, ring, lambda x: x, v)
         if kind == "item":
             v = self.complete(v)
@@ -572,7 +581,10 @@ class Builder:
         choices = [self.unary, self.binary, self.bias, self.reduce, self.scan, self.normalise, self.matmul,
                    self.attention, self.view, self.index, self.exchange]
         for _ in range(ops):
-            self.rng.choice(choices)()
+            try:
+                self.rng.choice(choices)()
+            except Skip:
+                continue
         outs = []
         for v in [v for v in self.vals if v.name not in self.used and v.shape]:  # every value nothing used
             for axis in sorted(v.var):  # whole, typed varying: the mean of the members' (equal) values
