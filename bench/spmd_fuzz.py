@@ -13,9 +13,10 @@ silently wrong program or false positive (each a test to write). Each 250 progra
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import multiprocessing
+import faulthandler
+import json
 import os
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -24,7 +25,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-CHUNK = 250  # programs per fresh process (thousands of short-lived rank threads in one process end up stuck)
+CHUNK = 500  # programs per fresh process (thousands of short-lived rank threads in one process once ended stuck)
 
 
 def judge_range(start: int, count: int) -> tuple[Counter[str], Counter[tuple[str, str]], list[Any]]:
@@ -38,6 +39,7 @@ def judge_range(start: int, count: int) -> tuple[Counter[str], Counter[tuple[str
     kinds: Counter[tuple[str, str]] = Counter()
     odd: list[Any] = []
     for seed in range(start, start + count):
+        faulthandler.dump_traceback_later(120, exit=True)  # a program stuck: every thread's stack, then out
         made = spmd_fuzz.program(seed)
         if made is None:
             counts["not built"] += 1
@@ -58,18 +60,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", type=int, default=5000)
     parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--chunk", action="store_true", help="judge these seeds here, print them as JSON")
     args = parser.parse_args()
+    if args.chunk:
+        found = judge_range(args.start, args.programs)
+        print(json.dumps([dict(found[0]), [[k, v, n] for (k, v), n in found[1].items()], found[2]]))
+        return
     counts: Counter[str] = Counter()
     kinds: Counter[tuple[str, str]] = Counter()
     odd: list[Any] = []
     began = time.perf_counter()
-    starts = range(args.start, args.start + args.programs, CHUNK)
-    spawn = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn, max_tasks_per_child=1) as pool:
-        for found in pool.map(judge_range, starts, [min(CHUNK, args.start + args.programs - s) for s in starts]):
-            counts.update(found[0])
-            kinds.update(found[1])
-            odd.extend(found[2])
+    for start in range(args.start, args.start + args.programs, CHUNK):
+        count = min(CHUNK, args.start + args.programs - start)
+        run = subprocess.run([sys.executable, os.path.abspath(__file__), "--chunk", "--start", str(start),
+                              "--programs", str(count)], capture_output=True, text=True, timeout=1800, check=True)
+        chunk_counts, chunk_kinds, chunk_odd = json.loads(run.stdout.strip().splitlines()[-1])
+        counts.update(chunk_counts)
+        kinds.update({(k, v): n for k, v, n in chunk_kinds})
+        odd.extend(chunk_odd)
     took = time.perf_counter() - began
     right = counts["right"] + counts["false positive"]
     print(f"{args.programs} seeds ({args.start}..{args.start + args.programs - 1}) in {took:.0f} s\n")

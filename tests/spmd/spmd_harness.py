@@ -125,6 +125,15 @@ def agrees(program: Program, outcome: Outcome, want: tuple[list[torch.Tensor], l
 
 
 def judge(program: Program) -> tuple[str, str]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the 4 rank threads each compute; torch's own intra-op pool on top only contends
+    try:
+        return _judge(program)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _judge(program: Program) -> tuple[str, str]:
     """``(verdict, message)``: ``caught`` (a type error, and the unchecked program is wrong), ``false positive``,
     ``silently wrong`` (no error, wrong), ``right``, or ``loud`` (torch itself refused the unchecked program)."""
     want = reference(program)

@@ -11,9 +11,17 @@ from spmd_fuzz import program, tally
 from spmd_harness import judge
 
 SEEDS = range(300)
-# Seeds once silently wrong, each a test: a block cut at the same place on every member from a pvary-ed value
-# (typed varying, so its sameness went unseen until pvary-ed values were marked as copies).
-ONCE_SILENTLY_WRONG = {79: "block cut at the same place", 88: "block cut at the same place"}
+# Seeds once silently wrong, each a test, with the mistake planted and the verdict now: a block cut at the same
+# place on every member from a pvary-ed value (79, 88: its sameness unseen until pvary-ed values were marked as
+# copies) or from a ring all-gather's result (602, 743, 4820: declared varying, now `same=True`); two axes
+# splitting one dimension, one nested in the other (1047, 3001: now strided); a psum of pending means fed to a
+# matmul typed whole (2160, 2325: the fuzzer took a pending mean for a pending sum; the checker now refuses the
+# summed mean there too).
+ONCE_SILENTLY_WRONG = {79: ("block cut at the same place", "caught"), 88: ("block cut at the same place", "caught"),
+                       602: ("block cut at the same place", "caught"), 743: ("block cut at the same place", "caught"),
+                       4820: ("block cut at the same place", "caught"), 1047: (None, "caught"),
+                       3001: ("layer_norm along a split dimension", "caught"), 2160: (None, "right"),
+                       2325: (None, "right")}
 
 
 def test_no_program_is_silently_wrong_and_few_right_ones_are_refused() -> None:
@@ -26,10 +34,11 @@ def test_no_program_is_silently_wrong_and_few_right_ones_are_refused() -> None:
 
 
 @pytest.mark.parametrize("seed", sorted(ONCE_SILENTLY_WRONG))
-def test_a_seed_once_silently_wrong_is_caught(seed: int) -> None:
+def test_a_seed_once_silently_wrong_is_judged_right_now(seed: int) -> None:
     made = program(seed)
     assert made is not None
-    assert made[1] == ONCE_SILENTLY_WRONG[seed]
+    mistake, now = ONCE_SILENTLY_WRONG[seed]
+    assert made[1] == mistake
     verdict, message = judge(made[0])
-    assert verdict == "caught", (verdict, message)
-    assert "fix:" in message
+    assert verdict == now, (verdict, message)
+    assert now == "right" or "fix:" in message
