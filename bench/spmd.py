@@ -25,6 +25,9 @@ The processes run with ``check_tensors=False``: the members' check of their tens
 collective (one small all_reduce each, measured in ``bench/collectives.py``) is off, as DTensor's collectives
 make no such check.
 
+(d) The steady state of the check (``check=True``: checked once per signature, then unchecked) against
+    ``check=False`` on notebook 04's block, on the fake backend (the Python cost alone).
+
     python bench/spmd.py [--quick]
 """
 
@@ -87,7 +90,7 @@ def _rank(ctx: Any, n: int) -> dict[str, Any]:
             return a.psum(block, "tp") if spec.partial else a.all_gather_invariant(block, "tp", 0)
 
         ctx.barrier(mesh, "tp")
-        shard_map(checked, mesh=mesh, in_specs=spec, out_specs=P(), ctx=ctx)(torch.ones(2))
+        shard_map(checked, mesh=mesh, in_specs=spec, out_specs=P(), ctx=ctx).local(torch.ones(2))
         x = torch.ones(2)
         rows[name] = (bare, off, found[0])
 
@@ -106,7 +109,7 @@ def _rank(ctx: Any, n: int) -> dict[str, Any]:
     regions = {"region, checked": shard_map(body, **specs), "region, unchecked": shard_map(body, check=False, **specs)}
     unchecked = regions["region, unchecked"]
     torch._dynamo.reset()
-    regions["region, compiled"] = torch.compile(lambda *a: unchecked(*a), backend="aot_eager", fullgraph=True)
+    regions["region, compiled"] = torch.compile(lambda *a: unchecked.local(*a), backend="aot_eager", fullgraph=True)
     device_mesh = ctx.device_mesh(mesh)
     dw1 = distribute_tensor(w1, device_mesh, [Shard(0)]).requires_grad_()
     dw2 = distribute_tensor(w2, device_mesh, [Shard(1)]).requires_grad_()
@@ -115,7 +118,7 @@ def _rank(ctx: Any, n: int) -> dict[str, Any]:
     steps = max(5, n // 20)
     for name, region in regions.items():
         def step(region: Any = region) -> None:
-            region(data, w1l, w2l).to_local().backward()
+            (region.local if hasattr(region, "local") else region)(data, w1l, w2l).backward()
         ctx.barrier(mesh, "tp")
         mlp[name] = _median_us(step, steps)
 
@@ -216,7 +219,7 @@ def _block(ctx: Any, mesh: Any, steps: int) -> dict[str, Any]:
     unchecked = shard_map(body, check=False, **region_args)
     ways: dict[str, Any] = {"region, checked": shard_map(body, **region_args), "region, unchecked": unchecked}
     torch._dynamo.reset()
-    ways["region, compiled"] = torch.compile(lambda *a: unchecked(*a), backend="aot_eager", fullgraph=True)
+    ways["region, compiled"] = torch.compile(lambda *a: unchecked.local(*a), backend="aot_eager", fullgraph=True)
 
     device_mesh = ctx.device_mesh(mesh)
     gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
@@ -232,7 +235,8 @@ def _block(ctx: Any, mesh: Any, steps: int) -> dict[str, Any]:
         return (model(x) ** 2).sum() / count
 
     compiled_dtensor = torch.compile(dtensor_loss, backend="aot_eager", fullgraph=True)
-    steps_of: dict[str, Any] = {name: (lambda way=way: way(x_local, *weights).to_local()) for name, way in ways.items()}
+    steps_of: dict[str, Any] = {name: (lambda way=way: (way.local if hasattr(way, "local") else way)(x_local, *weights))
+                                for name, way in ways.items()}
     steps_of["DTensor (parallelize_module)"] = lambda: dtensor_loss(dx).full_tensor()
     steps_of["DTensor, compiled"] = lambda: compiled_dtensor(dx).full_tensor()
     found: dict[str, Any] = {}
@@ -293,10 +297,70 @@ def _python_cost(n: int) -> dict[str, tuple[float, float, float]]:
                 found.append(min(_median_us(lambda: call(a, block), n) for _ in range(3)))
                 return a.psum(block, "tp") if spec.partial else a.all_gather_invariant(block, "tp", 0)  # noqa: B023
 
-            shard_map(checked, mesh=mesh, in_specs=spec, out_specs=P(), ctx=ctx)(torch.ones(2))
+            shard_map(checked, mesh=mesh, in_specs=spec, out_specs=P(), ctx=ctx).local(torch.ones(2))
             rounds = [(_median_us(today, n), _median_us(lambda call=call: call(ax, x), n)) for _ in range(3)]
             out[name] = min(r[0] for r in rounds), min(r[1] for r in rounds), found[0]
         return out
+
+
+def _steady(n: int) -> dict[str, float]:
+    """(d) The steady state of the check: notebook 04's block (sequence- and tensor-parallel, (dp=2, tp=2), fake
+    backend: the Python cost alone), forward + backward, checked (checked once, at its first call, then run
+    unchecked) against unchecked, interleaved, best of 5 medians, µs."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    import fmesh
+    from fmesh.spmd import P, Sharding
+    from fmesh.spmd.region import shard_map
+
+    b, s, h, heads, ffn = 4, 8, 8, 4, 16
+    shapes = {"ln1w": (h,), "ln1b": (h,), "wq": (h, h), "wk": (h, h), "wv": (h, h), "wo": (h, h), "bo": (h,),
+              "ln2w": (h,), "ln2b": (h,), "w1": (ffn, h), "b1": (ffn,), "w2": (h, ffn), "b2": (h,)}
+    specs = {"wq": P("tp", None), "wk": P("tp", None), "wv": P("tp", None), "wo": P(None, "tp"),
+             "w1": P("tp", None), "b1": P("tp"), "w2": P(None, "tp")}
+    names = tuple(shapes)
+
+    def attention(x: Any, wq: Any, wk: Any, wv: Any, count: int) -> Any:
+        bb, ss, _ = x.shape
+        q, k, v = (F.linear(x, w).view(bb, ss, count, -1).transpose(1, 2) for w in (wq, wk, wv))
+        scores = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(h // heads), dim=-1)
+        return (scores @ v).transpose(1, 2).reshape(bb, ss, -1)
+
+    def body(ax: Any, x: Any, *weights: Any) -> Any:
+        p = dict(zip(names, weights, strict=True))
+        for k in ("ln1w", "ln1b", "bo", "ln2w", "ln2b", "b2"):
+            p[k] = ax.pvary(p[k], ("dp", "tp"))
+        for k in specs:
+            p[k] = ax.pvary(p[k], "dp")
+        g = ax.all_gather(F.layer_norm(x, (h,), p["ln1w"], p["ln1b"]), "tp", dim=1)
+        a = F.linear(attention(g, p["wq"], p["wk"], p["wv"], heads // 2), p["wo"])
+        x = x + ax.psum_scatter(a, "tp", dim=1) + p["bo"]
+        g = ax.all_gather(F.layer_norm(x, (h,), p["ln2w"], p["ln2b"]), "tp", dim=1)
+        y = x + ax.psum_scatter(F.linear(F.gelu(F.linear(g, p["w1"], p["b1"])), p["w2"]), "tp", dim=1) + p["b2"]
+        return ax.psum((y ** 2).sum() / (b * s * h), ("dp", "tp"))
+
+    with fmesh.Context.fake(4) as ctx:
+        mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
+        gen = torch.Generator().manual_seed(0)
+        in_specs = [P("dp", "tp", None)] + [specs.get(k, P()) for k in names]
+        whole = [torch.randn(b, s, h, generator=gen)] + [torch.randn(shapes[k], generator=gen) for k in names]
+        blocks = [v[tuple(slice(lo, hi) for lo, hi in Sharding(mesh, spec).block(0, v.shape))].clone()
+                  for v, spec in zip(whole, in_specs, strict=True)]
+        for w in blocks[1:]:
+            w.requires_grad_()
+        ways = {check: shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P(), ctx=ctx, check=check)
+                for check in (True, False)}
+        found: dict[str, float] = {}
+        for _ in range(5):
+            for check, region in ways.items():
+                def step(region: Any = region) -> None:
+                    region.local(*blocks).backward()
+                name = "checked" if check else "unchecked"
+                found[name] = min(found.get(name, math.inf), _median_us(step, n))
+        return found
 
 
 def main() -> None:
@@ -337,6 +401,13 @@ def main() -> None:
         difference = f"{differences[name]:.1e}" if name in differences else "-"
         print(f"| block: {name} | {shown} | {difference} |")
     print(f"\nDTensor's first loss: {loss}")
+    steady = _steady(max(20, n // 5))
+    print("\n(d) the steady state of the check: notebook 04's block, (dp=2, tp=2), fake backend (the Python cost "
+          "alone), forward + backward, best of 5 medians (interleaved), µs\n")
+    print("| region | µs | / unchecked |")
+    print("| --- | --- | --- |")
+    for name, us in steady.items():
+        print(f"| {name} | {us:.0f} | {us / steady['unchecked']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -308,17 +308,19 @@ class TensorMismatchError(ValueError):
 class SpmdTypeError(ValueError):
     """A manual region's program whose gradient or result would be wrong, caught in the forward pass.
 
-    Raised by :func:`fmesh.spmd.region.shard_map` (with ``check=True``) at the operation that breaks a per-axis type
-    rule, naming the value (its name or shape), its type along the axis, the axis and the fix: a non-linear
-    operation on a partial value, a reduction of an already-reduced value, an invariant value that wants a
-    gradient meeting a varying one, an out spec that does not match the value.
+    Raised by :func:`fmesh.spmd.region.shard_map` (with ``check=True``, when the region is checked: its first call
+    with new shapes) at the operation that breaks a per-axis type rule, naming the value (its name or shape), its
+    type along the axis, the axis and the fix: a non-linear operation on a pending sum, a reduction, scan or
+    normalisation along a split dimension, a reduction of an already-reduced value, an invariant value that wants
+    a gradient meeting a varying one, an aten op with no rule on a pending sum or a split dimension, an out spec
+    that does not match the value.
 
     >>> import fmesh, torch
     >>> from fmesh.spmd import P, shard_map
     >>> with fmesh.Context.fake(2) as ctx:  # each member's mean summed and returned: twice the mean of the whole
     ...     loss = shard_map(lambda ax, x: ax.psum(x.mean(), "dp"), mesh=fmesh.make_mesh((2,), ("dp",)),
     ...                      in_specs=P("dp"), out_specs=P(), ctx=ctx)
-    ...     loss(torch.arange(4.0))  # doctest: +ELLIPSIS
+    ...     loss.local(torch.arange(2.0))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     fmesh.SpmdTypeError: out_specs[0] = P(), output 0: ... psum(mean(input 0), 'dp')... 2 times the mean of the whole...

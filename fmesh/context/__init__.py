@@ -28,6 +28,7 @@ Modules, one concept each:
 * ``_torch``: every private torch name fmesh uses, and nothing else.
 """
 
+from fmesh.context._torch import dispatch_mode_base
 from fmesh.context.context import Context
 from fmesh.context.device_mesh import device_mesh_groups, from_device_mesh
 from fmesh.context.group_plan import GroupPlan, PlannedGroup
@@ -41,6 +42,7 @@ __all__ = [
     "PlannedGroup",
     "Simulation",
     "device_mesh_groups",
+    "dispatch_mode_base",
     "from_device_mesh",
     "launch",
     "simulate",

@@ -253,6 +253,14 @@ def traced_broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup) -
     return funcol.broadcast(tensor, src, group)
 
 
+def dispatch_mode_base() -> Any:
+    """torch's ``TorchDispatchMode`` (``torch.utils._python_dispatch``), the base of a mode that sees every aten
+    call: the typed manual region's checker (:mod:`fmesh.spmd.check`) derives from it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
 def local_tensor_mode(world_size: int) -> Any:
     """torch's ``LocalTensorMode``: every rank's tensors and collectives in this process."""
     require(SIMULATE)

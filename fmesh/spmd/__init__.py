@@ -12,11 +12,12 @@ from typing import Any
 from fmesh.spmd.picture import sharding_html, sharding_text
 from fmesh.spmd.spec import P, PartitionSpec, Sharding, check_spec, dim_axes
 
-__all__ = ["Axes", "P", "PartitionSpec", "Sharding", "check_spec", "dim_axes", "from_placements", "shard_map",
-           "sharding_html", "sharding_text", "to_placements"]
+__all__ = ["Axes", "P", "PartitionSpec", "Region", "Sharding", "check_spec", "dim_axes", "from_placements", "place",
+           "shard_map", "sharding_html", "sharding_text", "to_placements"]
 
-_LAZY = {"Axes": "fmesh.spmd.region", "shard_map": "fmesh.spmd.region", "to_placements": "fmesh.spmd.placements",
-         "from_placements": "fmesh.spmd.placements"}
+_LAZY = {"Axes": "fmesh.spmd.region", "Region": "fmesh.spmd.region", "shard_map": "fmesh.spmd.region",
+         "to_placements": "fmesh.spmd.placements", "from_placements": "fmesh.spmd.placements",
+         "place": "fmesh.spmd.placements"}
 
 
 def __getattr__(name: str) -> Any:

@@ -74,3 +74,21 @@ def from_placements(mesh: Mesh, placements: Sequence[Any]) -> Sharding:
         raise ValueError(f"expected non-negative Shard dims, but got {sorted(dims)}")
     entries = [tuple(dims.get(d, ())) for d in range(max(dims, default=-1) + 1)]
     return Sharding(mesh, check_spec(mesh, PartitionSpec(*entries, partial=partial)))
+
+
+def place(tensor: Any, sharding: Sharding, ctx: Any) -> Any:
+    """``tensor`` (the whole, the same on every rank) placed by ``sharding`` as a DTensor on
+    ``ctx.device_mesh(sharding.mesh)`` (JAX's ``device_put(x, NamedSharding(...))``); a partial axis keeps the
+    whole on the member at coordinate 0 and zeros on the others.
+
+    >>> import fmesh, torch
+    >>> from fmesh.spmd.spec import P
+    >>> with fmesh.Context.fake(2) as ctx:
+    ...     mesh = fmesh.make_mesh((2,), ("tp",))
+    ...     placed = place(torch.arange(4.0), Sharding(mesh, P("tp")), ctx)
+    ...     placed.placements, placed.to_local().shape
+    ((Shard(dim=0),), torch.Size([2]))
+    """
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(tensor, ctx.device_mesh(sharding.mesh), to_placements(sharding))

@@ -1,24 +1,29 @@
-"""Per-axis types of the local values inside a manual region, and the rules that check each operation.
+"""Per-axis types of the local values inside a manual region, as pure values, and the rules that need no torch.
 
 Along each mesh axis a local value is one of (JAX's ``vma`` words, plus DTensor's partial):
 
 * ``invariant``: the same on every member of the axis (a replicated input, the result of a ``psum``); its
   gradient is the same on every member too.
 * ``varying``: different on the members (a sharded input, a ``pvary``-ed value); ``dim`` is the tensor dimension
-  (counted from the end) the axis splits, where known. Its gradient is each member's own.
-* ``partial``: a pending sum over the axis (a row-parallel product); only linear operations may touch it.
+  (counted from the end) the axis splits, where it splits one (``None``: each member's own value, no dimension);
+  ``strided`` when the members' pieces of that dimension are not contiguous blocks of it (a slice of a split
+  dimension, a merge where it is not the major part), so it cannot leave the region as a block.
+* ``partial``: a pending reduction over the axis: the value is the members' values reduced by ``pending``
+  (``sum`` for a row-parallel product or a sum along a split dimension; ``mean`` for a mean along one, or a loss
+  averaged over a split batch; ``max``/``min`` for those along one). Only operations linear in it may touch a
+  pending sum or mean; ``ax.psum``/``ax.pmean``/``ax.pmax``/``ax.pmin`` (the matching one) completes it.
 
-A varying value that is the mean of each member's own block (a full ``mean``, or a loss averaged over all its
-elements, of a varying value) is marked so (``AxisType.mean``): the sum of the members' means is the axis size
-times the mean of the whole, so a ``psum`` of it is refused with ``pmean`` as the fix (a sum where a mean was
-meant, which JAX's ``vma`` does not see).
+An ``invariant`` value that is a ``psum`` of pending means (``AxisType.mean``) is the axis size times the mean of
+the whole: only a division by that size makes it the mean (Megatron's loss averaging).
 
-The rules are pure (no torch import): :mod:`fmesh.spmd.region` applies them to each torch call.
+Which operations keep which types is :mod:`fmesh.spmd.registry` (it needs torch); the checks here are those of the
+region's doors: what may leave it (:func:`check_output`), where a gather lays its blocks (:func:`gathered`), what a
+summed mean may meet (:func:`means_summed`), and where a reshape moves a split dimension (:func:`reshaped_dim`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 import attrs
@@ -26,177 +31,119 @@ import attrs
 from fmesh.errors import SpmdTypeError
 
 Kind = Literal["invariant", "varying", "partial"]
+Pending = Literal["sum", "mean", "max", "min"]
 INVARIANT: Kind = "invariant"
 VARYING: Kind = "varying"
 PARTIAL: Kind = "partial"
-
-# Operations by how a partial value may pass them (torch function names, underscores stripped).
-ADDITIVE = frozenset({"add", "sub", "radd", "rsub", "cat", "concat", "concatenate", "stack", "iadd", "isub"})
-PRODUCTS = frozenset({"mul", "rmul", "imul", "matmul", "rmatmul", "linear", "mm", "bmm", "einsum"})
-QUOTIENTS = frozenset({"div", "truediv", "idiv", "itruediv"})
-CONTRACTIONS = frozenset({"matmul", "linear", "mm", "bmm"})
-SHAPE_ONLY = frozenset({
-    "view", "reshape", "transpose", "permute", "contiguous", "clone", "getitem", "narrow", "split", "chunk",
-    "flatten", "unflatten", "squeeze", "unsqueeze", "expand", "t", "to", "float", "double", "half", "bfloat16",
-    "typeas", "detach", "viewas", "reshapeas", "select", "movedim", "swapaxes", "unbind", "neg", "sum", "mean",
-    "expandas", "requiresgrad", "pos", "tensorsplit",
-})
-ELEMENTWISE_SAME_DIMS = ADDITIVE - {"cat", "concat", "concatenate", "stack"} | {"mul", "rmul", "imul"} | QUOTIENTS | {
-    "neg", "contiguous", "clone", "to", "float", "double", "half", "bfloat16", "detach", "gelu", "relu", "silu",
-    "tanh", "sigmoid", "exp", "pow", "rsqrt", "sqrt", "dropout", "where", "maskedfill", "typeas", "requiresgrad",
-    "softmax", "logsoftmax", "layernorm", "rmsnorm", "addcmul"}
-MOVES = frozenset({"view", "reshape", "transpose", "swapaxes", "permute", "t"})
-# Reductions that average (torch.mean; the losses, whose default reduction is the mean of every element).
-MEANS = frozenset({"mean", "crossentropy", "nllloss", "mseloss", "l1loss", "smoothl1loss", "huberloss",
-                   "binarycrossentropy", "binarycrossentropywithlogits", "kldiv"})
+COMPLETES: dict[Pending, str] = {"sum": "psum", "mean": "pmean", "max": "pmax", "min": "pmin"}
 
 
 @attrs.frozen
 class AxisType:
     """A local value's type along one mesh axis.
 
-    >>> AxisType("varying", -2)
-    varying(dim -2)
+    >>> AxisType("varying", -2), AxisType("partial", pending="mean"), AxisType("varying", -1, strided=True)
+    (varying(dim -2), partial(pending mean), varying(dim -1, strided))
     """
 
     kind: Kind
     dim: int | None = None  # varying only: the tensor dimension (negative, from the end) the axis splits
-    # varying: the mean of each member's own block (a psum of it is size x the mean); invariant: such a psum, which
-    # only a division by the size makes the mean of the whole
-    mean: bool = False
+    mean: bool = False  # invariant only: a psum of pending means (the axis size times the mean of the whole)
+    strided: bool = False  # varying only: the members' pieces of ``dim`` are not its blocks in order
+    pending: Pending = "sum"  # partial only: the reduction the members' values wait for
+    stride: int = 1  # varying, strided by a reshape: the split factor's stride in ``dim`` ...
+    extent: int = 0  # ... and its local size (0: the split is the dimension's major part, a block)
+    copy: bool = False  # varying, no dimension: the same values on every member (pvary-ed, gathered)
 
     def __repr__(self) -> str:
-        if self.mean and self.kind == INVARIANT:
-            return "invariant(the sum of the members' means of their own blocks)"
-        if self.mean:
-            return f"{self.kind}(the mean of each member's own block)"
-        return f"{self.kind}(dim {self.dim})" if self.dim is not None else self.kind
+        if self.kind == INVARIANT:
+            return "invariant(the sum of the members' pending means)" if self.mean else INVARIANT
+        if self.kind == PARTIAL:
+            return PARTIAL if self.pending == "sum" else f"partial(pending {self.pending})"
+        if self.dim is None:
+            return "varying(the same values on every member)" if self.copy else VARYING
+        return f"varying(dim {self.dim}{', strided' if self.strided or self.extent else ''})"
+
+
+INV = AxisType(INVARIANT)
+VAR = AxisType(VARYING)
+COPY = AxisType(VARYING, copy=True)
+PSUM = AxisType(PARTIAL)
 
 
 @attrs.frozen
 class Operand:
-    """One tensor an operation reads: its description, type per axis, and whether it wants a gradient."""
+    """One tensor an operation reads: its description, type per axis, whether it wants a gradient, its rank."""
 
     name: str
     types: tuple[AxisType, ...]
     grad: bool
     ndim: int
 
+    def said(self, axis: str, index: int) -> str:
+        """How a message names it along ``axis`` (the ``index``-th mesh axis).
 
-def op_name(func: object) -> str:
-    """``torch.Tensor.__add__`` → ``add``; ``torch.nn.functional.linear`` → ``linear``.
-
-    >>> import operator
-    >>> op_name(operator.truediv), op_name(operator.getitem)
-    ('truediv', 'getitem')
-    """
-    return getattr(func, "__name__", type(func).__name__).strip("_").replace("_", "").lower()
+        >>> Operand("x", (AxisType("partial"),), False, 2).said("tp", 0)
+        "x (rank 2), which is partial along 'tp'"
+        """
+        return f"{self.name} (rank {self.ndim}), which is {self.types[index]!r} along {axis!r}"
 
 
-def combine(op: str, axis: str, index: int, operands: list[Operand]) -> AxisType:
-    """The type along ``axis`` (the ``index``-th mesh axis) of ``op``'s result, or the rule it breaks.
+def check_output(spec_dims: dict[str, int | None], partial: tuple[str, ...], axis: str, name: str,
+                 found: AxisType, ndim: int = 1, size: int = 2) -> None:
+    """Whether a region output of type ``found`` (``ndim`` dimensions) along ``axis`` (``size`` members) may leave
+    it under its out spec (``spec_dims``: the axes it splits, at which dimension; ``partial``: its partial axes).
 
-    >>> x = Operand("x", (AxisType("partial"),), True, 2)
-    >>> combine("gelu", "tp", 0, [x])  # doctest: +ELLIPSIS
+    >>> check_output({}, (), "dp", "loss", AxisType("varying"), ndim=0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    fmesh.SpmdTypeError: gelu on x (shape rank 2), which is partial along 'tp': ... fix: ax.psum(x, 'tp') ...
+    fmesh.SpmdTypeError: loss is varying along 'dp', but ... fix: ax.psum(loss, 'dp') for a sum, ax.pmean(loss, 'dp')...
     """
-    kinds = [o.types[index].kind for o in operands]
-    partial = [o for o, k in zip(operands, kinds, strict=True) if k == PARTIAL]
-    varying = [o for o, k in zip(operands, kinds, strict=True) if k == VARYING]
-    invariant_grad = [o for o, k in zip(operands, kinds, strict=True) if k == INVARIANT and o.grad]
-
-    def said(o: Operand) -> str:
-        return f"{o.name} (shape rank {o.ndim}), which is {o.types[index]!r} along {axis!r}"
-
-    if contraction_partial(op, operands, index):
-        if op == "linear" and len(operands) > 2:
-            raise SpmdTypeError(
-                f"linear with a bias ({operands[2].name}) on a row-parallel product of {said(operands[0])}: the "
-                f"product is a pending sum along {axis!r}, and the bias would be added once per member; fix: add "
-                f"the bias after ax.psum(..., {axis!r}) (or psum_scatter)")
-        return AxisType(PARTIAL)
-    if partial:
-        if op in ADDITIVE:
-            other = next((o for o, k in zip(operands, kinds, strict=True) if k != PARTIAL), None)
-            if other is not None:
-                raise SpmdTypeError(
-                    f"{op} of {said(partial[0])}, and {said(other)}: adding a value to a pending sum adds it once per "
-                    f"member; fix: ax.psum({partial[0].name}, {axis!r}) (or psum_scatter) first")
-            return AxisType(PARTIAL)
-        if op in PRODUCTS or op in QUOTIENTS:
-            if len(partial) > 1:
-                raise SpmdTypeError(
-                    f"{op} of {said(partial[0])}, and {said(partial[1])}: a product of two pending sums is not the "
-                    f"sum of the products; fix: ax.psum one of them along {axis!r} first")
-            if varying:
-                raise SpmdTypeError(
-                    f"{op} of {said(partial[0])}, and {said(varying[0])}: a pending sum times a value that differs "
-                    f"per member is not a pending sum; fix: ax.psum({partial[0].name}, {axis!r}) first")
-            if op in QUOTIENTS and operands[0] is not partial[0]:
-                raise SpmdTypeError(f"{op} by {said(partial[0])}: dividing by a pending sum is non-linear; fix: "
-                                    f"ax.psum({partial[0].name}, {axis!r}) first")
-            if op == "linear" and len(operands) > 2:
-                raise SpmdTypeError(
-                    f"linear with a bias on {said(partial[0])}: the bias would be added once per member; fix: "
-                    f"add the bias after ax.psum(..., {axis!r})")
-            wanting = next((o for o, k in zip(operands, kinds, strict=True) if k != PARTIAL and o.grad), None)
-            if wanting is not None:  # its gradient is (each member's part of the sum) x (the incoming gradient)
-                raise SpmdTypeError(
-                    f"{op} of {said(partial[0])}, and {said(wanting)}: {wanting.name} wants a gradient, and each "
-                    f"member's is taken against its own part of the pending sum only, which nothing sums; fix: "
-                    f"ax.psum({partial[0].name}, {axis!r}) first (or psum_scatter)")
-            return AxisType(PARTIAL)
-        if op in SHAPE_ONLY:
-            return AxisType(PARTIAL)
-        raise SpmdTypeError(
-            f"{op} on {said(partial[0])}: a non-linear operation on a pending sum is wrong; fix: "
-            f"ax.psum({partial[0].name}, {axis!r}) (or psum_scatter) before it")
-    _one_dim(op, axis, index, operands, varying, said)
-    if varying and invariant_grad:
-        o = invariant_grad[0]
-        raise SpmdTypeError(
-            f"{op} of {said(o)}, and {said(varying[0])}: {o.name} wants a gradient, and every member adds its own "
-            f"part of it, which nothing sums; fix: ax.pvary({o.name}, {axis!r}) first (its gradient is then "
-            f"summed over {axis!r}: Megatron's sum_gradients, DDP's all_reduce)")
-    if not varying:
-        return AxisType(INVARIANT)
-    mean = op in ELEMENTWISE_SAME_DIMS and any(o.types[index].mean for o in varying)  # a mean scaled is one still
-    return AxisType(VARYING, _dim(op, operands, varying, index), mean)
-
-
-def _one_dim(op: str, axis: str, index: int, operands: list[Operand], varying: list[Operand],
-             said: Callable[[Operand], str]) -> None:
-    """Refuse a result that ``axis`` would split at two tensor dimensions (each member holding only the diagonal
-    blocks of a tensor no spec describes): a product of a value split along ``axis`` at a kept dimension with a
-    weight split along it at the output's dimension; or an elementwise op on values split at different ones."""
-    if op in CONTRACTIONS and len(operands) >= 2:
-        x, w = operands[0], operands[1]
-        xd = x.types[index].dim if x.types[index].kind == VARYING else None
-        wd = w.types[index].dim if w.types[index].kind == VARYING else None
-        out = -2 if op == "linear" else -1  # the weight's dimension that becomes the result's last
-        if xd is not None and xd != -1 and wd == out:
-            raise SpmdTypeError(
-                f"{op} of {said(x)}, and {said(w)}: the result would be split along {axis!r} at two dimensions "
-                f"({xd} from {x.name}, -1 from {w.name}), each member computing only its own diagonal block; fix: "
-                f"ax.all_gather({x.name}, {axis!r}, dim={xd}) first (so that only {w.name} splits along {axis!r}), "
-                f"or name the axis that was meant")
+    if found.kind == INVARIANT and found.mean:
+        raise SpmdTypeError(f"{name} is the sum over {axis!r} of the members' pending means: {size} times the mean "
+                            f"of the whole; fix: divide it by {size} (or ax.pmean instead of ax.psum)")
+    if found.kind == PARTIAL and found.pending != "sum":
+        fix = COMPLETES[found.pending]
+        raise SpmdTypeError(f"{name} is {found!r} along {axis!r}, and only a pending sum can leave the region; "
+                            f"fix: ax.{fix}({name}, {axis!r})")
+    if axis in partial:
+        if found.kind != PARTIAL:
+            raise SpmdTypeError(f"{name} is {found!r} along {axis!r}, but its out spec claims partial; fix: drop "
+                                f"{axis!r} from partial=")
         return
-    if op in ELEMENTWISE_SAME_DIMS:
-        split = [o for o in varying if o.types[index].dim is not None]
-        other = next((o for o in split if o.types[index].dim != split[0].types[index].dim), None)
-        if other is not None:
-            raise SpmdTypeError(
-                f"{op} of {said(split[0])}, and {said(other)}: they are split along {axis!r} at different "
-                f"dimensions, so each member combines unrelated blocks; fix: gather one of them along {axis!r} "
-                f"(ax.all_gather) or split both at the same dimension")
+    if axis in spec_dims:
+        want = spec_dims[axis]
+        if found.kind == PARTIAL:
+            raise SpmdTypeError(f"{name} is partial along {axis!r}, but its out spec claims it split; fix: "
+                                f"ax.psum_scatter({name}, {axis!r}, dim={want})")
+        if found.kind == INVARIANT:
+            raise SpmdTypeError(f"{name} is invariant along {axis!r}, but its out spec claims it split along "
+                                f"{axis!r}: every member would hold the whole; fix: leave {axis!r} out of the spec")
+        if found.dim is None or found.strided or found.extent:
+            raise SpmdTypeError(f"{name} is {found!r} along {axis!r}: no block of one dimension, but its out spec "
+                                f"claims it split at dimension {want}; fix: return it replicated after "
+                                f"ax.all_gather_invariant, or keep the split dimension whole until it leaves")
+        if want is not None and found.dim != want:
+            raise SpmdTypeError(f"{name} is split along {axis!r} at dimension {found.dim}, but its out spec "
+                                f"says dimension {want}; fix: name {axis!r} at dimension {found.dim + ndim} of the "
+                                f"spec")
+        return
+    if found.kind == VARYING:
+        said = f"{name} is {found!r} along {axis!r}, but its out spec claims it replicated; fix: "
+        if ndim == 0 or found.dim is None or found.strided or found.extent:  # a scalar, or no block of a dimension
+            raise SpmdTypeError(said + f"ax.psum({name}, {axis!r}) for a sum, ax.pmean({name}, {axis!r}) for a "
+                                f"mean" + ("" if ndim == 0 else " (ax.all_gather_invariant to keep each member's)"))
+        raise SpmdTypeError(said + f"ax.all_gather_invariant({name}, {axis!r}, dim={found.dim}) (or name {axis!r} "
+                            f"at dimension {found.dim + ndim} of the spec)")
+    if found.kind == PARTIAL:
+        raise SpmdTypeError(f"{name} is partial along {axis!r}, but its out spec claims it replicated; fix: "
+                            f"ax.psum({name}, {axis!r}) (or partial=({axis!r},) in the spec)")
 
 
 def gathered(axis: str, index: int, operand: Operand, dim: int, split: dict[int, list[str]]) -> None:
     """Refuse a tiled all_gather along ``axis`` at dimension ``dim`` (negative) of ``operand`` where ``axis``
-    splits another of its dimensions: the blocks would land at the wrong place (``split``: the axes that split each
-    dimension of it, which name the axis that was meant).
+    splits another of its dimensions, or splits it strided: the blocks would land at the wrong place (``split``:
+    the axes that split each dimension of it, which name the axis that was meant).
 
     >>> x = Operand("h", (AxisType("varying", -3), AxisType("varying", -2)), False, 3)
     >>> gathered("dp", 0, x, -2, {-3: ["dp"], -2: ["tp"]})  # doctest: +ELLIPSIS
@@ -205,7 +152,14 @@ def gathered(axis: str, index: int, operand: Operand, dim: int, split: dict[int,
     fmesh.SpmdTypeError: all_gather of h along 'dp' at dimension -2, but 'dp' splits h at dimension -3: ...
     """
     found = operand.types[index]
-    if found.kind != VARYING or found.dim is None or found.dim == dim:
+    if found.kind != VARYING or found.dim is None:
+        return
+    if found.dim == dim and (found.strided or found.extent):
+        raise SpmdTypeError(
+            f"all_gather of {operand.name} along {axis!r} at dimension {dim}, which {axis!r} splits strided (the "
+            f"members' pieces are not contiguous blocks of it): the gathered tensor would not be the whole in "
+            f"order; fix: gather before slicing or merging that dimension")
+    if found.dim == dim:
         return
     meant = [a for a in split.get(dim, []) if a != axis]
     raise SpmdTypeError(
@@ -216,10 +170,10 @@ def gathered(axis: str, index: int, operand: Operand, dim: int, split: dict[int,
 
 
 def means_summed(op: str, operands: list[Operand], numbers: Sequence[complex], axes: Sequence[str],
-                 sizes: Sequence[int]) -> tuple[AxisType, ...] | None:
-    """The result's types when an operand is a ``psum`` of the members' means (``None`` when none is): divided by
-    the number of members it was summed over (or times its inverse), the mean of the whole; viewed or cast, still
-    the sum; anything else is refused (it would use a value ``size`` times too large).
+                 sizes: Sequence[int], shape_only: bool = False) -> tuple[AxisType, ...] | None:
+    """The result's types when an operand is a ``psum`` of pending means (``None`` when none is): divided by the
+    number of members it was summed over (or times its inverse), the mean of the whole; viewed or cast
+    (``shape_only``), still the sum; anything else is refused (it would use a value ``size`` times too large).
 
     >>> summed = Operand("psum(mean(…), 'dp')", (AxisType("invariant", None, True),), True, 0)
     >>> means_summed("div", [summed], [2], ("dp",), (2,))
@@ -227,157 +181,97 @@ def means_summed(op: str, operands: list[Operand], numbers: Sequence[complex], a
     >>> means_summed("div", [summed], [4], ("dp",), (2,))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    fmesh.SpmdTypeError: div of psum(mean(…), 'dp'), the sum over 'dp' of the members' means ... fix: divide it by 2...
+    fmesh.SpmdTypeError: div of psum(mean(…), 'dp'), the sum over 'dp' of the members' pending means: ... by 2...
     """
     summed = next((o for o in operands if any(t.kind == INVARIANT and t.mean for t in o.types)), None)
     if summed is None:
         return None
     flagged = [i for i, t in enumerate(summed.types) if t.kind == INVARIANT and t.mean]
-    factor = _product([sizes[i] for i in flagged])
+    factor = product([sizes[i] for i in flagged])
     over = ", ".join(repr(axes[i]) for i in flagged)
     pmean_axes = repr(axes[flagged[0]]) if len(flagged) == 1 else repr(tuple(axes[i] for i in flagged))
-    cleared = tuple(AxisType(INVARIANT) if i in flagged else t for i, t in enumerate(summed.types))
+    cleared = tuple(INV if i in flagged else t for i, t in enumerate(summed.types))
     if len(operands) == 1 and operands[0] is summed and len(numbers) == 1:
         n = numbers[0]
-        if (op in QUOTIENTS and n == factor) or (op in ("mul", "rmul", "imul") and abs(n * factor - 1) < 1e-9):
+        if (op == "div" and n == factor) or (op == "mul" and abs(n * factor - 1) < 1e-9):
             return cleared
-    if len(operands) == 1 and op in SHAPE_ONLY:  # a view or cast of it (its numbers are sizes, dims)
+    if len(operands) == 1 and shape_only:  # a view or cast of it
         return summed.types
     raise SpmdTypeError(
-        f"{op} of {summed.name}, the sum over {over} of the members' means of their own blocks: it is {factor} "
-        f"times the mean of the whole; fix: divide it by {factor} right after the psum (or use ax.pmean(..., "
-        f"{pmean_axes}) instead of ax.psum)")
+        f"{op} of {summed.name}, the sum over {over} of the members' pending means: it is {factor} times the mean "
+        f"of the whole; fix: divide it by {factor} right after the psum (or use ax.pmean(..., {pmean_axes}) "
+        f"instead of ax.psum)")
 
 
-def averaged(op: str, reduction: object, out_ndim: int, found: AxisType) -> AxisType:
-    """``found``, marked as the mean of each member's own block when ``op`` averages every element of a value that
-    varies along the axis (``MEANS``, with the default ``reduction`` or ``"mean"``, to a 0-dim result).
+def product(sizes: Sequence[int]) -> int:
+    """The product of ``sizes`` (1 for none).
 
-    >>> averaged("crossentropy", None, 0, AxisType("varying", -2))
-    varying(the mean of each member's own block)
-    >>> averaged("crossentropy", "sum", 0, AxisType("varying", -2))
-    varying(dim -2)
+    >>> product([2, 3]), product([])
+    (6, 1)
     """
-    if found.kind == VARYING and out_ndim == 0 and op in MEANS and reduction in (None, "mean"):
-        return AxisType(VARYING, None, True)
-    return found
-
-
-def _dim(op: str, operands: list[Operand], varying: list[Operand], index: int) -> int | None:
-    """Where the varying axis lies in the result, where the rules can tell; ``None`` otherwise."""
-    if op in CONTRACTIONS and len(operands) >= 2:
-        x, w = operands[0], operands[1]
-        wd = w.types[index].dim if w.types[index].kind == VARYING else None
-        xd = x.types[index].dim if x.types[index].kind == VARYING else None
-        out = None
-        if op == "linear":
-            if xd is not None and xd != -1:
-                out = xd
-            elif wd == -2:
-                out = -1
-        else:
-            if xd is not None and xd != -1:
-                out = xd
-            elif wd == -1:
-                out = -1
-        return out
-    if op in ELEMENTWISE_SAME_DIMS:
-        dims = {o.types[index].dim for o in varying} - {None}  # a pvary-ed value varies but splits no dimension
-        return dims.pop() if len(dims) == 1 else None
-    return None
-
-
-def contraction_partial(op: str, operands: list[Operand], index: int) -> bool:
-    """Whether ``op`` sums over a dimension both its operands split along the axis: a row-parallel product."""
-    if op not in CONTRACTIONS or len(operands) < 2:
-        return False
-    x, w = operands[0].types[index], operands[1].types[index]
-    if x.kind != VARYING or w.kind != VARYING:
-        return False
-    return x.dim == -1 and w.dim == (-1 if op == "linear" else -2)
-
-
-def check_output(spec_dims: dict[str, int | None], partial: tuple[str, ...], axis: str, name: str,
-                 found: AxisType, ndim: int = 1, size: int = 2) -> None:
-    """Whether a region output of type ``found`` (``ndim`` dimensions) along ``axis`` (``size`` members) may leave
-    it under its out spec.
-
-    >>> check_output({}, (), "dp", "loss", AxisType("varying"), ndim=0)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    fmesh.SpmdTypeError: loss is varying along 'dp', but ... fix: ax.psum(loss, 'dp') for a sum, ax.pmean(loss, 'dp')...
-    """
-    if found.kind == INVARIANT and found.mean:
-        raise SpmdTypeError(f"{name} is the sum over {axis!r} of the members' means of their own blocks: {size} "
-                            f"times the mean of the whole; fix: divide it by {size} (or ax.pmean instead of ax.psum)")
-    if axis in partial:
-        if found.kind != PARTIAL:
-            raise SpmdTypeError(f"{name} is {found!r} along {axis!r}, but its out spec claims partial; fix: drop "
-                                f"{axis!r} from partial=")
-        return
-    if axis in spec_dims:
-        if found.kind == PARTIAL:
-            raise SpmdTypeError(f"{name} is partial along {axis!r}, but its out spec claims it split; fix: "
-                                f"ax.psum_scatter({name}, {axis!r}, dim=...) first")
-        if found.kind == INVARIANT:
-            raise SpmdTypeError(f"{name} is invariant along {axis!r}, but its out spec claims it split along "
-                                f"{axis!r}: every member would hold the whole; fix: leave {axis!r} out of the spec")
-        want = spec_dims[axis]
-        if found.dim is not None and want is not None and found.dim != want:
-            raise SpmdTypeError(f"{name} is split along {axis!r} at dimension {found.dim}, but its out spec "
-                                f"says dimension {want}; fix: name {axis!r} at that dimension of the spec")
-        return
-    if found.kind == VARYING:
-        said = f"{name} is {found!r} along {axis!r}, but its out spec claims it replicated; fix: "
-        if found.mean:
-            raise SpmdTypeError(said + f"ax.pmean({name}, {axis!r}) (the mean of the members' means)")
-        if ndim == 0 or found.dim is None:  # a scalar (a loss) or a value whose split is unknown: reduce it
-            raise SpmdTypeError(said + f"ax.psum({name}, {axis!r}) for a sum, ax.pmean({name}, {axis!r}) for a "
-                                f"mean" + ("" if ndim == 0 else " (ax.all_gather_invariant to keep each member's)"))
-        raise SpmdTypeError(said + f"ax.all_gather_invariant({name}, {axis!r}, dim={found.dim}) (or name {axis!r} "
-                            f"at dimension {found.dim} of the spec)")
-    if found.kind == PARTIAL:
-        raise SpmdTypeError(f"{name} is partial along {axis!r}, but its out spec claims it replicated; fix: "
-                            f"ax.psum({name}, {axis!r}) (or partial=({axis!r},) in the spec)")
-
-
-def _int(value: object) -> int:
-    if not isinstance(value, int):
-        raise TypeError(f"expected an int dimension, but got {value!r}")
-    return value
-
-
-def _product(sizes: Sequence[int]) -> int:
     out = 1
     for size in sizes:
         out *= size
     return out
 
 
-def moved_dim(op: str, args: Sequence[object], before: Sequence[int], after: Sequence[int], dim: int) -> int | None:
-    """Where dimension ``dim`` (negative) of a tensor of shape ``before`` lies after ``op`` (a view, reshape,
-    transpose or permute, given its arguments ``args`` after the tensor), or ``None`` if it does not survive.
+def _runs(before: Sequence[int], after: Sequence[int]) -> list[tuple[int, int, int, int]]:
+    """The smallest runs ``(i0, i1, j0, j1)`` of ``before[i0:i1]`` and ``after[j0:j1]`` whose sizes multiply alike
+    (dimensions of size 1 each a run of their own where both sides have one)."""
+    runs = []
+    i = j = 0
+    while i < len(before) or j < len(after):
+        i0, j0 = i, j
+        a = before[i] if i < len(before) else 1
+        b = after[j] if j < len(after) else 1
+        i, j = min(i + 1, len(before)) if i < len(before) else i, min(j + 1, len(after)) if j < len(after) else j
+        while a != b and (i < len(before) or j < len(after)):
+            if (a < b and i < len(before)) or j >= len(after):
+                a *= before[i]
+                i += 1
+            else:
+                b *= after[j]
+                j += 1
+        runs.append((i0, i, j0, j))
+    return runs
 
-    >>> moved_dim("view", (), (2, 3, 8), (2, 3, 4, 2), -1)
-    -2
-    >>> moved_dim("transpose", (1, 2), (2, 4, 3, 2), (2, 3, 4, 2), -3)
-    -2
+
+def reshaped_dim(before: Sequence[int], after: Sequence[int], dim: int, stride: int = 1,
+                 extent: int = 0) -> tuple[int, int, int] | None:
+    """Where a split of dimension ``dim`` (negative) of a tensor of shape ``before`` lies after a reshape to
+    ``after``: ``(dim, stride, extent)``, ``extent`` 0 for a block (the split is the dimension's major part), else
+    the local size of the split factor, ``stride`` elements apart; ``None`` where no one dimension holds it.
+
+    A block merged as the major part stays a block; merged as a minor part it is strided; a block split into
+    several dimensions goes to the first of them, of size 1 included (one head per member: ``(2, 3, 1 * 8) ->
+    (2, 3, 1, 8)`` keeps the split on the heads); a strided factor goes back to the dimension it fits.
+
+    >>> reshaped_dim((2, 3, 8), (2, 3, 4, 2), -1), reshaped_dim((2, 3, 8), (2, 3, 1, 8), -1)
+    ((-2, 1, 0), (-2, 1, 0))
+    >>> reshaped_dim((2, 3, 8), (2, 24), -1), reshaped_dim((2, 3, 8), (2, 24), -2)
+    ((-1, 1, 8), (-1, 1, 0))
+    >>> reshaped_dim((4, 2, 5), (8, 5), -2), reshaped_dim((8, 5), (4, 2, 5), -2, 1, 2)
+    ((-2, 1, 2), (-2, 1, 0))
     """
     d = dim + len(before)
-    if op in ("view", "reshape"):
-        prefix = _product(before[:d])
-        for e in range(len(after)):
-            fits = after[e] % before[d] == 0 or before[d] % after[e] == 0
-            if _product(after[:e]) == prefix and after[e] > 1 and fits:
-                return e - len(after)
-        return None
-    if op in ("transpose", "swapaxes", "t"):
-        a, b = (0, 1) if op == "t" else (_int(args[0]), _int(args[1]))
-        a, b = a % len(before), b % len(before)
-        e = b if d == a else a if d == b else d
-        return e - len(after)
-    if op == "permute":
-        given = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
-        order = [_int(i) % len(before) for i in given]
-        return order.index(d) - len(after) if d in order else None
+    for i0, i1, j0, j1 in _runs(before, after):
+        if not i0 <= d < i1:
+            continue
+        if j1 == j0:
+            return None
+        major = extent == 0 and all(before[k] == 1 for k in range(i0, d))
+        if major:
+            return j0 - len(after), 1, 0
+        size = extent or before[d]
+        inner = stride * product(before[d + 1:i1])
+        fits = []
+        for e in range(j0, j1):
+            outer = product(after[e + 1:j1])
+            if inner % outer == 0 and after[e] % ((inner // outer) * size) == 0:
+                step = inner // outer
+                fits.append((step * size != after[e], e, step))
+        if not fits:
+            return None
+        strided, e, step = min(fits)
+        return e - len(after), step, size if strided else 0
     return None

@@ -34,3 +34,17 @@ def test_quick_spmd_benchmark_runs() -> None:
         assert float(rows[how][1].rstrip(" |")) < 1e-4, (how, rows[how])
     for how, (us, _) in rows.items():
         assert us.startswith("fails: ") or float(us) > 0, (how, us)
+    # (d) the steady state of the check: both rows, timed
+    assert "| region | µs | / unchecked |" in out
+    assert "| checked |" in out and "| unchecked |" in out
+
+
+def test_the_fuzzer_benchmark_runs_and_counts_every_verdict() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "spmd_fuzz.py"), "--programs", "30"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {line.split(" | ")[0][2:]: int(line.split(" | ")[1].rstrip(" |")) for line in proc.stdout.splitlines()
+            if line.startswith("| ") and line.count("|") == 3 and not line.startswith("| verdict")
+            and not line.startswith("| ---")}
+    assert set(rows) == {"caught", "right", "false positive", "silently wrong", "loud", "not built"}, rows
+    assert sum(rows.values()) == 30 and rows["silently wrong"] == 0, rows

@@ -44,9 +44,11 @@ BUGS = {
     "psum then psum_scatter": ("a doubled reduction of the attention output", "psum(linear(…), 'tp')"),
     "loss psum twice": ("a doubled reduction of the loss", "psum(div(…), ('dp', 'tp'))"),
     "gelu on partial": ("a non-linear op on the row-parallel partial output", "linear(gelu(linear(…)), w2)"),
-    "bias before reduce": ("the row-parallel bias added to a partial sum (added once per member)", "(b2)"),
+    "bias before reduce": ("the row-parallel bias added to a partial sum (added once per member)",
+                           "adds b2 (as a bias)"),
     "residual without reduce": ("the row-parallel output added to the residual unreduced", "linear(reshape(…), wo)"),
-    "wrong axis": ("the attention output reduce-scattered over dp instead of tp", "psum_scatter(linear(…), 'dp')"),
+    "wrong axis": ("the attention output reduce-scattered over dp instead of tp",
+                   "psum_scatter of linear(reshape(…), wo)"),
     "loss not reduced over dp": (
         "out spec claims the loss replicated but it varies over dp", "output 0: psum(div(…), 'tp')"),
     "sum vs mean over dp": (
@@ -181,10 +183,10 @@ def train(ctx: fmesh.Context, mesh: fmesh.Mesh, check: bool) -> dict[str, Any]:
                        out_specs=out_specs(""), ctx=ctx, check=check, names=("x", *NAMES))
     found: dict[str, Any] = {}
     for step in range(STEPS):
-        loss, y = region(x, *weights)
-        loss.to_local().backward()
+        loss, y = region.local(x, *weights)
+        loss.backward()
         if step == 0:
-            found["loss"], found["y"] = loss.to_local().item(), y.to_local().detach()
+            found["loss"], found["y"] = loss.item(), y.detach()
             found["grads"] = {k: w.grad.clone() for k, w in zip(NAMES, weights, strict=True)}
         with torch.no_grad():
             for w in weights:
@@ -200,7 +202,7 @@ def seeded(ctx: fmesh.Context, mesh: fmesh.Mesh, bug: str) -> str:
     region = shard_map(lambda ax, *a: program(ax, bug, *a), mesh=mesh, in_specs=[X_SPEC] + [SPECS[k] for k in NAMES],
                        out_specs=out_specs(bug), ctx=ctx, names=("x", *NAMES))
     try:
-        region(x, *weights)
+        region.local(x, *weights)
     except SpmdTypeError as error:
         return str(error)
     return "no error"
@@ -248,7 +250,7 @@ def with_dtensor(ctx: fmesh.Context, mesh: fmesh.Mesh) -> dict[str, Any]:
     w1, w2 = params["w1"], params["w2"]
     mlp = shard_map(lambda ax, x, w1, w2: ax.psum(F.linear(F.gelu(F.linear(x, w1)), w2), "tp"), mesh=mesh,
                     in_specs=(P(), P("tp", None), P(None, "tp")), out_specs=P(), ctx=ctx)
-    region = mlp(x, local(w1, P("tp", None), ctx.rank), local(w2, P(None, "tp"), ctx.rank)).to_local()
+    region = mlp.local(x, local(w1, P("tp", None), ctx.rank), local(w2, P(None, "tp"), ctx.rank))
     tp = device_mesh["tp"]
     dx = distribute_tensor(x, tp, [Replicate()])
     on_dtensor = F.linear(F.gelu(F.linear(dx, distribute_tensor(w1, tp, [Shard(0)]))),

@@ -20,7 +20,8 @@ def body(ax: Axes, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch
     """Sequence-parallel MLP: gather the sequence, column- then row-parallel, reduce-scatter it back."""
     h = ax.all_gather(x, "tp", dim=0)
     y = ax.psum_scatter(F.linear(F.gelu(F.linear(h, w1)), w2), "tp", dim=0)
-    return ax.psum((y ** 2).sum(), "tp") + ax.axis_index("tp") * 0
+    index = ax.psum(x.new_zeros(()) + ax.axis_index("tp"), "tp")  # a number that differs per member, summed
+    return ax.psum((y ** 2).sum(), "tp") + index * 0
 
 
 def compiled(ctx: fmesh.Context) -> dict[str, Any]:
@@ -34,7 +35,7 @@ def compiled(ctx: fmesh.Context) -> dict[str, Any]:
                        check=False)
 
     def step(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-        return region(x, w1, w2).to_local()
+        return region.local(x, w1, w2)
 
     for how in ("eager", "compiled"):
         leaves = [t.clone().requires_grad_() for t in (x, w1, w2)]
@@ -46,7 +47,7 @@ def compiled(ctx: fmesh.Context) -> dict[str, Any]:
     torch._dynamo.reset()
     found["breaks"] = torch._dynamo.explain(step)(x, w1, w2).graph_break_count
     checked = shard_map(body, mesh=mesh, in_specs=(P("tp"), P("tp"), P(None, "tp")), out_specs=P(), ctx=ctx)
-    found["checked"] = checked(x, w1, w2).to_local()
+    found["checked"] = checked.local(x, w1, w2)
 
     # A region compiled before any eager call, given DTensors, called again with eager calls between: no recompile.
     torch._dynamo.reset()
