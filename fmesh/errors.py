@@ -289,7 +289,7 @@ class TensorMismatchError(ValueError):
     collective, or another number of calls.
 
     Raised on every member by the members' check of their calls (``Context(check_tensors=True)``, the default;
-    :mod:`fmesh.context.call_checks`), naming the calls that differ. A call that differs in a way the program never
+    ``fmesh.context.call_checks``), naming the calls that differ. A call that differs in a way the program never
     showed before is found before any of it is sent: the group stays healthy, unless a member was already blocked
     in the collective (then the group is cut to free it). Any other difference is found within 64 calls, after it
     ran, and the group is cut; ``check_tensors="every-call"`` finds every one before it is sent. Without the check

@@ -47,7 +47,7 @@ class Context:
     context manager (or call :meth:`close`) to destroy the groups it made. ``meshes``: the meshes (or ``(mesh,
     axes)`` pairs) whose groups every rank agrees on as it starts, in the start's own meeting (fmesh's ``env://``
     rendezvous) or one meeting right after; their groups are then made without meeting again. ``check_tensors``:
-    the members' check of their calls (True, False or ``"every-call"``: :mod:`fmesh.context.call_checks`).
+    the members' check of their calls (True, False or ``"every-call"``: ``fmesh.context.call_checks``).
 
     >>> import fmesh
     >>> with fmesh.Context.fake(8, rank=3) as ctx:
@@ -526,7 +526,7 @@ class Context:
         hang); a survivor still blocked in a collective is freed. After any :class:`~fmesh.RecoveryError` (a
         second death during the vote, or while the new world starts, torch's own set-up included) ``recover`` may be
         called again on this context, with the ranks the error names added to ``lost``
-        (:mod:`fmesh.context.recovery_tries`). Then each group is kept, shrunk or made again by the rule ``python -m
+        (``fmesh.context.recovery_tries``). Then each group is kept, shrunk or made again by the rule ``python -m
         fmesh plan --lose`` prints by (:func:`fmesh.plan.communicators.renewal`). The default group is made again
         over the new world, in a namespace of the store of its own. A kept group must be idle: recover after the
         collective that failed, not while another runs.
