@@ -84,15 +84,17 @@ def patience(seconds: float, processes: int = 1) -> float:
     """``seconds`` on a quiet machine, stretched for ``processes`` new processes on this machine as busy as it is
     now: a guard against hangs, not a speed target.
 
-    The :func:`slowdown` says how many other runnable processes share the cores (``cpus * slowdown - 1`` of them);
-    with ``processes`` more, each gets ``cpus / (others + processes)`` of a core instead of ``cpus / processes``.
+    A quiet machine running the suite has one process per core but one besides the test's own (the other pytest
+    workers): each of the ``processes`` gets ``cpus / (cpus - 1 + processes)`` of a core there. The
+    :func:`slowdown` ``s`` says that ``cpus * s - 1`` others compete now: each gets ``cpus / (cpus * s - 1 +
+    processes)``, and the guard is stretched by the ratio (``s`` itself for one process; 1 on a quiet machine).
 
     >>> patience(10, processes=1) >= 10
     True
     """
     cpus = os.cpu_count() or 1
-    others = max(0.0, cpus * slowdown() - 1)
-    return seconds * max(1.0, (others + processes) / max(processes, cpus))
+    others = cpus * slowdown() - 1
+    return seconds * max(1.0, (others + processes) / (cpus - 1 + processes))
 
 
 def launch(fn: Callable[[Context], Any], world: int, timeout: float = 60, context_timeout: float | None = None,
