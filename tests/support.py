@@ -35,18 +35,66 @@ strict_nccl.install()  # in every process a multi-process test starts: NCCL's ru
 T = TypeVar("T")
 
 
-def patience(seconds: float, processes: int = 1) -> float:
-    """``seconds`` on a quiet machine, stretched by how much busier this one is now.
+def slowdown() -> float:
+    """How many times longer than on a free core work takes in this process now: the one measured figure of the
+    machine's speed that every time bound of the tests is scaled by (1.0 when a core is free for it).
 
-    A guard against hangs, not a speed target: with ``processes`` new processes on top of the 1-minute load
-    average, each gets ``cpus / (load + processes)`` of a core instead of ``cpus / processes``.
+    It is measured, not guessed from the load average: a fixed 0.1 s of this thread's CPU work is timed on the wall
+    clock, and the ratio is how much of a core this process gets (three busy loops per core give about 3.5 on two
+    cores; a test run under ``nice`` sees its own lower share). A bound covers time already spent (a test's run, then
+    its assertion), so the figure is the largest measured in the last minute or so: one is taken at most every 30 s,
+    when asked for, and those of the two periods before count too. ``FMESH_TEST_SLOWDOWN`` pins it (to replay a run).
+
+    >>> slowdown() >= 1.0
+    True
+    """
+    pinned = os.environ.get("FMESH_TEST_SLOWDOWN")
+    if pinned:
+        return float(pinned)
+    period = int(time.monotonic() // SLOWDOWN_PERIOD)
+    if period not in _MEASURED:
+        _MEASURED[period] = _measured_slowdown()
+    return max(figure for at, figure in _MEASURED.items() if at >= period - 2)
+
+
+SLOWDOWN_PERIOD = 30  # seconds: at most one measure of the slowdown in each
+SLOWDOWN_PROBE = 0.1  # seconds of CPU work the measure times
+_MEASURED: dict[int, float] = {}  # this process's measured slowdowns by period (the one cache of this module)
+
+
+def _measured_slowdown() -> float:
+    """The wall time of :data:`SLOWDOWN_PROBE` seconds of this thread's CPU work, over that CPU time (at least 1)."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    while time.thread_time() - cpu < SLOWDOWN_PROBE:
+        pass
+    return max(1.0, (time.perf_counter() - wall) / (time.thread_time() - cpu))
+
+
+def within(seconds: float) -> float:
+    """A bound of ``seconds`` that a test asserts (a promise of the product, such as "a death is named within 7 s",
+    measured on a quiet 2-core machine), scaled by this machine's :func:`slowdown` now.
+
+    >>> within(7) >= 7
+    True
+    """
+    return seconds * slowdown()
+
+
+def patience(seconds: float, processes: int = 1) -> float:
+    """``seconds`` on a quiet machine, stretched for ``processes`` new processes on this machine as busy as it is
+    now: a guard against hangs, not a speed target.
+
+    A quiet machine running the suite has one process per core but one besides the test's own (the other pytest
+    workers): each of the ``processes`` gets ``cpus / (cpus - 1 + processes)`` of a core there. The
+    :func:`slowdown` ``s`` says that ``cpus * s - 1`` others compete now: each gets ``cpus / (cpus * s - 1 +
+    processes)``, and the guard is stretched by the ratio (``s`` itself for one process; 1 on a quiet machine).
 
     >>> patience(10, processes=1) >= 10
     True
     """
     cpus = os.cpu_count() or 1
-    busy = os.getloadavg()[0] + processes
-    return seconds * max(1.0, busy / max(processes, cpus))
+    others = cpus * slowdown() - 1
+    return seconds * max(1.0, (others + processes) / (cpus - 1 + processes))
 
 
 def launch(fn: Callable[[Context], Any], world: int, timeout: float = 60, context_timeout: float | None = None,
@@ -77,6 +125,24 @@ def running(pid: int) -> bool:
         return False
 
 
+def listening(port: int) -> bool:
+    """Whether a socket of this machine listens at TCP ``port`` (read from ``/proc/net``, so nothing connects to it).
+
+    >>> listening(0)
+    False
+    """
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as rows:
+                for row in itertools.islice(rows, 1, None):
+                    local, state = row.split()[1], row.split()[3]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                        return True
+        except OSError:
+            continue
+    return False
+
+
 def world_size(ctx: Context) -> int:
     return ctx.world_size
 
@@ -94,7 +160,7 @@ def nothing_left_behind(launched_once: None) -> Iterator[None]:
     ``pytestmark = pytest.mark.usefixtures("nothing_left_behind")``; conftest.py makes it visible to every module."""
     threads, fds = threading.active_count(), open_fds()
     yield
-    deadline = time.monotonic() + 5  # a queue's feeder thread takes a moment to finish
+    deadline = time.monotonic() + patience(5)  # a queue's feeder thread takes a moment to finish
     while time.monotonic() < deadline and (threading.active_count() > threads or open_fds() > fds
                                            or multiprocessing.active_children()):
         gc.collect()  # a store connection in an unreachable cycle is closed by the collector: not held, not a leak
@@ -124,7 +190,8 @@ def succeeded(results: list[Any]) -> list[Any]:
 
 def in_threads(fn: Callable[[int], None], ranks: Sequence[int], timeout: float = 60) -> None:
     """``fn(rank)`` for every rank of ``ranks``, each in a thread of this process, all at once; fails when one is
-    still running after ``timeout`` seconds (a hang)."""
+    still running after ``timeout`` seconds (a hang), stretched by :func:`patience`."""
+    timeout = patience(timeout)
     threads = [threading.Thread(target=fn, args=(rank,)) for rank in ranks]
     for thread in threads:
         thread.start()
@@ -302,7 +369,7 @@ def in_a_child(fn: Callable[[], T], timeout: float = 300) -> T:
             out.write(payload)
         os._exit(0)
     os.close(write)
-    deadline, chunks = time.monotonic() + timeout, []
+    deadline, chunks = time.monotonic() + patience(timeout), []
     try:
         while chunk := _read_by(read, deadline):
             chunks.append(chunk)

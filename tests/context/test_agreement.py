@@ -105,7 +105,7 @@ def test_the_roll_call_names_who_does_not_answer() -> None:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=30)
+        thread.join(timeout=patience(30))
     assert answers == {0: [2], 1: [2]}
 
 

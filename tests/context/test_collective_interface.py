@@ -19,7 +19,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import MESHES, axis_sets, launch, one_axis_views, random_perm, shift_perm, succeeded
+from support import MESHES, axis_sets, launch, one_axis_views, patience, random_perm, shift_perm, succeeded
 
 import fmesh
 from fmesh import Context
@@ -264,13 +264,14 @@ def test_from_env_without_a_launcher_is_a_world_of_one() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                                                               "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     env["CUDA_VISIBLE_DEVICES"] = ""  # gloo on the CPU, on a GPU machine too
-    result = subprocess.run([sys.executable, "-c", ONE], capture_output=True, text=True, timeout=120, env=env)
+    result = subprocess.run([sys.executable, "-c", ONE], capture_output=True, text=True, timeout=patience(120),
+                            env=env)
     assert result.returncode == 0, result.stderr
     # The last line: torch 2.10's gloo prints "[Gloo] Rank 0 is connected to 0 peer ranks..." before it.
     assert result.stdout.splitlines()[-1].split() == ["0", "1", "1.0", "0", "['me']", "7", "0.0"], result.stdout
     said = [line for line in result.stderr.splitlines() if line.startswith("fmesh:")]
     assert len(said) == 1 and "a world of one process" in said[0] and "torchrun" in said[0], result.stderr
-    partial = subprocess.run([sys.executable, "-c", ONE], capture_output=True, text=True, timeout=120,
+    partial = subprocess.run([sys.executable, "-c", ONE], capture_output=True, text=True, timeout=patience(120),
                              env={**env, "RANK": "0"})
     assert partial.returncode != 0
     assert "needs the launcher's environment variables ['WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT']" in partial.stderr

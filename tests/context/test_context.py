@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
-from support import MESHES, axis_sets, collective_answers, collective_inputs, launch, succeeded
+from support import MESHES, axis_sets, collective_answers, collective_inputs, launch, patience, succeeded
 
 import fmesh
 from fmesh import Context
@@ -125,21 +128,24 @@ def test_inconsistent_meshes_raise_on_every_rank_quickly() -> None:
         assert "disagree" in str(error) and "permuted" in str(error)
 
 
-def missing_rank(ctx: Context) -> str:
+def missing_rank(ctx: Context, timed_out: Any) -> str:
     mesh = fmesh.make_mesh((2,), ("dp",))
     if ctx.rank == 0:
-        ctx.all_reduce(torch.ones(1), mesh, "dp")
+        try:
+            ctx.all_reduce(torch.ones(1), mesh, "dp")
+        finally:
+            timed_out.set()
     else:
-        import time
-
-        time.sleep(6)  # never joins
+        timed_out.wait(patience(60, 2))  # never joins: busy until rank 0 has its error
     return "no error"
 
 
 @pytest.mark.slow
 def test_missing_rank_times_out_naming_axes_and_ranks() -> None:
     # Group creation has its own, shorter timeout; the collectives' stays long.
-    first, second = launch(missing_rank, 2, timeout=60, context_timeout=600, creation_timeout=3)
+    timed_out = multiprocessing.get_context("fork").Event()  # the ranks are forked: they share it
+    first, second = launch(functools.partial(missing_rank, timed_out=timed_out), 2, timeout=60, context_timeout=600,
+                           creation_timeout=3)
     assert isinstance(first, fmesh.GroupTimeoutError), first
     assert "('dp',)" in str(first) and "ranks [1] never came" in str(first)
     assert "rank 1 is not creating a group" in str(first)  # what the missing rank was doing

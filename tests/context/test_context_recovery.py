@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from support import in_threads, launch, patience
+from support import in_threads, launch, patience, within
 
 import fmesh
 from fmesh import Context
@@ -68,11 +68,11 @@ def test_a_survivor_that_never_comes_to_recover_ends_the_wait_with_its_name() ->
     started = time.monotonic()
     with pytest.raises(fmesh.RecoveryError, match=r"survivors \[2\] did not come to recover without \[3\]"):
         agree_on_loss(Board(store, "t", 0, timedelta(seconds=0.3)), [0, 1, 2], [3], ["h"])
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < within(3)
     # The verdict stays: a survivor that comes after the others gave up cannot recover alone with them.
     with pytest.raises(fmesh.RecoveryError, match=r"survivors \[2\] did not come"):
         agree_on_loss(Board(store, "t", 2, timedelta(seconds=5)), [0, 1, 2], [3], ["g", "h"])
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < within(3)
 
 
 def test_the_survivors_count_who_holds_each_of_their_groups() -> None:
@@ -176,7 +176,7 @@ def keeps_the_group_that_lost_nobody(ctx: Context) -> Any:
     with pytest.raises(fmesh.RankLostError, match=r"the launcher saw the processes of ranks \[3\] end"):
         ctx.all_reduce(torch.ones(1), mesh, ("dp", "tp"))
     # the launcher looks every second; the roll call ends when it has (docs/guides/failures.md: about 1 s)
-    assert time.monotonic() - started < 3, time.monotonic() - started
+    assert time.monotonic() - started < within(3), time.monotonic() - started
     smaller = fmesh.without(mesh, [3], "dp")
     hooks = ExitHooks()
     with hooks:
@@ -431,7 +431,7 @@ def test_a_survivor_that_dies_after_agreeing_ends_the_recovery_on_the_others_in_
     for rank in (0, 1):
         message, took = results[rank]
         assert "their new world could not start" in message and "ranks [2] ended" in message, (rank, message)
-        assert took < 15, (rank, took, message)  # not the 30 s creation timeout, nor torch's 60 s
+        assert took < within(15), (rank, took, message)  # not the 30 s creation timeout, nor torch's 60 s
 
 
 def blocked_with_a_survivor_that_recovers(ctx: Context) -> Any:

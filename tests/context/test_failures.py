@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from support import launch, timed
+from support import launch, patience, timed, within
 
 import fmesh
 from fmesh import Context
@@ -43,7 +43,7 @@ def test_swapped_axis_sizes_are_a_mismatch_on_both_ranks() -> None:
         assert kind == "MeshMismatchError", (kind, message)
         assert f"on rank {rank}" in message and "Mesh(a=2, b=1; world=2)" in message
         assert "Mesh(a=1, b=2; world=2)" in message and "axes ('a',)" in message and "axes ('b',)" in message
-        assert took < 2.0, (rank, took, message)  # at once: both ranks stand at the same key
+        assert took < within(2.0), (rank, took, message)  # at once: both ranks stand at the same key
 
 
 def another_rank_map(ctx: Context) -> tuple[str, float, str]:
@@ -63,7 +63,7 @@ def test_another_rank_map_for_the_same_group_is_a_mismatch_on_both_ranks() -> No
         kind, took, message = results[rank]
         assert kind == "MeshMismatchError" and f"on rank {rank}" in message, (kind, message)
         assert "rank_map" in message or "[0, 1, 3, 2]" in message, message  # both meshes named
-        assert took < 2.0, (rank, took, message)
+        assert took < within(2.0), (rank, took, message)
 
 
 def three_way_cycle(ctx: Context) -> tuple[str, float, str]:
@@ -84,7 +84,7 @@ def test_a_cycle_of_three_ranks_is_a_mismatch_on_each() -> None:
         assert kind == "MeshMismatchError", (kind, message)
         assert "in a cycle" in message and all(f"rank {r} waits" in message for r in range(3))
         # the look after 1 s of waiting, confirmed by the next one (1 s later) when the members still stand there
-        assert took < 3.5, (rank, took, message)
+        assert took < within(3.5), (rank, took, message)
 
 
 def slow_member(ctx: Context) -> float:
@@ -134,7 +134,7 @@ def test_a_member_that_failed_is_reported_not_waited_for() -> None:
     assert isinstance(second, ValueError)
     assert kind == "RankLostError", (kind, message)
     assert "rank 1" in message and "ValueError: rank 1 has no data" in message
-    assert took < 2.0, (took, message)  # the first look, after 1 s of waiting
+    assert took < within(2.0), (took, message)  # the first look, after 1 s of waiting
 
 
 def dies_mid_job(ctx: Context) -> str:
@@ -193,8 +193,8 @@ def test_a_peer_lost_in_a_collective_fmesh_did_not_run_is_explained_inside_guard
         gone = message.split("ranks ", 1)[1].split(" of the group")[0]
         assert gone == "[2]", message  # the launcher saw rank 2 end; a survivor slow to answer is never named lost
         # gloo notices at once; the roll call lasts at most 5 s (5.0 s measured: the dead rank never answers)
-        assert cause == "RuntimeError" and seconds < 7, (message, cause, seconds)
-        assert bug_seconds < 1, bug_seconds  # the program's own error: no roll call
+        assert cause == "RuntimeError" and seconds < within(7), (message, cause, seconds)
+        assert bug_seconds < within(1), bug_seconds  # the program's own error: no roll call
 
 
 def aborts_while_a_peer_waits(ctx: Context) -> tuple[str, float]:
@@ -219,7 +219,7 @@ def aborts_while_a_peer_waits(ctx: Context) -> tuple[str, float]:
 
 def test_abort_tears_down_without_waiting() -> None:
     first, second = launch(aborts_while_a_peer_waits, 2, timeout=60)
-    assert second[0] == "closed" and second[1] < 5.0, second
+    assert second[0] == "closed" and second[1] < within(5.0), second
     assert first[0].startswith("lost: ") and "ranks [1]" in first[0], first
 
 
@@ -263,7 +263,7 @@ def two_threads_one_group(ctx: Context) -> dict[str, int]:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=50)
+        thread.join()  # the launch's timeout bounds a hang; a bound here would decide the verdict by the clock
     return {"asked": len(groups), "refused": sum("belong to one thread" in r for r in refused),
             "created": ctx.stats()["groups_created"]}
 
@@ -340,7 +340,7 @@ def test_a_rank_that_dies_inside_all_gather_object_is_a_rank_lost_error_on_its_p
         results = launch(body, 2, timeout=60, on_rank_loss="continue")
         assert isinstance(results[1], fmesh.LaunchError) and "exit code 1" in str(results[1]), results
         kind, took, message = results[0]
-        assert kind == "RankLostError" and took < 15, (body.__name__, kind, took, message)
+        assert kind == "RankLostError" and took < within(15), (body.__name__, kind, took, message)
         assert "1" in message.split("rank 0", 1)[-1], message  # rank 1 named
 
 
@@ -380,7 +380,7 @@ def test_abort_from_a_watchdog_thread_frees_a_blocked_collective_and_the_process
                                   env={**environ, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
         try:
-            ended = [proc.communicate(timeout=60) for proc in procs]
+            ended = [proc.communicate(timeout=patience(60, 2)) for proc in procs]
         finally:
             for proc in procs:
                 if proc.poll() is None:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from support import patience
+from support import listening, patience, within
 
 import fmesh
 
@@ -48,7 +48,7 @@ def test_a_failing_rank_raises_its_exception_with_rank_and_traceback() -> None:
     started = time.monotonic()
     with pytest.raises(ValueError, match="bad batch on rank 2") as caught:
         fmesh.launch(body, world_size=3, timeout=60)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < within(30)
     assert caught.value.rank == 2  # type: ignore[attr-defined]
     cause = caught.value.__cause__
     assert isinstance(cause, fmesh.errors.RemoteTraceback)
@@ -71,7 +71,7 @@ def test_a_hang_ends_at_the_timeout_and_leaves_no_process() -> None:
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=rf"ranks \[1\] did not finish within {timeout}s"):
         fmesh.launch(body, world_size=2, timeout=timeout)
-    assert time.monotonic() - started < timeout + 15
+    assert time.monotonic() - started < timeout + within(15)
     assert not multiprocessing.active_children()
 
 
@@ -193,9 +193,12 @@ def started_from_env(ranks: list[int], port: int) -> list[str]:
     for rank in ranks:
         procs.append(subprocess.Popen([sys.executable, "-c", START_FROM_ENV], env={**environ, "RANK": str(rank)},
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
-        time.sleep(0.5)  # the first hosts the store (or claims the rank) first
+        # the first hosts the store first: the next starts once something listens at the port (or the first ended)
+        deadline = time.monotonic() + patience(60, 2)
+        while not listening(port) and procs[0].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
     try:
-        return [proc.communicate(timeout=60)[0].strip().splitlines()[-1] for proc in procs]
+        return [proc.communicate(timeout=patience(60, 2))[0].strip().splitlines()[-1] for proc in procs]
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -214,7 +217,7 @@ def test_two_processes_started_with_rank_0_are_told_which_rank_read_what_in_seco
     assert second.startswith("LaunchError") and f"MASTER_PORT={port} is in use" in second, second
     assert "another process of this job was also started with RANK=0" in second, second
     assert first.startswith("RankLostError") and "a process of this job could not start" in first, first
-    assert f"MASTER_PORT={port} is in use" in first and seconds_of(first) < 15, first
+    assert f"MASTER_PORT={port} is in use" in first and seconds_of(first) < within(15), first
 
 
 @pytest.mark.slow  # rank 1 waits out HANDSHAKE_SECONDS (30 s)
@@ -228,7 +231,7 @@ def test_a_master_port_held_by_another_program_is_named_on_every_rank_in_seconds
         port = held.getsockname()[1]
         rank0, rank1 = started_from_env([0, 1], port)
     assert rank0.startswith("LaunchError") and f"MASTER_PORT={port} is in use" in rank0, rank0
-    assert "another program holds it" in rank0 and seconds_of(rank0) < 15, rank0
+    assert "another program holds it" in rank0 and seconds_of(rank0) < within(15), rank0
     assert rank1.startswith("LaunchError") and "another program holds MASTER_PORT" in rank1, rank1
     # HANDSHAKE_SECONDS (30 s: a client whose DNS does not answer takes 5-10 s to connect to a real store).
-    assert f"(127.0.0.1:{port})" in rank1 and seconds_of(rank1) < 45, rank1
+    assert f"(127.0.0.1:{port})" in rank1 and seconds_of(rank1) < 30 + within(15), rank1

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from support import in_threads
+from support import in_threads, within
 
 import fmesh
 from fmesh.context.store import keys
@@ -47,7 +47,7 @@ def test_a_reported_bad_environment_ends_every_wait_naming_what_that_process_rea
     outcome = ranks_meet(store, {0: 3, 1: 3})  # rank 2 is the one that cannot start
     for error, seconds in outcome.values():
         assert isinstance(error, fmesh.RankLostError) and "could not start" in str(error), outcome
-        assert "ValueError: the launcher's RANK='abc' (it read RANK='abc'; host" in str(error) and seconds < 3
+        assert "ValueError: the launcher's RANK='abc' (it read RANK='abc'; host" in str(error) and seconds < within(3)
 
 
 def test_ranks_started_with_different_world_sizes_are_told_so() -> None:
@@ -75,7 +75,7 @@ def test_a_second_process_with_the_same_rank_is_told_so_and_every_waiting_rank_s
     assert "two processes of this job read RANK=1: this one (host " in str(duplicate)
     assert "and another (host elsewhere, pid 1) that started first" in str(duplicate)
     assert isinstance(waiting, fmesh.RankLostError) and "two processes of this job read RANK=1" in str(waiting)
-    assert outcome[0][1] < 5, outcome
+    assert outcome[0][1] < within(5), outcome
 
 
 def test_a_process_that_starts_again_keeps_its_rank() -> None:

@@ -4,12 +4,14 @@ lost that was only late, while ``all_reduce`` waited for it)."""
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
 import time
 from typing import Any
 
 import pytest
 import torch
-from support import launch
+from support import launch, patience, within
 
 import fmesh
 from fmesh import Context
@@ -45,9 +47,9 @@ def test_a_peer_later_than_the_creation_timeout_is_waited_for_by_every_collectiv
     assert all(waited > LATE - 1 for _, _, waited in zero), zero  # rank 0 did wait for its late peer
 
 
-def permutations_differ(ctx: Context) -> Any:
+def permutations_differ(ctx: Context, answered: Any) -> Any:
     """Rank 0 sends to rank 1 and waits for rank 1; rank 1 means the identity and sends nothing: rank 0 waits until
-    the group's timeout, then gets fmesh's timeout error, not the backend's raw one."""
+    the group's timeout, then gets fmesh's timeout error, not the backend's raw one (and sets ``answered``)."""
     mesh = fmesh.make_mesh((2,), ("pp",))
     ctx.all_reduce(torch.ones(1), mesh, "pp")
     perm = [(0, 1), (1, 0)] if ctx.rank == 0 else [(0, 0), (1, 1)]
@@ -55,13 +57,17 @@ def permutations_differ(ctx: Context) -> Any:
     try:
         result = "ok", ctx.ppermute(torch.ones(1), mesh, "pp", perm).item(), time.monotonic() - started
     except Exception as error:
+        answered.set()
         return type(error).__name__, str(error), time.monotonic() - started
-    time.sleep(12)  # rank 1 stays (busy elsewhere) past rank 0's timeout and roll call
+    if ctx.rank == 1:
+        answered.wait(patience(60, 2))  # rank 1 stays (busy elsewhere) until rank 0 has its error
     return result
 
 
 @pytest.mark.slow
 def test_a_ppermute_whose_permutations_differ_ends_in_a_group_timeout() -> None:
-    zero, one = launch(permutations_differ, 2, timeout=60, context_timeout=4, creation_timeout=2)
+    answered = multiprocessing.get_context("fork").Event()  # the ranks are forked: they share it
+    zero, one = launch(functools.partial(permutations_differ, answered=answered), 2, timeout=60, context_timeout=4,
+                       creation_timeout=2)
     assert one[0] == "ok", one  # the identity: rank 1 keeps its own
-    assert zero[0] == "GroupTimeoutError" and 3.5 < zero[2] < 15, zero
+    assert zero[0] == "GroupTimeoutError" and 3.5 < zero[2] < within(15), zero

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from paths import ROOT
+from support import patience
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fmesh
@@ -213,7 +214,7 @@ def elsewhere() -> Iterator[concurrent.futures.Executor]:
 @pytest.mark.parametrize(("world", "argv"), CASES)
 def test_planned_bytes_equal_recorded_bytes(elsewhere: concurrent.futures.Executor, world: int,
                                             argv: list[str]) -> None:
-    seen, args, dims = elsewhere.submit(recorded_step, world, 0, argv).result(timeout=300)
+    seen, args, dims = elsewhere.submit(recorded_step, world, 0, argv).result(timeout=patience(300))
     assert seen, "the step ran no collective: nothing was compared"
     assert planned(args, dims, 0) == seen
 
@@ -232,7 +233,7 @@ MICRO_CONFIGS: list[tuple[int, list[str], int]] = [
     pytest.param(world, argv, m, id=f"{world}:{' '.join(argv)} x{m}") for world, argv, m in MICRO_CONFIGS])
 def test_planned_bytes_equal_recorded_bytes_with_micro_batches(elsewhere: concurrent.futures.Executor, world: int,
                                                                argv: list[str], micro_batches: int) -> None:
-    seen, args, dims = elsewhere.submit(recorded_step, world, 0, argv, micro_batches).result(timeout=300)
+    seen, args, dims = elsewhere.submit(recorded_step, world, 0, argv, micro_batches).result(timeout=patience(300))
     assert planned(args, dims, 0, micro_batches) == seen
     assert planned(args, dims, 0) != seen  # one micro-batch would be wrong: the count matters
 
@@ -329,7 +330,7 @@ def test_planned_bytes_equal_recorded_bytes_with_sequence_parallelism(
 
 
 def test_the_comparison_sees_a_missing_collective(elsewhere: concurrent.futures.Executor) -> None:
-    seen, args, dims = elsewhere.submit(recorded_step, 8, 0, flags(dp_replicate=2, tp=2)).result(timeout=300)
+    seen, args, dims = elsewhere.submit(recorded_step, 8, 0, flags(dp_replicate=2, tp=2)).result(timeout=patience(300))
     plan = planned(args, dims, 0)
     assert plan == seen
     tp_group = dims.mesh("tp").group(0)

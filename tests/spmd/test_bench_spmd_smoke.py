@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import patience
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 def test_quick_spmd_benchmark_runs() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "spmd.py"), "--quick"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=patience(600))
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout
     assert "| collective | Context µs | region, checks off µs | overhead µs | region, checks on µs |" in out

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from support import patience
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import fmesh
@@ -270,7 +271,7 @@ def everything(ctx: fmesh.Context) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def results() -> list[dict[str, Any]]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    found = fmesh.launch(everything, 4, timeout=300, context_options={"timeout": 120}, return_exceptions=True)
+    found = fmesh.launch(everything, 4, timeout=patience(300), context_options={"timeout": 120}, return_exceptions=True)
     for result in found:
         if isinstance(result, BaseException):
             raise result

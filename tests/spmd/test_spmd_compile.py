@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from support import patience
 from torch.distributed.tensor import DTensor
 
 import fmesh
@@ -65,7 +66,7 @@ def compiled(ctx: fmesh.Context) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_the_region_compiles_with_no_graph_break_and_equals_eager() -> None:
-    results = fmesh.launch(compiled, 2, timeout=400, context_options={"timeout": 300}, return_exceptions=True)
+    results = fmesh.launch(compiled, 2, timeout=patience(400), context_options={"timeout": 300}, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result

@@ -10,6 +10,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from strategies import sharding_meshes
+from support import patience
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import fmesh
@@ -125,5 +126,6 @@ def test_the_pure_parts_import_no_torch_distributed() -> None:
 
     code = ("import sys, fmesh.spmd as s; s.sharding_text(s.Sharding(__import__('fmesh').make_mesh((2,), ('tp',)),"
             " s.P('tp')), (4,)); print('torch.distributed' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patience(120),
+                         check=True)
     assert out.stdout.strip() == "False"

@@ -22,6 +22,7 @@ from architecture import (
     privacy,
     sizes,
 )
+from support import patience
 
 import fmesh
 import fmesh.errors
@@ -142,7 +143,7 @@ except ImportError:
 
 
 def test_the_pure_layers_run_without_torch() -> None:
-    result = subprocess.run([sys.executable, "-c", PURE], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", PURE], capture_output=True, text=True, timeout=patience(120))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     # Rank 0 sits in the last slot (dp=1, cp=1, tp=3): its dp_cp group is the last tp column, reversed.

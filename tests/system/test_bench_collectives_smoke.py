@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from paths import ROOT
+from support import patience
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
@@ -15,7 +16,7 @@ SCRIPT = ROOT / "bench" / "collectives.py"
 
 def test_quick_collectives_benchmark_runs() -> None:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, str(SCRIPT), "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=patience(600)
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout

@@ -7,13 +7,14 @@ import sys
 
 import pytest
 from paths import ROOT
+from support import patience
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
 
 def test_quick_cost_benchmark_runs() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "costs.py"), "--quick"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=patience(300))
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout
     assert "fitted from broadcasts: launch" in out

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from paths import ROOT
+from support import patience
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
@@ -18,7 +19,7 @@ SCRIPT = ROOT / "bench" / "group_creation.py"
 def test_quick_group_creation_benchmark_runs(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=patience(300))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "| members | fmesh keys | fmesh bytes | fmesh µs |" in proc.stdout
     results = json.loads(out.read_text())

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from paths import ROOT
+from support import patience
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
@@ -22,7 +23,7 @@ PHASES = ["start", "materialize", "agree", "mismatch", "recover", "torch barrier
 def test_quick_scale_benchmark_runs(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=patience(600))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "| ranks | mesh (pp, dpr, dps, cp, tp) | phase | wall s | ops/rank max |" in proc.stdout
     for size in ("64", "256"):

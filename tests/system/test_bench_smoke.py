@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from paths import ROOT
+from support import patience
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
@@ -22,7 +23,7 @@ def test_quick_benchmark_runs(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=patience(120),
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "| op | world | fmesh µs | DeviceMesh µs | speedup |" in proc.stdout

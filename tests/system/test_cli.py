@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from paths import ROOT
+from support import patience
 
 from fmesh.cli import main
 
@@ -229,7 +230,7 @@ def test_a_closed_pipe_ends_the_command_quietly() -> None:
     try:
         result = subprocess.run(
             [sys.executable, "-m", "fmesh", "plan", "--world-size", "4096", "--gpus-per-node", "8", "--tp", "8"],
-            cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, check=False, timeout=120,
+            cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, check=False, timeout=patience(120),
         )  # fmt: skip
     finally:
         os.close(write)

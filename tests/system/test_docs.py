@@ -14,6 +14,7 @@ import types
 import chromium
 import pytest
 from paths import ROOT
+from support import patience
 
 import fmesh
 
@@ -29,7 +30,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("site")
     proc = subprocess.run(
         [sys.executable, "-m", "sphinx", "-n", "-W", "--keep-going", "-q", "-b", "html", str(DOCS), str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, capture_output=True, text=True, timeout=patience(600),
     )
     assert proc.returncode == 0 and "WARNING" not in proc.stderr, proc.stderr[-5000:]
     return out

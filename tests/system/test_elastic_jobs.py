@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from paths import ROOT
-from support import losses
+from support import losses, patience
 
 pytestmark = pytest.mark.slow  # subprocess runs of the examples: left out of the quick subset (-m "not slow")
 SCRIPT = ROOT / "examples" / "train.py"
@@ -24,8 +24,8 @@ def test_elastic_mode_loses_a_rank_and_trains_on_from_the_resharded_checkpoint(t
     command = [sys.executable, str(SCRIPT), "--processes", "4", "--batch-size", "12", "--steps", "7", "--seq-len",
                "16", "--dim", "32", "--log-every", "1", "--checkpoint-dir", str(tmp_path / "ckpt"),
                "--checkpoint-every", "4", "--lose-rank", "3", "--at-step", "5", "--losses-to", str(tmp_path / "l.json")]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=240, env={**env, "OMP_NUM_THREADS": "1"},
-                         cwd=ROOT)
+    run = subprocess.run(command, capture_output=True, text=True, timeout=patience(240),
+                         env={**env, "OMP_NUM_THREADS": "1"}, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "rank 3: exits at step 5" in run.stdout and "lost rank 3: recovered in" in run.stdout, run.stdout
     # the figure the README and the elastic guide promise, printed by the command they show
@@ -45,7 +45,8 @@ def test_two_torchrun_agents_one_killed_the_other_trains_on_alone() -> None:
     resume from that checkpoint, resharded, and finish."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, str(ROOT / "examples" / "elastic_torchrun.py"), "--steps", "7", "--kill-at",
-                          "4", "--timeout", "200"], capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+                          "4", "--timeout", "200"], capture_output=True, text=True,
+                         timeout=patience(240), env=env, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = run.stdout
     assert "world 4 (torchrun restart 0)" in out and "world 2 (torchrun restart 1)" in out, out[-3000:]

@@ -8,13 +8,14 @@ import sys
 
 import pytest
 from paths import ROOT
+from support import patience
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
 
 def test_gpu_check_runs_its_checks_on_the_cpu() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--cpu"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=patience(300))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in proc.stdout.splitlines()
             if line.startswith("| ") and not line.startswith("| check") and "µs" not in line and "---" not in line

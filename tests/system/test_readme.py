@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from paths import ROOT
+from support import patience
 
 import fmesh
 
@@ -24,7 +25,7 @@ QUICKSTART = ROOT / "examples" / "quickstart.py"
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patience(120), cwd=ROOT)
 
 
 @pytest.mark.slow
@@ -72,7 +73,7 @@ def test_the_readme_torchrun_script_is_the_example_and_runs_under_torchrun() -> 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--standalone", str(QUICKSTART)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=patience(180),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # Four processes share one pipe: a line may be written in two pieces, so find the lines, not split them.

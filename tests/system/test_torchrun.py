@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from paths import ROOT, TESTS
+from support import patience
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
@@ -23,7 +24,7 @@ def test_context_from_env_under_torchrun() -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=patience(120),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("fmesh-torchrun"))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from paths import ROOT
-from support import losses
+from support import losses, patience
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
@@ -23,7 +23,8 @@ def torchrun(nproc: int, *flags: str, timeout: float = 240) -> subprocess.Comple
     # gloo on the CPU, explicitly: on a GPU machine with fewer GPUs than processes, too.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                str(SCRIPT), "--backend", "gloo", *flags]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    return subprocess.run(command, capture_output=True, text=True, timeout=patience(timeout, nproc), env=env,
+                          cwd=ROOT)
 
 
 def succeeded(runs: dict[str, object], *names: str) -> pathlib.Path:
@@ -119,8 +120,8 @@ def test_plain_python_runs_a_world_of_one_like_torchrun(runs: dict[str, object],
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"  # as torchrun() runs it: another thread count sums in another order
     plain = subprocess.run([sys.executable, str(SCRIPT), "--backend", "gloo", *COMMON, "--losses-to",
-                            str(tmp_path / "plain.json")], capture_output=True, text=True, timeout=120, env=env,
-                           cwd=ROOT)
+                            str(tmp_path / "plain.json")], capture_output=True, text=True,
+                           timeout=patience(120), env=env, cwd=ROOT)
     assert plain.returncode == 0, plain.stderr[-3000:]
     said = [line for line in plain.stderr.splitlines() if line.startswith("fmesh:")]
     assert len(said) == 1 and "a world of one process" in said[0]

@@ -18,6 +18,7 @@ import zipfile
 
 import pytest
 from paths import ROOT
+from support import patience
 
 QUICKSTART = re.findall(r"## Quickstart\n\n```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
 
@@ -25,8 +26,8 @@ QUICKSTART = re.findall(r"## Quickstart\n\n```python\n(.*?)```", (ROOT / "README
 def _run(*command: str | pathlib.Path, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
     # Nothing of the test session's paths: the fresh environment sees only what was installed into it.
     env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    result = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=300, cwd=cwd,
-                            env=env)
+    result = subprocess.run([str(part) for part in command], capture_output=True, text=True,
+                            timeout=patience(300), cwd=cwd, env=env)
     assert result.returncode == 0, f"{command}:\n{result.stdout}\n{result.stderr}"
     return result
 

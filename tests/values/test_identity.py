@@ -7,6 +7,8 @@ import pickle
 import subprocess
 import sys
 
+from support import patience
+
 import fmesh
 
 BUILD = """fmesh.select(fmesh.flatten(
@@ -31,7 +33,7 @@ def test_universe_id_and_pickles_agree_across_processes() -> None:
         env = {**os.environ, "PYTHONHASHSEED": "12345"}  # a different str hash than this process
         out = subprocess.run(
             [sys.executable, "-c", SCRIPT.format(build=build), pickle.dumps(mesh).hex()],
-            capture_output=True, text=True, check=True, env=env, timeout=120,
+            capture_output=True, text=True, check=True, env=env, timeout=patience(120),
         ).stdout.split(maxsplit=4)
         assert out[:4] == [mesh.universe.id, mesh.universe.id, "True", "True"]
         assert out[4].strip() == str(mesh.groups("td"))
