@@ -455,7 +455,9 @@ def test_a_master_addr_naming_no_host_fails_there_and_its_peers_wait_the_timeout
                                      "JOB_TIMEOUT": "5"}, {"RANK": "0", "WORLD_SIZE": "2", "JOB_TIMEOUT": "5"}])
     kind, seconds, message = outcomes["1"]
     assert kind == "ValueError" and "MASTER_ADDR='no-such-host.invalid' names no host" in message, outcomes
-    assert "on rank 1" in message and seconds < patience(2, 2), outcomes
+    # The name's lookup itself (the resolver's own wait where the name server does not answer: up to 3 s) and the
+    # interpreter's start are in it: seconds, not the 10-minute timeout.
+    assert "on rank 1" in message and seconds < within(5), outcomes
     kind, seconds, message = outcomes["0"]
     assert kind == "GroupTimeoutError" and "only 1 of the job's 2 processes started within 5s" in message, outcomes
     assert 5 <= seconds < patience(10, 2), outcomes
