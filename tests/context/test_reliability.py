@@ -608,7 +608,9 @@ def test_a_bad_launcher_environment_fails_at_once(environ: dict[str, str], expec
     started = time.monotonic()
     with pytest.raises(ValueError, match=expected):
         Context.from_env(backend="gloo")
-    assert time.monotonic() - started < within(1) and not torch.distributed.is_initialized()
+    # At once: its report to the store (one connection, 1.0 s measured where the name server is slow), not a wait for
+    # its peers or the 10-minute timeout.
+    assert time.monotonic() - started < within(3) and not torch.distributed.is_initialized()
     assert expected in Report.loads(store.get(FAILED)).describe()  # its peers stop waiting: see below
 
 
@@ -622,7 +624,9 @@ def test_a_missing_rank_fails_at_once_and_its_peers_are_told(monkeypatch: pytest
     started = time.monotonic()
     with pytest.raises(ValueError, match="the launcher's RANK is not set"):
         Context(backend="gloo", init_method="env://")
-    assert time.monotonic() - started < within(1) and not torch.distributed.is_initialized()
+    # At once: its report to the store (one connection, 1.0 s measured where the name server is slow), not a wait for
+    # its peers or the 10-minute timeout.
+    assert time.monotonic() - started < within(3) and not torch.distributed.is_initialized()
     assert "RANK is not set" in Report.loads(store.get(FAILED)).describe()
 
 
