@@ -5,7 +5,7 @@ fake-backend step records.
 **Context parallelism** as the planner models it (all-gather K/V, Llama 3's and torchtitan's ``allgather``
 rotation): ``examples/train.py``'s model with each rank of a ``cp`` group holding ``seq_len / cp`` tokens (and
 their positions); every attention concatenates its local keys and values and all-gathers them over ``cp`` along
-the sequence (``all_gather_single_autograd``: its backward reduce-scatters their gradients), the queries attend
+the sequence (``all_gather_tensor_autograd``: its backward reduce-scatters their gradients), the queries attend
 causally to the whole gathered sequence; FSDP2 shards over ``dp_shard_cp`` (the cp ranks hold different tokens,
 so their gradients are reduced together with the data-parallel ones), tensor parallelism splits the heads.
 
@@ -58,13 +58,13 @@ def context_parallel_attention(attention: Any, cp_mesh: Any, cp_index: int, cp: 
     """Make ``attention`` (``examples/train.py``'s ``Attention``) attend over the whole sequence from its local
     part: K and V concatenated, all-gathered over ``cp_mesh`` along the sequence, split again; the causal mask
     offset by the local part's start."""
-    from torch.distributed._functional_collectives import all_gather_single_autograd
+    from torch.distributed._functional_collectives import all_gather_tensor_autograd  # torch 2.10 has no *_single_*
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
         q, k, v = (proj(x).view(batch, length, -1, attention.head_dim) for proj in
                    (attention.q, attention.k, attention.v))
-        kv = all_gather_single_autograd(torch.cat([k, v], dim=-1), gather_dim=1, group=cp_mesh)
+        kv = all_gather_tensor_autograd(torch.cat([k, v], dim=-1), gather_dim=1, group=cp_mesh)
         k, v = kv.split(attention.head_dim, dim=-1)
         rows = torch.arange(length).unsqueeze(1) + cp_index * length
         mask = torch.arange(length * cp).unsqueeze(0) <= rows

@@ -14,6 +14,7 @@ and receives together are compared with that count.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import pytest
@@ -80,13 +81,15 @@ def pipelined_step(ctx: fmesh.Context, pp: int, m: int, layers: int, dim: int, s
     fully_shard(part, mesh=dp_mesh, reshard_after_forward=False)
     (dp_index,) = dims.mesh("dp").coordinate(ctx.rank) or (0,)
     data = train.batches(0, batch, seq).chunk(dims.dp_shard)[dp_index]
+    inputs, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()  # torch 2.10's stage checks strides
     size = data.shape[0] // m
-    example = data[:size, :-1] if index == 0 else torch.randn(size, seq, dim, requires_grad=True)
+    example = inputs[:size] if index == 0 else torch.randn(size, seq, dim, requires_grad=True)
     shapes: dict[str, Any] = {"output_args": (torch.randn(size, seq, 256 if index == pp - 1 else dim),)}
-    if index != pp - 1:
-        shapes["output_grads"] = (torch.randn(size, seq, dim),)
-    if index != 0:
-        shapes["input_grads"] = (torch.randn(size, seq, dim),)
+    if "output_grads" in inspect.signature(PipelineStage).parameters:  # torch ≥ 2.11; 2.10 infers them
+        if index != pp - 1:
+            shapes["output_grads"] = (torch.randn(size, seq, dim),)
+        if index != 0:
+            shapes["input_grads"] = (torch.randn(size, seq, dim),)
     stage = PipelineStage(part, index, pp, torch.device("cpu"), input_args=(example,), group=ctx.group(dims.mesh("pp")),
                           **shapes)
     schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=lambda out, target: F.cross_entropy(
@@ -95,9 +98,9 @@ def pipelined_step(ctx: fmesh.Context, pp: int, m: int, layers: int, dim: int, s
 
     def step() -> None:
         if index == 0:
-            schedule.step(data[:, :-1])
+            schedule.step(inputs)
         elif index == pp - 1:
-            schedule.step(target=data[:, 1:])
+            schedule.step(target=targets)
         else:
             schedule.step()
 
