@@ -188,8 +188,9 @@ class Options:
     * ``pipeline_interleave``: the model chunks each pipeline rank holds (Narayanan et al. 2021's interleaved
       1F1B: ``v`` chunks cut the bubble to ``(pp - 1) / (v m)`` and send ``v`` times as often); 1: plain 1F1B;
     * ``elementwise_bytes``: bytes the non-matmul operations (norms, activations, dropout, residuals, softmax)
-      read and write per token, per hidden unit, per layer over a step, at the GPU's memory bandwidth
-      (0: not counted);
+      read and write per token, per hidden unit, per layer, in one pass over the layers, at the GPU's memory
+      bandwidth; a step makes 3 passes (the forward, the backward at two), 4 with full recomputation
+      (:func:`fmesh.plan.step.elementwise_seconds`; 0: not counted);
     * ``overlap_data_parallel``: the data-parallel collectives (FSDP's, HSDP's and the loss's) run beside the
       compute (FSDP2 prefetches; only what exceeds the compute counts); off, they count in full (Megatron-LM's
       gradient all-reduce of 2021-22, after the backward);

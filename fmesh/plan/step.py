@@ -201,20 +201,27 @@ def compute_seconds(model: Model, options: Options, dims: ParallelDims, hardware
 
 def elementwise_seconds(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> float:
     """Seconds of the operations that are not matrix multiplies, which memory bandwidth bounds: every token
-    of the step passes ``options.elementwise_bytes`` bytes per hidden unit per layer through memory, the work
-    spread over every GPU as the FLOPs are.
+    passes ``options.elementwise_bytes`` bytes per hidden unit per layer through memory in each pass over the
+    layers, counted as the FLOPs are: the forward one pass, the backward two, and full recomputation's second
+    forward one more (3 passes, or 4 with full recomputation: the recomputed forward re-runs its norms,
+    activations and dropout), the work spread over every GPU as the FLOPs are.
 
     >>> from fmesh.plan.hardware import hardware
     >>> from fmesh.plan.model import preset
-    >>> m = preset("megatron-22b")
-    >>> elementwise_seconds(m, Options(), ParallelDims(8, tp=8), hardware("a100"))
+    >>> m, dims, a100 = preset("megatron-22b"), ParallelDims(8, tp=8), hardware("a100")
+    >>> elementwise_seconds(m, Options(), dims, a100)
     0.0
-    >>> round(elementwise_seconds(m, Options(elementwise_bytes=100), ParallelDims(8, tp=8), hardware("a100")), 4)
-    0.0148
+    >>> round(elementwise_seconds(m, Options(recompute="none", elementwise_bytes=100), dims, a100), 4)
+    0.0444
+    >>> round(elementwise_seconds(m, Options(recompute="full", elementwise_bytes=100), dims, a100), 4)
+    0.0592
     """
+    if not options.elementwise_bytes:
+        return 0.0
     tokens = model.global_batch * model.seq_len
-    return tokens * model.layers * model.hidden * options.elementwise_bytes / (dims.world_size
-                                                                                * hardware.memory_bandwidth)
+    passes = 4 if options.mode == "full" else 3
+    return passes * tokens * model.layers * model.hidden * options.elementwise_bytes / (
+        dims.world_size * hardware.memory_bandwidth)
 
 
 def transfer_seconds(transfer: Transfer, dims: ParallelDims, topology: Topology, hardware: Hardware,
@@ -257,8 +264,8 @@ def _assumptions(model: Model, options: Options, dims: ParallelDims, hardware: H
         f"collectives at NCCL's ring/tree model on {options.link_efficiency:.0%} of peak link bandwidth "
         "(fmesh.plan.costs)",
         f"{_schedule(options)} pipeline; activation recomputation: {options.mode}",
-        f"non-matmul operations: {options.elementwise_bytes:g} bytes per token per hidden unit per layer at "
-        f"{hardware.memory_bandwidth / 1e12:.2f} TB/s",
+        f"non-matmul operations: {options.elementwise_bytes:g} bytes per token per hidden unit per layer per pass "
+        f"(3 passes a step, 4 with full recomputation) at {hardware.memory_bandwidth / 1e12:.2f} TB/s",
         f"sequence parallelism {'on' if options.sequence_parallel else 'off'} (with tp > 1); FlashAttention "
         f"{'on' if options.flash_attention else 'off'}; dropout {'on' if options.dropout else 'off'}; per parameter "
         f"{options.param_bytes} B weights, {options.grad_bytes} B gradients, {options.master_bytes} + "
