@@ -18,6 +18,7 @@ the byte model (:mod:`fmesh.plan.traffic`) and the memory model (:mod:`fmesh.pla
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
@@ -359,6 +360,12 @@ def layer_weights(model: Model) -> tuple[Weight, ...]:
     ...                                       attention_biases=False, mlp_biases=False, rms_norm=True))]
     ['norm1.weight', 'norm2.weight', 'attention.qkv.weight', 'attention.o.weight', 'up.weight', 'down.weight']
     """
+    return _layer_weights(model)
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_weights(model: Model) -> tuple[Weight, ...]:
+    """:func:`layer_weights`, remembered per model: the search asks for one model's a hundred thousand times."""
     h, b = model.hidden, model.attention_biases
     weights = [*_norm(model, "norm1"), *_norm(model, "norm2")]
     if model.fused_qkv:
