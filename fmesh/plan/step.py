@@ -33,6 +33,7 @@ prefetches), so only what exceeds the compute counts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -100,14 +101,22 @@ def flops_parts(model: Model, options: Options) -> tuple[float, float]:
     (1.069, 0.045)
     """
     tokens = model.global_batch * model.seq_len
-    layer_matmuls = (active_parameter_count(model) - model.vocab * model.hidden) // model.layers
-    castable = sum(w.numel * (model.top_k if w.expert else 1) for w in layer_weights(model) if w.fp8)
+    layer_matmuls, castable = _layer_matmuls(model)
     scores = (2 if options.flash_attention else 4) * model.seq_len * model.hidden  # causal blocks skipped
     forwards = 4 if options.mode == "full" else 3  # forward, backward (twice), and the recomputed forward
     linear = forwards * tokens * model.layers * 2.0 * castable
     rest = forwards * tokens * model.layers * 2.0 * (layer_matmuls - castable)  # norms, biases, the router
     rest += (3.0 if options.mode == "none" else 4.0) * tokens * model.layers * scores
     return linear, rest + 3.0 * tokens * 2 * model.vocab * model.hidden
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_matmuls(model: Model) -> tuple[int, int]:
+    """The weights one token multiplies by per layer (``top_k`` experts of a MoE layer), and those of them
+    :attr:`Weight.fp8` marks: per model, remembered (the search costs one model's layouts by the thousand)."""
+    layer_matmuls = (active_parameter_count(model) - model.vocab * model.hidden) // model.layers
+    castable = sum(w.numel * (model.top_k if w.expert else 1) for w in layer_weights(model) if w.fp8)
+    return layer_matmuls, castable
 
 
 def step_flops(model: Model, options: Options) -> float:
