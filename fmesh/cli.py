@@ -167,8 +167,8 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
                             "sequence (all_gather/reduce_scatter instead of all_reduce; default on)")
     model.add_argument("--efficiency", type=float,
                        help="the fraction of the GPU's peak FLOP/s the matrix multiplies reach (default 0.5, a "
-                            "stated guess; on A100s, bench/planner_validation.py --fit-all fits 0.70 with "
-                            "--efficiency-half-width 151 --elementwise-bytes 946)")
+                            "stated guess; on A100s, bench/planner_validation.py --fit-all fits 0.71 with "
+                            "--efficiency-half-width 175 --elementwise-bytes 269)")
     model.add_argument("--flash-attention", action=argparse.BooleanOptionalAction,
                        help="the s x s attention scores are never stored (default on)")
     model.add_argument("--dropout", action=argparse.BooleanOptionalAction,
@@ -193,8 +193,9 @@ def _add_plan_arguments(plan: argparse.ArgumentParser) -> None:
     model.add_argument("--link-efficiency", type=float, metavar="F",
                        help="the fraction of the links' peak bandwidth the collectives reach (default 1)")
     model.add_argument("--elementwise-bytes", type=float, metavar="B",
-                       help="bytes the non-matmul operations move per token, hidden unit and layer in a step, at the "
-                            "GPU's memory bandwidth (default 0: not counted)")
+                       help="bytes the non-matmul operations move per token, hidden unit and layer in one pass over "
+                            "the layers (3 a step, 4 with full recomputation), at the GPU's memory bandwidth "
+                            "(default 0: not counted)")
     model.add_argument("--overlap-data-parallel", action=argparse.BooleanOptionalAction,
                        help="the FSDP/HSDP/loss collectives run beside the compute (default on); off: after the "
                             "backward, in full (Megatron-LM 2021-22)")

@@ -18,6 +18,7 @@ the byte model (:mod:`fmesh.plan.traffic`) and the memory model (:mod:`fmesh.pla
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
@@ -188,8 +189,9 @@ class Options:
     * ``pipeline_interleave``: the model chunks each pipeline rank holds (Narayanan et al. 2021's interleaved
       1F1B: ``v`` chunks cut the bubble to ``(pp - 1) / (v m)`` and send ``v`` times as often); 1: plain 1F1B;
     * ``elementwise_bytes``: bytes the non-matmul operations (norms, activations, dropout, residuals, softmax)
-      read and write per token, per hidden unit, per layer over a step, at the GPU's memory bandwidth
-      (0: not counted);
+      read and write per token, per hidden unit, per layer, in one pass over the layers, at the GPU's memory
+      bandwidth; a step makes 3 passes (the forward, the backward at two), 4 with full recomputation
+      (:func:`fmesh.plan.step.elementwise_seconds`; 0: not counted);
     * ``overlap_data_parallel``: the data-parallel collectives (FSDP's, HSDP's and the loss's) run beside the
       compute (FSDP2 prefetches; only what exceeds the compute counts); off, they count in full (Megatron-LM's
       gradient all-reduce of 2021-22, after the backward);
@@ -358,6 +360,12 @@ def layer_weights(model: Model) -> tuple[Weight, ...]:
     ...                                       attention_biases=False, mlp_biases=False, rms_norm=True))]
     ['norm1.weight', 'norm2.weight', 'attention.qkv.weight', 'attention.o.weight', 'up.weight', 'down.weight']
     """
+    return _layer_weights(model)
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_weights(model: Model) -> tuple[Weight, ...]:
+    """:func:`layer_weights`, remembered per model: the search asks for one model's a hundred thousand times."""
     h, b = model.hidden, model.attention_biases
     weights = [*_norm(model, "norm1"), *_norm(model, "norm2")]
     if model.fused_qkv:

@@ -33,6 +33,7 @@ prefetches), so only what exceeds the compute counts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -100,14 +101,22 @@ def flops_parts(model: Model, options: Options) -> tuple[float, float]:
     (1.069, 0.045)
     """
     tokens = model.global_batch * model.seq_len
-    layer_matmuls = (active_parameter_count(model) - model.vocab * model.hidden) // model.layers
-    castable = sum(w.numel * (model.top_k if w.expert else 1) for w in layer_weights(model) if w.fp8)
+    layer_matmuls, castable = _layer_matmuls(model)
     scores = (2 if options.flash_attention else 4) * model.seq_len * model.hidden  # causal blocks skipped
     forwards = 4 if options.mode == "full" else 3  # forward, backward (twice), and the recomputed forward
     linear = forwards * tokens * model.layers * 2.0 * castable
     rest = forwards * tokens * model.layers * 2.0 * (layer_matmuls - castable)  # norms, biases, the router
     rest += (3.0 if options.mode == "none" else 4.0) * tokens * model.layers * scores
     return linear, rest + 3.0 * tokens * 2 * model.vocab * model.hidden
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_matmuls(model: Model) -> tuple[int, int]:
+    """The weights one token multiplies by per layer (``top_k`` experts of a MoE layer), and those of them
+    :attr:`Weight.fp8` marks: per model, remembered (the search costs one model's layouts by the thousand)."""
+    layer_matmuls = (active_parameter_count(model) - model.vocab * model.hidden) // model.layers
+    castable = sum(w.numel * (model.top_k if w.expert else 1) for w in layer_weights(model) if w.fp8)
+    return layer_matmuls, castable
 
 
 def step_flops(model: Model, options: Options) -> float:
@@ -201,20 +210,27 @@ def compute_seconds(model: Model, options: Options, dims: ParallelDims, hardware
 
 def elementwise_seconds(model: Model, options: Options, dims: ParallelDims, hardware: Hardware) -> float:
     """Seconds of the operations that are not matrix multiplies, which memory bandwidth bounds: every token
-    of the step passes ``options.elementwise_bytes`` bytes per hidden unit per layer through memory, the work
-    spread over every GPU as the FLOPs are.
+    passes ``options.elementwise_bytes`` bytes per hidden unit per layer through memory in each pass over the
+    layers, counted as the FLOPs are: the forward one pass, the backward two, and full recomputation's second
+    forward one more (3 passes, or 4 with full recomputation: the recomputed forward re-runs its norms,
+    activations and dropout), the work spread over every GPU as the FLOPs are.
 
     >>> from fmesh.plan.hardware import hardware
     >>> from fmesh.plan.model import preset
-    >>> m = preset("megatron-22b")
-    >>> elementwise_seconds(m, Options(), ParallelDims(8, tp=8), hardware("a100"))
+    >>> m, dims, a100 = preset("megatron-22b"), ParallelDims(8, tp=8), hardware("a100")
+    >>> elementwise_seconds(m, Options(), dims, a100)
     0.0
-    >>> round(elementwise_seconds(m, Options(elementwise_bytes=100), ParallelDims(8, tp=8), hardware("a100")), 4)
-    0.0148
+    >>> round(elementwise_seconds(m, Options(recompute="none", elementwise_bytes=100), dims, a100), 4)
+    0.0444
+    >>> round(elementwise_seconds(m, Options(recompute="full", elementwise_bytes=100), dims, a100), 4)
+    0.0592
     """
+    if not options.elementwise_bytes:
+        return 0.0
     tokens = model.global_batch * model.seq_len
-    return tokens * model.layers * model.hidden * options.elementwise_bytes / (dims.world_size
-                                                                                * hardware.memory_bandwidth)
+    passes = 4 if options.mode == "full" else 3
+    return passes * tokens * model.layers * model.hidden * options.elementwise_bytes / (
+        dims.world_size * hardware.memory_bandwidth)
 
 
 def transfer_seconds(transfer: Transfer, dims: ParallelDims, topology: Topology, hardware: Hardware,
@@ -257,8 +273,8 @@ def _assumptions(model: Model, options: Options, dims: ParallelDims, hardware: H
         f"collectives at NCCL's ring/tree model on {options.link_efficiency:.0%} of peak link bandwidth "
         "(fmesh.plan.costs)",
         f"{_schedule(options)} pipeline; activation recomputation: {options.mode}",
-        f"non-matmul operations: {options.elementwise_bytes:g} bytes per token per hidden unit per layer at "
-        f"{hardware.memory_bandwidth / 1e12:.2f} TB/s",
+        f"non-matmul operations: {options.elementwise_bytes:g} bytes per token per hidden unit per layer per pass "
+        f"(3 passes a step, 4 with full recomputation) at {hardware.memory_bandwidth / 1e12:.2f} TB/s",
         f"sequence parallelism {'on' if options.sequence_parallel else 'off'} (with tp > 1); FlashAttention "
         f"{'on' if options.flash_attention else 'off'}; dropout {'on' if options.dropout else 'off'}; per parameter "
         f"{options.param_bytes} B weights, {options.grad_bytes} B gradients, {options.master_bytes} + "

@@ -253,5 +253,8 @@ def test_link_efficiency_and_non_matmul_time_scale_as_stated() -> None:
     assert tp_base and tp_slow
     busy = step_time(model, Options(recompute="none", elementwise_bytes=100), dims, H100, hosts)
     tokens = model.global_batch * model.seq_len
-    expected = tokens * model.layers * model.hidden * 100 / (16 * H100.memory_bandwidth)
+    expected = 3 * tokens * model.layers * model.hidden * 100 / (16 * H100.memory_bandwidth)  # 3 passes
     assert busy.compute - base.compute == pytest.approx(expected)
+    full = step_time(model, Options(recompute="full"), dims, H100, hosts)
+    full_busy = step_time(model, Options(recompute="full", elementwise_bytes=100), dims, H100, hosts)
+    assert full_busy.compute - full.compute == pytest.approx(expected * 4 / 3)  # the recomputed forward: a 4th

@@ -64,3 +64,17 @@ def test_calculons_figures_are_for_rows_of_the_data_set(runs: list[Any]) -> None
     calculon = json.loads((ROOT / "bench" / "data" / "calculon_runs.json").read_text())
     assert {row["id"] for row in calculon["rows"]} == {r.id for r in runs}
     assert sum(row["seconds"] is not None for row in calculon["rows"]) >= 20
+
+
+def test_held_out_error_meets_the_issues_target(runs: list[Any]) -> None:
+    results, _ = validation.leave_one_source_out(runs)
+    errors = [abs(r.error) for r in results]
+    assert len(errors) >= 25
+    assert sum(errors) / len(errors) <= 0.05 and max(errors) <= 0.10, (sum(errors) / len(errors), max(errors))
+
+
+def test_megatron_rows_reduce_fp16_gradients(runs: list[Any]) -> None:
+    data = json.loads((ROOT / "bench" / "data" / "published_runs.json").read_text())
+    framework = {row["id"]: row["framework"] for row in data["rows"]}
+    for run in runs:  # the framework's default (the data file's 'about'), not a per-row choice
+        assert run.options.grad_bytes == (2 if framework[run.id] == "megatron" else 4), run.id
