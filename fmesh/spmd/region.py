@@ -32,7 +32,7 @@ from fmesh.mesh import Mesh
 from fmesh.spmd.call import Rule
 from fmesh.spmd.check import MemberInt, Types, called
 from fmesh.spmd.placements import to_placements
-from fmesh.spmd.rehearsal import Collectives, Rehearsal
+from fmesh.spmd.rehearsal import Collectives, Rehearsal, random_state_kept
 from fmesh.spmd.spec import PartitionSpec, Sharding, check_spec, dim_axes
 from fmesh.spmd.trees import broadcast, leaves, rebuild
 from fmesh.spmd.types import (
@@ -507,7 +507,7 @@ class Region:
         rehearsal = Rehearsal(self.ctx)
         devices = sorted({t.device.index or 0 for t in flat if t.device.type == "cuda"})
         calls, ops = types.modes()
-        with torch.random.fork_rng(devices=devices), calls, ops:
+        with random_state_kept(devices), calls, ops:
             out = self.f(Axes(rehearsal, self.mesh, types), *blocks)
         values = leaves(out)
         for i, value in enumerate(values):

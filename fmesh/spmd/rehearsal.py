@@ -1,10 +1,13 @@
 """What a manual region asks of its context (``Collectives``: the :class:`~fmesh.Context` is one), and the
 check's stand-in for it (``Rehearsal``): each collective computed locally at the right shape, no
-communication, the axes it names noted."""
+communication, the axes it names noted; and the random state kept around a rehearsal (``random_state_kept``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import gc
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -79,3 +82,45 @@ class Rehearsal:
         return None
 
 
+
+
+# Why a lock and no collection: torch's get_rng_state locks the generator with the GIL held, then wraps the state in a
+# tensor; a collection that runs there may free a tensor and let the GIL go, and a second thread asking for the state
+# then holds the GIL while it waits for the generator: both wait for ever (torch 2.10-2.15; a region checked on
+# several threads of one process, as the tests' simulated worlds run, hung). One state read or write at a time, with
+# no collection inside, cannot deadlock. The lock guards the process's one generator: it is process-wide by nature.
+_GENERATOR = threading.Lock()
+
+
+@contextlib.contextmanager
+def _generator_held() -> Iterator[None]:
+    with _GENERATOR:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            yield
+        finally:
+            if collecting:
+                gc.enable()
+
+
+@contextlib.contextmanager
+def random_state_kept(devices: Sequence[int] = ()) -> Iterator[None]:
+    """``torch.random.fork_rng(devices)``, safe beside other threads: what runs inside draws random numbers as it
+    would outside, and the CPU's (and the CUDA ``devices``') random state is as it was afterwards.
+
+    >>> with random_state_kept():
+    ...     drawn = torch.rand(2)
+    >>> bool((torch.rand(2) == drawn).all())
+    True
+    """
+    with _generator_held():
+        cpu = torch.get_rng_state()
+        cuda = [torch.cuda.get_rng_state(device) for device in devices]
+    try:
+        yield
+    finally:
+        with _generator_held():
+            torch.set_rng_state(cpu)
+            for device, state in zip(devices, cuda, strict=True):
+                torch.cuda.set_rng_state(state, device)
