@@ -15,9 +15,12 @@ three each, which is more descriptors than this machine allows a process). Each 
 Context puts through the store, with fmesh's own code, phase after phase (all ranks meet at a barrier between
 phases):
 
-1. start: the start rendezvous (``fmesh.context.store.rendezvous.meet``) carrying the agreement on every group of a
-   5-D mesh (pp, dp_replicate, dp_shard, cp, tp), as ``Context.from_env(meshes=[mesh])`` runs it (the description
-   of ``fmesh.context.group_plan.Agenda``), then the rank posts that it runs;
+1. start: ``fmesh.Context(backend="nccl", rank=r, world_size=N, meshes=[mesh])`` itself, fmesh's whole start code
+   (the start rendezvous carrying the agreement on every group of a 5-D mesh (pp, dp_replicate, dp_shard, cp, tp)
+   and the context's options, the default group's set-up, the context's epoch, its status board), as
+   ``Context.from_env(meshes=[mesh])`` runs it: only torch's process-wide default group is simulated, one per
+   thread (:class:`SimulatedTorch`: ``init_process_group`` records the rank's store and makes no connection), so
+   what is counted is fmesh's own operations and nothing else, and a step added to the start is counted here too;
 2. materialize: the one meeting of every rank on every group of the mesh that ``ctx.materialize(mesh)`` holds
    where the start did not carry them;
 3. agree: the agreement (``fmesh.context.store.agreement.agree``) on each group of the mesh that the rank is a
@@ -39,6 +42,7 @@ and 131,072 ranks against that capacity.
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
 import math
@@ -65,16 +69,18 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 import fmesh
+from fmesh.context import _torch
+from fmesh.context import world as world_module
 from fmesh.context.group_plan import Agenda
 from fmesh.context.groups import describe_group
 from fmesh.context.options import GroupSettings
 from fmesh.context.store import agreement as agreement_protocol
+from fmesh.context.store import rendezvous as rendezvous_module
 from fmesh.context.store import wait as wait_module
 from fmesh.context.store.board import Board
 from fmesh.context.store.keys import Keys
 from fmesh.context.store.records import EXITED
 from fmesh.context.store.recovery_vote import FENCED, agree_on_loss
-from fmesh.context.store.rendezvous import meet
 from fmesh.errors import MeshMismatchError
 
 PHASES = ("start", "materialize", "agree", "mismatch", "recover", "torch barrier")
@@ -163,6 +169,107 @@ class RankStore:
             return result
 
         return counted
+
+
+class PrefixedStore:
+    """``dist.PrefixStore`` over a rank's counting connection (torch's takes only its own stores): every key under
+    ``prefix/``, each operation one of the connection's."""
+
+    def __init__(self, prefix: str, store: Any) -> None:
+        self.prefix, self.underlying_store = prefix, store
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}"
+
+    def clone(self) -> PrefixedStore:
+        return PrefixedStore(self.prefix, self.underlying_store.clone())
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.underlying_store.set_timeout(timeout)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        call = getattr(self.underlying_store, name)
+
+        def prefixed(first: Any, *args: Any, **kwargs: Any) -> Any:
+            keys = [self._key(k) for k in first] if isinstance(first, list) else self._key(first)
+            return call(keys, *args, **kwargs)
+
+        return prefixed
+
+
+class SimulatedTorch(threading.local):
+    """torch's process-wide default group, one per simulated rank (thread): what ``fmesh.context.world`` reads of
+    torch. ``init_process_group`` records the store the rank's start handed it and connects nothing (torch's own
+    set-up, which is not fmesh's, sends the store nothing here); the job's store is the rank's counting connection
+    (``rendezvous.open_store``). Everything else is fmesh's code as a real start runs it."""
+
+    store: Any = None  # the rank's connection to the job's store (what open_store gives it)
+    size = 0
+    default: Any = None  # the default group's store, once "initialised"
+    backend = ""
+    rank = -1
+
+    def install(self) -> None:
+        local = self
+
+        class Dist:
+            PrefixStore = PrefixedStore
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(dist, name)
+
+            @staticmethod
+            def is_initialized() -> bool:
+                return local.default is not None
+
+            @staticmethod
+            def init_process_group(*, backend: str, rank: int, world_size: int, store: Any, **_: Any) -> None:
+                local.default, local.backend, local.rank, local.size = store, backend, rank, world_size
+
+            @staticmethod
+            def get_rank() -> int:
+                return local.rank
+
+            @staticmethod
+            def get_world_size() -> int:
+                return local.size
+
+            @staticmethod
+            def get_backend() -> str:
+                return local.backend
+
+        class Torch:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(_torch, name)
+
+            @staticmethod
+            def default_store() -> Any:
+                return local.default
+
+            @staticmethod
+            def root_store(store: Any) -> Any:
+                while isinstance(store, PrefixedStore):
+                    store = store.underlying_store
+                return store
+
+            @staticmethod
+            def bound_device(group: Any = None) -> None:
+                return None
+
+            @staticmethod
+            def set_group_timeout(group: Any, timeout: timedelta) -> None:
+                return None
+
+        def open_store(environ: Any, rank: int | None, world_size: int | None, timeout: timedelta) -> Any:
+            assert rank is not None and world_size is not None
+            return local.store, rank, world_size
+
+        world_module.dist = Dist()  # type: ignore[assignment]
+        world_module._torch = Torch()  # type: ignore[assignment]
+        rendezvous_module.open_store = open_store  # type: ignore[assignment]
+
+
+SIMULATED = SimulatedTorch()
 
 
 SERVE = """
@@ -256,8 +363,11 @@ def simulate(size: int) -> dict[str, Any]:
         held: dict[str, int] = {}  # each group this rank holds: how many of its members survive the loss
 
         def start() -> None:
-            meet(store, rank=rank, world_size=size, timeout=TIMEOUT, agenda=agenda.description)  # type: ignore[arg-type]
-            agreement.post("running")
+            SIMULATED.store = store
+            context = fmesh.Context(backend="nccl", rank=rank, world_size=size, name="scale", timeout=TIMEOUT,
+                                    creation_timeout=TIMEOUT, meshes=[mesh])
+            if context._board is not None:  # the harness's threads end without closing: no exit hook for them
+                atexit.unregister(context._board.post_exit)
 
         def materialize() -> None:
             agreement_protocol.agree(agreement, "meeting-all-1", range(size), agenda.description, "the mesh")
@@ -502,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give at least two sizes: the model is a fit")
     threading.stack_size(256 * 1024)  # thousands of threads: each with a small stack
     wait_module.ABORT_NOTICE_SECONDS = POLL_SECONDS  # see POLL_SECONDS
+    SIMULATED.install()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}\n")
     rows = []
     for size in sizes:
