@@ -42,7 +42,6 @@ and 131,072 ranks against that capacity.
 from __future__ import annotations
 
 import argparse
-import atexit
 import gc
 import json
 import math
@@ -69,8 +68,6 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 import fmesh
-from fmesh.context import _torch
-from fmesh.context import world as world_module
 from fmesh.context.group_plan import Agenda
 from fmesh.context.groups import describe_group
 from fmesh.context.options import GroupSettings
@@ -139,6 +136,8 @@ class Tally:
     def count(self, rank: int, moved: int) -> None:
         with self.lock:
             phase = self.phase[rank]
+            if phase not in self.ops:  # the harness's own steps (each rank's context closed at the end)
+                return
             self.ops[phase][rank] += 1
             self.bytes[phase][rank] += moved
 
@@ -198,10 +197,13 @@ class PrefixedStore:
 
 
 class SimulatedTorch(threading.local):
-    """torch's process-wide default group, one per simulated rank (thread): what ``fmesh.context.world`` reads of
-    torch. ``init_process_group`` records the store the rank's start handed it and connects nothing (torch's own
-    set-up, which is not fmesh's, sends the store nothing here); the job's store is the rank's counting connection
-    (``rendezvous.open_store``). Everything else is fmesh's code as a real start runs it."""
+    """torch's process-wide default group, one per simulated rank (thread), installed in torch itself (fmesh's code
+    is not touched): ``init_process_group`` records the store the rank's start handed it and connects nothing
+    (torch's own set-up, which is not fmesh's, sends the store nothing here), and ``is_initialized``, ``get_rank``,
+    ``get_world_size``, ``get_backend`` and the default store answer for the calling thread's rank; the default
+    group is bound to no device (NCCL's lazy start). The job's store is the rank's counting connection
+    (``rendezvous.open_store``, the one function of fmesh's replaced). Everything else is fmesh's code as a real
+    start runs it."""
 
     store: Any = None  # the rank's connection to the job's store (what open_store gives it)
     size = 0
@@ -212,60 +214,21 @@ class SimulatedTorch(threading.local):
     def install(self) -> None:
         local = self
 
-        class Dist:
-            PrefixStore = PrefixedStore
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(dist, name)
-
-            @staticmethod
-            def is_initialized() -> bool:
-                return local.default is not None
-
-            @staticmethod
-            def init_process_group(*, backend: str, rank: int, world_size: int, store: Any, **_: Any) -> None:
-                local.default, local.backend, local.rank, local.size = store, backend, rank, world_size
-
-            @staticmethod
-            def get_rank() -> int:
-                return local.rank
-
-            @staticmethod
-            def get_world_size() -> int:
-                return local.size
-
-            @staticmethod
-            def get_backend() -> str:
-                return local.backend
-
-        class Torch:
-            def __getattr__(self, name: str) -> Any:
-                return getattr(_torch, name)
-
-            @staticmethod
-            def default_store() -> Any:
-                return local.default
-
-            @staticmethod
-            def root_store(store: Any) -> Any:
-                while isinstance(store, PrefixedStore):
-                    store = store.underlying_store
-                return store
-
-            @staticmethod
-            def bound_device(group: Any = None) -> None:
-                return None
-
-            @staticmethod
-            def set_group_timeout(group: Any, timeout: timedelta) -> None:
-                return None
+        def init_process_group(*, backend: str, rank: int, world_size: int, store: Any, **_: Any) -> None:
+            local.default, local.backend, local.rank, local.size = store, backend, rank, world_size
 
         def open_store(environ: Any, rank: int | None, world_size: int | None, timeout: timedelta) -> Any:
             assert rank is not None and world_size is not None
             return local.store, rank, world_size
 
-        world_module.dist = Dist()  # type: ignore[assignment]
-        world_module._torch = Torch()  # type: ignore[assignment]
+        dist.PrefixStore = PrefixedStore  # type: ignore[misc,assignment]  # fmesh's reads of it too (root_store)
+        dist.is_initialized = lambda: local.default is not None
+        dist.init_process_group = init_process_group  # type: ignore[assignment]
+        dist.get_rank = lambda group=None: local.rank
+        dist.get_world_size = lambda group=None: local.size
+        dist.get_backend = lambda group=None: local.backend  # type: ignore[assignment,return-value]
+        c10d._get_default_store = lambda: local.default
+        c10d._get_default_group = lambda: None  # bound to no device
         rendezvous_module.open_store = open_store  # type: ignore[assignment]
 
 
@@ -361,13 +324,12 @@ def simulate(size: int) -> dict[str, Any]:
         stores.append(store)
         agreement = Board(store, PREFIX, rank, TIMEOUT)  # type: ignore[arg-type]
         held: dict[str, int] = {}  # each group this rank holds: how many of its members survive the loss
+        started: list[fmesh.Context] = []  # the rank's Context, once it started
 
         def start() -> None:
             SIMULATED.store = store
-            context = fmesh.Context(backend="nccl", rank=rank, world_size=size, name="scale", timeout=TIMEOUT,
-                                    creation_timeout=TIMEOUT, meshes=[mesh])
-            if context._board is not None:  # the harness's threads end without closing: no exit hook for them
-                atexit.unregister(context._board.post_exit)
+            started.append(fmesh.Context(backend="nccl", rank=rank, world_size=size, name="scale", timeout=TIMEOUT,
+                                         creation_timeout=TIMEOUT, meshes=[mesh]))
 
         def materialize() -> None:
             agreement_protocol.agree(agreement, "meeting-all-1", range(size), agenda.description, "the mesh")
@@ -404,6 +366,10 @@ def simulate(size: int) -> dict[str, Any]:
 
         for phase, step in zip(PHASES, (start, materialize, agree, mismatch, recover, torch_barrier), strict=True):
             run(rank, phase, step)
+        tally.phase[rank] = "end"  # not counted: the rank's context closed (its exit hook and connections go)
+        SIMULATED.default = None  # torch's default group is the harness's: nothing of torch's to destroy
+        for context in started:
+            context.close()
 
     threads = [threading.Thread(target=rank_main, args=(rank,), name=f"rank-{rank}", daemon=True)
                for rank in range(size)]
