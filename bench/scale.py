@@ -15,12 +15,13 @@ three each, which is more descriptors than this machine allows a process). Each 
 Context puts through the store, with fmesh's own code, phase after phase (all ranks meet at a barrier between
 phases):
 
-1. start: ``fmesh.Context(backend="nccl", rank=r, world_size=N, meshes=[mesh])`` itself, fmesh's whole start code
-   (the start rendezvous carrying the agreement on every group of a 5-D mesh (pp, dp_replicate, dp_shard, cp, tp)
-   and the context's options, the default group's set-up, the context's epoch, its status board), as
-   ``Context.from_env(meshes=[mesh])`` runs it: only torch's process-wide default group is simulated, one per
-   thread (:class:`SimulatedTorch`: ``init_process_group`` records the rank's store and makes no connection), so
-   what is counted is fmesh's own operations and nothing else, and a step added to the start is counted here too;
+1. start: ``fmesh.Context(backend="nccl", init_method="env://", rank=r, world_size=N, meshes=[mesh])`` itself,
+   fmesh's whole start code as ``Context.from_env(meshes=[mesh])`` runs it (the start rendezvous carrying the
+   agreement on every group of a 5-D mesh (pp, dp_replicate, dp_shard, cp, tp) and the context's options, torch's
+   set-up of the default group, the connected check where it connects, the context's epoch, its status board):
+   only torch's process-wide default group is simulated, one per thread (:class:`SimulatedTorch`, installed in
+   torch: ``init_process_group`` records the rank's store and connects nothing, as NCCL's starts), so what is
+   counted is fmesh's own operations, and a step added to the start is counted here too;
 2. materialize: the one meeting of every rank on every group of the mesh that ``ctx.materialize(mesh)`` holds
    where the start did not carry them;
 3. agree: the agreement (``fmesh.context.store.agreement.agree``) on each group of the mesh that the rank is a
@@ -328,8 +329,8 @@ def simulate(size: int) -> dict[str, Any]:
 
         def start() -> None:
             SIMULATED.store = store
-            started.append(fmesh.Context(backend="nccl", rank=rank, world_size=size, name="scale", timeout=TIMEOUT,
-                                         creation_timeout=TIMEOUT, meshes=[mesh]))
+            started.append(fmesh.Context(backend="nccl", init_method="env://", rank=rank, world_size=size,
+                                         name="scale", timeout=TIMEOUT, creation_timeout=TIMEOUT, meshes=[mesh]))
 
         def materialize() -> None:
             agreement_protocol.agree(agreement, "meeting-all-1", range(size), agenda.description, "the mesh")
@@ -554,7 +555,8 @@ def report(rows: list[dict[str, Any]], cap: dict[str, float], fits: dict[str, An
     print("\nstore busy s: the phase's operations at the measured capacity; spread for 10%: how long the ranks' "
           "arrival must be spread for the store host to stay under 10% of that capacity; wall s here: the phase "
           "on this machine, extrapolated (its simulated ranks arrive as fast as 2 cores drive them).")
-    print(f"\nAt {n:,} ranks a start (the rendezvous carrying the agreement on every group of the 5-D mesh) puts "
+    print(f"\nAt {n:,} ranks a start (fmesh's whole start: the rendezvous carrying the agreement on every group of "
+          f"the 5-D mesh and the context's options, then the context's board) puts "
           f"{start:,.0f} operations through the store: {busy:.1f}s of its measured capacity. Assuming the ranks "
           f"arrive as fast as here (the start extrapolated to {spread:,.0f}s), the store host runs at "
           f"{100 * share:.0f}% of that capacity ({'under' if share < 0.10 else 'OVER'} 10%); it stays under 10% "
