@@ -203,7 +203,7 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
             f"ranks disagree about the meshes they start with. Rank {rank} means: {agenda or 'none given'}; the "
             f"first rank to start means: {theirs or 'none given'}")).dumps())
     # The one key every outcome writes: "1" (all came), "failed" (a rank reported), "ended" and the ranks, or a
-    # mismatch of the agendas.
+    # mismatch of the agendas, or of the Context options.
     arrived = meeting.arrive(ALL_CAME)
 
     def look() -> bool:  # the first two to arrive watch for a rank that reports it cannot start, or that ended
