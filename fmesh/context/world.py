@@ -180,19 +180,19 @@ def launcher_ended(store: dist.Store, world_size: int) -> Callable[[], list[int]
 
 
 def _connected(rank: int, world_size: int, timeout: timedelta, gone: Callable[[], list[int]],
-               met: Met | None = None) -> None:
-    """Return once every rank's default group has connected: each counts itself in after the start's meeting
-    ``met`` (two store operations per rank, :func:`~fmesh.context.store.rendezvous.count_connected`), or, where no
-    meeting of fmesh's started the world (a store given), in a rendezvous of its own in the group's store. Without
+               after: tuple[dist.Store, keys.MeetingKeys] | None = None) -> None:
+    """Return once every rank's default group has connected: each counts itself in after the meeting the ranks held
+    just before (``after``: its store and keys; the start's, or a recovery's), two store operations per rank
+    (:func:`~fmesh.context.store.rendezvous.count_connected`), or, where no meeting of fmesh's started the world (a
+    store given), in a rendezvous of its own in the group's store. Without
     it a rank that finished connecting and left at once (its program done, or failed) cut a peer still connecting
     to it, which then failed inside torch's set-up with the backend's raw error: the default group's start race.
     Not where the default group connects nothing as it starts (NCCL without a bound device makes its communicator
     at the first collective): nothing races then."""
     if str(dist.get_backend()) == "nccl" and _torch.bound_device() is None:
         return
-    if met is not None:
-        rendezvous.count_connected(met.store, met.meeting, rank=rank, world_size=world_size, timeout=timeout,
-                                   gone=gone)
+    if after is not None:
+        rendezvous.count_connected(*after, rank=rank, world_size=world_size, timeout=timeout, gone=gone)
         return
     store = dist.PrefixStore(keys.CONNECTED, _torch.default_store())
     rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout, gone=gone)
@@ -268,7 +268,7 @@ class World:
         store: dist.Store | None = None, init_method: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT,
         generation: int = 0, agenda: Callable[[str], tuple[str, Mapping[str, str]]] | None = None,
         connect_timeout: timedelta | None = None,
-        gone: Callable[[], list[int]] | None = None,
+        gone: Callable[[], list[int]] | None = None, met_before: keys.MeetingKeys | None = None,
     ) -> World:
         """Join the default process group, initialising it first if nobody has.
 
@@ -279,7 +279,8 @@ class World:
         (its rendezvous and connections) is bounded by ``connect_timeout`` (the creation timeout), not by the
         collectives' ``timeout``: a rank that dies inside it costs the others that, not 10 minutes. Then the ranks
         wait until every one has connected (:func:`_connected`; ``gone`` names the ranks whose processes ended, the
-        launcher's marks by default).
+        launcher's marks by default; ``met_before``: the keys of a meeting the ranks held in ``store`` just before, a
+        recovery's, after which they count their connections).
         """
         backend = normalize_backend(backend)
         if not isinstance(name, str) or not name or "/" in name:
@@ -294,6 +295,7 @@ class World:
             checked_launch(os.environ)
         owns = not dist.is_initialized()
         agreed, options, met = "", None, None
+        after = (store, met_before) if store is not None and met_before is not None else None
         if owns and launched and backend != "fake":
             # fmesh's own env:// rendezvous: the ranks meet in the store by polling, so that a rank that cannot
             # start ends its peers' wait at once; torch's then runs with every rank present.
@@ -302,6 +304,7 @@ class World:
             met = _met(os.environ, rank, world_size, timeout, agreed, options, name)
             rank, world_size = met.rank, met.world_size
             store = dist.PrefixStore(keys.DEFAULT_GROUP, met.store)  # the namespace torch's env:// gives it
+            after = (met.store, met.meeting)
             init_method = None
         if owns:
             connecting = timeout if connect_timeout is None else min(timeout, connect_timeout)
@@ -317,7 +320,7 @@ class World:
                 _torch.set_group_timeout(None, timeout)
             if backend != "fake" and dist.get_world_size() > 1:
                 _connected(dist.get_rank(), dist.get_world_size(), connecting,
-                           gone or launcher_ended(_torch.default_store(), dist.get_world_size()), met)
+                           gone or launcher_ended(_torch.default_store(), dist.get_world_size()), after)
         elif world_size is not None and world_size != dist.get_world_size():
             raise ValueError(
                 f"world_size={world_size}, but the default group already has {dist.get_world_size()} ranks"
@@ -397,11 +400,11 @@ class World:
             return ended(list(survivors))
 
         try:
-            rendezvous.meet(store, rank=rank, world_size=world_size, timeout=meet_timeout, gone=gone)
+            held = rendezvous.meet(store, rank=rank, world_size=world_size, timeout=meet_timeout, gone=gone)
             return World.start(backend=self.backend, rank=rank, world_size=world_size, store=store, timeout=timeout,
                                device=self.device, gpus_per_node=min(self.local_world_size, world_size),
                                name=self.name, generation=self.generation + 1,
-                               connect_timeout=min(meet_timeout, NEW_WORLD_CONNECT), gone=gone)
+                               connect_timeout=min(meet_timeout, NEW_WORLD_CONNECT), gone=gone, met_before=held)
         except (RuntimeError, ValueError, GroupTimeoutError) as error:  # a survivor died after the vote, or in torch's
             failure = error                                             # set-up, or never came
             with contextlib.suppress(Exception):  # a half-made default group would be joined by the next try
