@@ -15,9 +15,13 @@ three each, which is more descriptors than this machine allows a process). Each 
 Context puts through the store, with fmesh's own code, phase after phase (all ranks meet at a barrier between
 phases):
 
-1. start: the start rendezvous (``fmesh.context.store.rendezvous.meet``) carrying the agreement on every group of a
-   5-D mesh (pp, dp_replicate, dp_shard, cp, tp), as ``Context.from_env(meshes=[mesh])`` runs it (the description
-   of ``fmesh.context.group_plan.Agenda``), then the rank posts that it runs;
+1. start: ``fmesh.Context(backend="nccl", init_method="env://", rank=r, world_size=N, meshes=[mesh])`` itself,
+   fmesh's whole start code as ``Context.from_env(meshes=[mesh])`` runs it (the start rendezvous carrying the
+   agreement on every group of a 5-D mesh (pp, dp_replicate, dp_shard, cp, tp) and the context's options, torch's
+   set-up of the default group, the connected check where it connects, the context's epoch, its status board):
+   only torch's process-wide default group is simulated, one per thread (:class:`SimulatedTorch`, installed in
+   torch: ``init_process_group`` records the rank's store and connects nothing, as NCCL's starts), so what is
+   counted is fmesh's own operations, and a step added to the start is counted here too;
 2. materialize: the one meeting of every rank on every group of the mesh that ``ctx.materialize(mesh)`` holds
    where the start did not carry them;
 3. agree: the agreement (``fmesh.context.store.agreement.agree``) on each group of the mesh that the rank is a
@@ -69,12 +73,12 @@ from fmesh.context.group_plan import Agenda
 from fmesh.context.groups import describe_group
 from fmesh.context.options import GroupSettings
 from fmesh.context.store import agreement as agreement_protocol
+from fmesh.context.store import rendezvous as rendezvous_module
 from fmesh.context.store import wait as wait_module
 from fmesh.context.store.board import Board
 from fmesh.context.store.keys import Keys
 from fmesh.context.store.records import EXITED
 from fmesh.context.store.recovery_vote import FENCED, agree_on_loss
-from fmesh.context.store.rendezvous import meet
 from fmesh.errors import MeshMismatchError
 
 PHASES = ("start", "materialize", "agree", "mismatch", "recover", "torch barrier")
@@ -133,6 +137,8 @@ class Tally:
     def count(self, rank: int, moved: int) -> None:
         with self.lock:
             phase = self.phase[rank]
+            if phase not in self.ops:  # the harness's own steps (each rank's context closed at the end)
+                return
             self.ops[phase][rank] += 1
             self.bytes[phase][rank] += moved
 
@@ -163,6 +169,71 @@ class RankStore:
             return result
 
         return counted
+
+
+class PrefixedStore:
+    """``dist.PrefixStore`` over a rank's counting connection (torch's takes only its own stores): every key under
+    ``prefix/``, each operation one of the connection's."""
+
+    def __init__(self, prefix: str, store: Any) -> None:
+        self.prefix, self.underlying_store = prefix, store
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}"
+
+    def clone(self) -> PrefixedStore:
+        return PrefixedStore(self.prefix, self.underlying_store.clone())
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.underlying_store.set_timeout(timeout)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        call = getattr(self.underlying_store, name)
+
+        def prefixed(first: Any, *args: Any, **kwargs: Any) -> Any:
+            keys = [self._key(k) for k in first] if isinstance(first, list) else self._key(first)
+            return call(keys, *args, **kwargs)
+
+        return prefixed
+
+
+class SimulatedTorch(threading.local):
+    """torch's process-wide default group, one per simulated rank (thread), installed in torch itself (fmesh's code
+    is not touched): ``init_process_group`` records the store the rank's start handed it and connects nothing
+    (torch's own set-up, which is not fmesh's, sends the store nothing here), and ``is_initialized``, ``get_rank``,
+    ``get_world_size``, ``get_backend`` and the default store answer for the calling thread's rank; the default
+    group is bound to no device (NCCL's lazy start). The job's store is the rank's counting connection
+    (``rendezvous.open_store``, the one function of fmesh's replaced). Everything else is fmesh's code as a real
+    start runs it."""
+
+    store: Any = None  # the rank's connection to the job's store (what open_store gives it)
+    size = 0
+    default: Any = None  # the default group's store, once "initialised"
+    backend = ""
+    rank = -1
+
+    def install(self) -> None:
+        local = self
+
+        def init_process_group(*, backend: str, rank: int, world_size: int, store: Any, **_: Any) -> None:
+            local.default, local.backend, local.rank, local.size = store, backend, rank, world_size
+
+        def open_store(environ: Any, rank: int | None, world_size: int | None, timeout: timedelta) -> Any:
+            assert rank is not None and world_size is not None
+            return local.store, rank, world_size
+
+        dist.PrefixStore = PrefixedStore  # type: ignore[misc,assignment]  # fmesh's reads of it too (root_store)
+        dist.is_initialized = lambda: local.default is not None
+        dist.init_process_group = init_process_group  # type: ignore[assignment]
+        dist.get_rank = lambda group=None: local.rank
+        dist.get_world_size = lambda group=None: local.size
+        dist.get_backend = lambda group=None: local.backend  # type: ignore[assignment,return-value]
+        c10d._get_default_store = lambda: local.default
+        c10d._get_default_group = lambda: None  # bound to no device
+        rendezvous_module.open_store = open_store  # type: ignore[assignment]
+
+
+SIMULATED = SimulatedTorch()
 
 
 SERVE = """
@@ -254,10 +325,12 @@ def simulate(size: int) -> dict[str, Any]:
         stores.append(store)
         agreement = Board(store, PREFIX, rank, TIMEOUT)  # type: ignore[arg-type]
         held: dict[str, int] = {}  # each group this rank holds: how many of its members survive the loss
+        started: list[fmesh.Context] = []  # the rank's Context, once it started
 
         def start() -> None:
-            meet(store, rank=rank, world_size=size, timeout=TIMEOUT, agenda=agenda.description)  # type: ignore[arg-type]
-            agreement.post("running")
+            SIMULATED.store = store
+            started.append(fmesh.Context(backend="nccl", init_method="env://", rank=rank, world_size=size,
+                                         name="scale", timeout=TIMEOUT, creation_timeout=TIMEOUT, meshes=[mesh]))
 
         def materialize() -> None:
             agreement_protocol.agree(agreement, "meeting-all-1", range(size), agenda.description, "the mesh")
@@ -294,6 +367,10 @@ def simulate(size: int) -> dict[str, Any]:
 
         for phase, step in zip(PHASES, (start, materialize, agree, mismatch, recover, torch_barrier), strict=True):
             run(rank, phase, step)
+        tally.phase[rank] = "end"  # not counted: the rank's context closed (its exit hook and connections go)
+        SIMULATED.default = None  # torch's default group is the harness's: nothing of torch's to destroy
+        for context in started:
+            context.close()
 
     threads = [threading.Thread(target=rank_main, args=(rank,), name=f"rank-{rank}", daemon=True)
                for rank in range(size)]
@@ -478,7 +555,8 @@ def report(rows: list[dict[str, Any]], cap: dict[str, float], fits: dict[str, An
     print("\nstore busy s: the phase's operations at the measured capacity; spread for 10%: how long the ranks' "
           "arrival must be spread for the store host to stay under 10% of that capacity; wall s here: the phase "
           "on this machine, extrapolated (its simulated ranks arrive as fast as 2 cores drive them).")
-    print(f"\nAt {n:,} ranks a start (the rendezvous carrying the agreement on every group of the 5-D mesh) puts "
+    print(f"\nAt {n:,} ranks a start (fmesh's whole start: the rendezvous carrying the agreement on every group of "
+          f"the 5-D mesh and the context's options, then the context's board) puts "
           f"{start:,.0f} operations through the store: {busy:.1f}s of its measured capacity. Assuming the ranks "
           f"arrive as fast as here (the start extrapolated to {spread:,.0f}s), the store host runs at "
           f"{100 * share:.0f}% of that capacity ({'under' if share < 0.10 else 'OVER'} 10%); it stays under 10% "
@@ -502,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give at least two sizes: the model is a fit")
     threading.stack_size(256 * 1024)  # thousands of threads: each with a small stack
     wait_module.ABORT_NOTICE_SECONDS = POLL_SECONDS  # see POLL_SECONDS
+    SIMULATED.install()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}\n")
     rows = []
     for size in sizes:

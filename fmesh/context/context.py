@@ -66,7 +66,7 @@ class Context:
         # Every argument is checked before any group is touched.
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         tensors = CallChecks.of(check_tensors)
-        agenda = starting_with(meshes, settings)  # the meshes its groups come from, agreed on as the ranks start
+        agenda = starting_with(meshes, settings, tensors.mode)  # its meshes' groups and options, agreed at start
         world = World.start(backend=backend, rank=rank, world_size=world_size, store=store, init_method=init_method,
                             timeout=settings.timeout, device=device, gpus_per_node=gpus_per_node, name=name,
                             agenda=agenda, connect_timeout=settings.creation_timeout)
@@ -86,8 +86,7 @@ class Context:
         self._simulated = simulated
         self._tensors = tensors  # the members' check of their calls before each collective (fmesh.context.call_checks)
         self._settings = attrs.evolve(settings, backend=world.backend)
-        # The ranks' status board (none on the fake backend, whose store cannot be used), once the ranks agree on
-        # every option that decides what goes over the wire.
+        # The ranks' status board (none on the fake backend), once they agree on every option that goes over the wire.
         self._board = world.board(self._settings.creation_timeout, wire_options(self._settings, tensors.mode))
         # fmesh.simulate: torch's LocalTensorMode runs collectives only over groups whose ranks ascend.
         self._groups = GroupRegistry(world, self._settings, board=self._board, ascending_only=simulated)
@@ -122,7 +121,8 @@ class Context:
         settings = GroupSettings.of(options, timeout, axis_options, creation_timeout=creation_timeout)
         tensors = CallChecks.of(check_tensors)  # every argument checked before the default group is made
         world = World.from_env(backend=backend, timeout=settings.timeout, gpus_per_node=gpus_per_node, name=name,
-                               agenda=starting_with(meshes, settings), connect_timeout=settings.creation_timeout)
+                               agenda=starting_with(meshes, settings, tensors.mode),
+                               connect_timeout=settings.creation_timeout)
         return cls._made(world, settings, tensors, meshes=meshes)
 
     @classmethod

@@ -17,7 +17,7 @@ import attrs
 
 from fmesh.context import _torch
 from fmesh.context.groups import GroupRegistry, describe_group, describe_mesh
-from fmesh.context.options import GroupSettings
+from fmesh.context.options import GroupSettings, wire_options
 from fmesh.context.world import World
 from fmesh.mesh import Mesh
 from fmesh.plan.communicators import PlanItem as PlanItem  # what Context.plan takes: the planner's
@@ -113,14 +113,21 @@ class Agenda:
         return tuple(r for r in range(world_size) if any(m.coordinate(r) is not None for m in self.meshes))
 
 
-def starting_with(items: Iterable[object], settings: GroupSettings) -> Callable[[str], str] | None:
-    """What the ranks compare as they start with the meshes ``items`` (``Context(meshes=...)``), given the backend
-    their world will have; ``None`` without meshes. The items are checked now, before any group is touched."""
+def starting_with(items: Iterable[object], settings: GroupSettings,
+                  check_tensors: str) -> Callable[[str], tuple[str, dict[str, str]]]:
+    """What the ranks compare as they start with the meshes ``items`` (``Context(meshes=...)``) under ``settings``
+    and the members' check ``check_tensors``, given the backend their world will have: the description of the
+    meshes' groups ("" without meshes) and the Context's wire-relevant options (:func:`wire_options`). The items are
+    checked now, before any group is touched."""
     items = tuple(items)
-    if not items:
-        return None
-    Agenda.of(items, settings)
-    return lambda backend: Agenda.of(items, attrs.evolve(settings, backend=backend)).description
+    if items:
+        Agenda.of(items, settings)
+
+    def agenda(backend: str) -> tuple[str, dict[str, str]]:
+        chosen = attrs.evolve(settings, backend=backend)
+        return (Agenda.of(items, chosen).description if items else ""), wire_options(chosen, check_tensors)
+
+    return agenda
 
 
 def agree_at_start(items: Iterable[object], registry: GroupRegistry, world: World) -> None:
@@ -144,7 +151,7 @@ def plan_items(items: Iterable[object], registry: GroupRegistry) -> list[tuple[M
     """Meshes (every axis, one by one) and ``(mesh, axes)`` pairs as checked ``(mesh, names)`` pairs.
 
     >>> import fmesh
-    >>> from fmesh.context.options import GroupSettings
+    >>> from fmesh.context.options import GroupSettings, wire_options
     >>> world = World.start(backend="fake", rank=0, world_size=4)
     >>> mesh = fmesh.make_mesh((2, 2), ("dp", "tp"))
     >>> plan_items([mesh, (mesh, ["tp", "dp"])], GroupRegistry(world, GroupSettings.of(None, 60, backend="fake")))

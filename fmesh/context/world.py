@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -124,11 +125,25 @@ def checked_launch(environ: Mapping[str, str]) -> None:
         raise
 
 
+@attrs.frozen
+class Met:
+    """What the start's meeting gave a rank: the job's ``store``, its ``rank``, the ``world_size``, the ``epoch`` of
+    the Context it starts (its number among the contexts of its name: it numbers the meeting) and the ``meeting``'s
+    keys."""
+
+    store: dist.Store
+    rank: int
+    world_size: int
+    epoch: int
+    meeting: keys.MeetingKeys
+
+
 def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None, timeout: timedelta,
-         agenda: str = "") -> tuple[dist.Store, int, int]:
-    """The job's store, this rank and the world size, once every rank has come (``env://``), meaning ``agenda``. A
-    rank that fails while the others wait for it (any error but the ones the rendezvous reports itself) posts its
-    error first, so that they stop waiting at once; a rank whose process the launcher saw end
+         agenda: str = "", options: Mapping[str, str] | None = None, name: str = "fmesh") -> Met:
+    """The job's store, this rank and the world size, once every rank has come (``env://``), meaning ``agenda`` and
+    ``options``; the meeting is numbered by the epoch of the Context ``name`` it starts (one ``add``, which numbers
+    that Context too). A rank that fails while the others wait for it (any error but the ones the rendezvous reports
+    itself) posts its error first, so that they stop waiting at once; a rank whose process the launcher saw end
     (:func:`launcher_ended`) ends the wait too."""
     try:
         store, rank, world_size = rendezvous.open_store(environ, rank, world_size, timeout)
@@ -138,17 +153,23 @@ def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None, t
     except LaunchError as error:  # MASTER_PORT taken: a rank 0 of this job may host the store there (RANK=0 twice)
         rendezvous.report_bad_environment(environ, error, host=False)
         raise
+    epochs: list[int] = []
+
+    def numbered() -> keys.MeetingKeys:  # the Context's epoch, counted where its later contexts count theirs
+        epochs.append(int(dist.PrefixStore(keys.DEFAULT_GROUP, store).add(keys.contexts_made(name, rank), 1)) - 1)
+        return keys.starting(name, epochs[0])
+
     try:
-        rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout,
-                        hosts=rendezvous.hosts_store(environ, rank), agenda=agenda,
-                        gone=launcher_ended(store, world_size))
+        meeting = rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout,
+                                  hosts=rendezvous.hosts_store(environ, rank), agenda=agenda, options=options,
+                                  gone=launcher_ended(store, world_size), numbered=numbered)
     except (ValueError, LaunchError, RankLostError, GroupTimeoutError, MeshMismatchError):  # reported, or another's
         raise
     except Exception as error:
         with contextlib.suppress(Exception):  # the report is a courtesy: this process's own error matters more
             rendezvous.post_failure(store, {k: environ[k] for k in rendezvous.ENVIRONMENT if k in environ}, error)
         raise
-    return store, rank, world_size
+    return Met(store, rank, world_size, epochs[0], meeting)
 
 
 def launcher_ended(store: dist.Store, world_size: int) -> Callable[[], list[int]]:
@@ -158,11 +179,22 @@ def launcher_ended(store: dist.Store, world_size: int) -> Callable[[], list[int]
     return lambda: sorted(r for r in read_list(root, keys.ENDED_LIST) if r < world_size)
 
 
-def _connected(rank: int, world_size: int, timeout: timedelta, gone: Callable[[], list[int]]) -> None:
-    """Return once every rank's default group has connected (a rendezvous of its own in the group's store). Without
+def _connected(rank: int, world_size: int, timeout: timedelta, gone: Callable[[], list[int]],
+               after: tuple[dist.Store, keys.MeetingKeys] | None = None) -> None:
+    """Return once every rank's default group has connected: each counts itself in after the meeting the ranks held
+    just before (``after``: its store and keys; the start's, or a recovery's), two store operations per rank
+    (:func:`~fmesh.context.store.rendezvous.count_connected`), or, where no meeting of fmesh's started the world (a
+    store given), in a rendezvous of its own in the group's store. Without
     it a rank that finished connecting and left at once (its program done, or failed) cut a peer still connecting
-    to it, which then failed inside torch's set-up with the backend's raw error: the default group's start race."""
-    store = dist.PrefixStore("fmesh/connected", _torch.default_store())
+    to it, which then failed inside torch's set-up with the backend's raw error: the default group's start race.
+    Not where the default group connects nothing as it starts (NCCL without a bound device makes its communicator
+    at the first collective): nothing races then."""
+    if str(dist.get_backend()) == "nccl" and _torch.bound_device() is None:
+        return
+    if after is not None:
+        rendezvous.count_connected(*after, rank=rank, world_size=world_size, timeout=timeout, gone=gone)
+        return
+    store = dist.PrefixStore(keys.CONNECTED, _torch.default_store())
     rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout, gone=gone)
 
 
@@ -215,6 +247,9 @@ class World:
     # What the ranks agreed on in the start's meeting besides the world size (fmesh's env:// rendezvous: the
     # description of the groups of the meshes they start with), or "" where no such meeting ran.
     agreed_at_start: str = ""
+    # The Context options the ranks agreed on in that meeting (JSON), or "" where none ran: its context agrees on
+    # none again, and each of its ranks is known to have come (its status board need not say so).
+    options_at_start: str = ""
 
     @property
     def namespace(self) -> str:
@@ -231,18 +266,21 @@ class World:
         cls, *, rank: int | None = None, world_size: int | None = None, backend: str | None = None,
         device: torch.device | str | None = None, gpus_per_node: int | None = None, name: str = "fmesh",
         store: dist.Store | None = None, init_method: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT,
-        generation: int = 0, agenda: Callable[[str], str] | None = None, connect_timeout: timedelta | None = None,
-        gone: Callable[[], list[int]] | None = None,
+        generation: int = 0, agenda: Callable[[str], tuple[str, Mapping[str, str]]] | None = None,
+        connect_timeout: timedelta | None = None,
+        gone: Callable[[], list[int]] | None = None, met_before: keys.MeetingKeys | None = None,
     ) -> World:
         """Join the default process group, initialising it first if nobody has.
 
         Every argument is checked before the default group is touched. ``agenda``: given the backend the world
-        will have, what else the ranks must mean as they start, compared in fmesh's env:// rendezvous where it runs
-        (:attr:`agreed_at_start` then holds it). Torch's set-up of the default group (its rendezvous and
-        connections) is bounded by ``connect_timeout`` (the creation timeout), not by the collectives' ``timeout``:
-        a rank that dies inside it costs the others that, not 10 minutes. Then the ranks wait until every one has
-        connected (:func:`_connected`; ``gone`` names the ranks whose processes ended, the launcher's marks by
-        default).
+        will have, what else the ranks must mean as they start (the description of the groups of their meshes, and
+        their Context's wire-relevant options), compared in fmesh's env:// rendezvous where it runs
+        (:attr:`agreed_at_start` and :attr:`options_at_start` then hold them). Torch's set-up of the default group
+        (its rendezvous and connections) is bounded by ``connect_timeout`` (the creation timeout), not by the
+        collectives' ``timeout``: a rank that dies inside it costs the others that, not 10 minutes. Then the ranks
+        wait until every one has connected (:func:`_connected`; ``gone`` names the ranks whose processes ended, the
+        launcher's marks by default; ``met_before``: the keys of a meeting the ranks held in ``store`` just before, a
+        recovery's, after which they count their connections).
         """
         backend = normalize_backend(backend)
         if not isinstance(name, str) or not name or "/" in name:
@@ -256,14 +294,17 @@ class World:
         if init_method == "env://" or (launched and rank is None):
             checked_launch(os.environ)
         owns = not dist.is_initialized()
-        agreed = ""
+        agreed, options, met = "", None, None
+        after = (store, met_before) if store is not None and met_before is not None else None
         if owns and launched and backend != "fake":
             # fmesh's own env:// rendezvous: the ranks meet in the store by polling, so that a rank that cannot
             # start ends its peers' wait at once; torch's then runs with every rank present.
             chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-            agreed = agenda(chosen) if agenda is not None else ""
-            store, rank, world_size = _met(os.environ, rank, world_size, timeout, agreed)
-            store = dist.PrefixStore("default_pg", store)  # the namespace torch's env:// rendezvous gives it
+            agreed, options = agenda(chosen) if agenda is not None else ("", None)
+            met = _met(os.environ, rank, world_size, timeout, agreed, options, name)
+            rank, world_size = met.rank, met.world_size
+            store = dist.PrefixStore(keys.DEFAULT_GROUP, met.store)  # the namespace torch's env:// gives it
+            after = (met.store, met.meeting)
             init_method = None
         if owns:
             connecting = timeout if connect_timeout is None else min(timeout, connect_timeout)
@@ -279,15 +320,15 @@ class World:
                 _torch.set_group_timeout(None, timeout)
             if backend != "fake" and dist.get_world_size() > 1:
                 _connected(dist.get_rank(), dist.get_world_size(), connecting,
-                           gone or launcher_ended(_torch.default_store(), dist.get_world_size()))
+                           gone or launcher_ended(_torch.default_store(), dist.get_world_size()), after)
         elif world_size is not None and world_size != dist.get_world_size():
             raise ValueError(
                 f"world_size={world_size}, but the default group already has {dist.get_world_size()} ranks"
             )
         backend = backend or str(dist.get_backend())
         size = int(dist.get_world_size())
-        epoch = 0
-        if backend != "fake":
+        epoch = met.epoch if met is not None else 0  # counted as the start's meeting was numbered
+        if backend != "fake" and met is None:
             # The n-th context of this name on each rank is the n-th on every rank (SPMD order), whenever each
             # rank makes it: a count per rank, not one shared count that assumes the ranks move in lockstep.
             epoch = _torch.default_store().add(keys.contexts_made(name, dist.get_rank()), 1) - 1
@@ -302,6 +343,7 @@ class World:
             owns_default_group=owns,
             generation=generation,
             agreed_at_start=agreed,
+            options_at_start=json.dumps(dict(options), sort_keys=True) if options is not None else "",
         )
 
     @classmethod
@@ -358,11 +400,11 @@ class World:
             return ended(list(survivors))
 
         try:
-            rendezvous.meet(store, rank=rank, world_size=world_size, timeout=meet_timeout, gone=gone)
+            held = rendezvous.meet(store, rank=rank, world_size=world_size, timeout=meet_timeout, gone=gone)
             return World.start(backend=self.backend, rank=rank, world_size=world_size, store=store, timeout=timeout,
                                device=self.device, gpus_per_node=min(self.local_world_size, world_size),
                                name=self.name, generation=self.generation + 1,
-                               connect_timeout=min(meet_timeout, NEW_WORLD_CONNECT), gone=gone)
+                               connect_timeout=min(meet_timeout, NEW_WORLD_CONNECT), gone=gone, met_before=held)
         except (RuntimeError, ValueError, GroupTimeoutError) as error:  # a survivor died after the vote, or in torch's
             failure = error                                             # set-up, or never came
             with contextlib.suppress(Exception):  # a half-made default group would be joined by the next try
@@ -382,17 +424,21 @@ class World:
 
     def board(self, creation_timeout: timedelta, options: Mapping[str, str]) -> Board | None:
         """This rank's status board for one context of this world (``None`` on the fake backend, whose store cannot be
-        used), on a store connection of its own, opened once the ranks agree on the context's wire-relevant
-        ``options`` (:meth:`~fmesh.context.store.board.Board.agree_options`). A rank that means others raises
+        used), on a store connection of its own, once the ranks agree on the context's wire-relevant ``options``:
+        in the start's meeting, where it carried them (:attr:`options_at_start`: no store operation more, and the
+        ranks all came, so a rank that posted no status runs), else now
+        (:meth:`~fmesh.context.store.board.Board.agree_options`). A rank that means others there raises
         ``ValueError`` naming each field that differs, having posted that error and aborted the default group this
         world made: the peers waiting for it raise ``RankLostError`` with that error."""
         if self.fake:
             return None
         store = _torch.store_client(self.store())
+        agreed = self.options_at_start == json.dumps(dict(options), sort_keys=True)  # in the start's meeting
         board = Board(store, keys.context_prefix(self.name, self.epoch), self.rank, creation_timeout,
-                      launcher_store=_torch.root_store(store) if self.generation == 0 else None).open()
+                      launcher_store=_torch.root_store(store) if self.generation == 0 else None, present=agreed).open()
         try:
-            board.agree_options(options)
+            if not agreed:
+                board.agree_options(options)
         except ValueError as error:
             board.leave(aborted=True, error=error)
             if self.close(abort=True):

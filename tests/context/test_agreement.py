@@ -116,6 +116,20 @@ def test_statuses_of_ranks_that_never_posted_one() -> None:
     assert agreement.statuses([0, 1]) == {0: Status(RUNNING), 1: Status(MISSING)}
 
 
+def test_a_board_whose_ranks_all_came_to_the_start_posts_nothing_as_it_opens_and_reads_them_running() -> None:
+    # The start's meeting proved that every rank came (issue 37: a store operation per rank less): a rank that posted
+    # no status since is running, not missing; one that posted is read as it posted.
+    store = dist.HashStore()
+    board = Board(store, "test", 0, timedelta(seconds=60), present=True).open()
+    try:
+        assert not store.check([board.keys.status(0)])
+        Board(store, "test", 1, timedelta(seconds=60), present=True).post("closed", aborted=True)
+        statuses = board.statuses([0, 1, 2])
+        assert statuses[0] == statuses[2] == Status(RUNNING) and statuses[1].state == "closed", statuses
+    finally:
+        board.leave(aborted=False)
+
+
 def test_a_close_after_an_abort_still_tells_the_abort() -> None:
     # abort() on a watchdog thread halts the context; close() on the main thread may post after it.
 

@@ -91,6 +91,22 @@ def test_a_context_started_with_a_mesh_makes_its_groups_without_meeting_again() 
     assert all(own == [False, False] for _, own in results), results
 
 
+def what_the_start_wrote(ctx: Context) -> tuple[bool, bool, bool, float]:
+    """Whether the context's options were agreed on in the start's meeting, and whether the options' own key and this
+    rank's status are in the store (neither is written: the start carried both), and a sum over the world."""
+    board = ctx._board
+    assert board is not None
+    return (bool(ctx._world.options_at_start), bool(board.store.check([board.keys.options])),
+            bool(board.store.check([board.keys.status(ctx.rank)])),
+            ctx.all_reduce(torch.ones(1), fmesh.make_mesh((4,), ("dp",)), "dp").item())
+
+
+@pytest.mark.slow
+def test_a_context_start_carries_its_options_and_every_ranks_presence_in_its_one_meeting() -> None:
+    # Issue 37: no meeting of the options' own, no status posted as the ranks start; the ranks still work together.
+    assert launch(what_the_start_wrote, 4, timeout=60, meshes=[MESH]) == [(True, False, False, 4.0)] * 4
+
+
 def materialized(ctx: Context) -> tuple[list[float], list[bool]]:
     ctx.materialize(MESH)
     return groups_met_once(ctx)

@@ -15,7 +15,7 @@ from support import in_threads, within
 
 import fmesh
 from fmesh.context.store import keys
-from fmesh.context.store.rendezvous import meet, post_failure
+from fmesh.context.store.rendezvous import count_connected, meet, post_failure
 
 
 def ranks_meet(store: dist.Store, world_sizes: dict[int, int], seconds: float = 20) -> dict[int, Any]:
@@ -82,3 +82,79 @@ def test_a_process_that_starts_again_keeps_its_rank() -> None:
     store = dist.HashStore()
     for _ in range(2):  # one process, two starts (threads of it here): its claim is its own
         assert all(error is None for error, _ in ranks_meet(store, {0: 2, 1: 2}).values())
+
+
+def test_ranks_whose_context_options_differ_are_each_told_which_field_and_whose() -> None:
+    """The Context's wire-relevant options travel in the start's own ``compare_set`` (issue 37: no meeting of their
+    own): a rank that means others ends the meeting, and every rank raises ValueError naming both ranks and the
+    field that differs, within seconds."""
+    store = dist.HashStore()
+    outcome: dict[int, Any] = {}
+
+    def rank_of(rank: int) -> None:
+        while rank != 0 and not store.check([keys.start(1).compared]):  # rank 0 compares first: its options stay
+            time.sleep(0.01)
+        started = time.monotonic()
+        try:
+            meet(store, rank=rank, world_size=3, timeout=timedelta(seconds=20),
+                 options={"backend": "'gloo'", "check_tensors": "'steady'" if rank != 1 else "'off'"})
+            outcome[rank] = (None, time.monotonic() - started)
+        except Exception as error:
+            outcome[rank] = (error, time.monotonic() - started)
+
+    in_threads(rank_of, [0, 1, 2])
+    for error, seconds in outcome.values():
+        assert isinstance(error, ValueError), outcome
+        assert "rank 1's Context options differ from rank 0's, which started first" in str(error), error
+        assert "check_tensors: 'off' on rank 1, 'steady' on rank 0" in str(error) and "backend" not in str(error)
+        assert seconds < within(5), outcome
+
+
+def test_ranks_whose_options_agree_meet_and_count_their_connections_in_two_operations_each() -> None:
+    store = dist.HashStore()
+    held: dict[int, keys.MeetingKeys] = {}
+
+    def rank_of(rank: int) -> None:
+        held[rank] = meet(store, rank=rank, world_size=3, timeout=timedelta(seconds=20), options={"backend": "'gloo'"})
+        counted = Counting(store)
+        count_connected(counted, held[rank], rank=rank, world_size=3, timeout=timedelta(seconds=20))
+        assert counted.calls <= 3, counted.calls  # one add and one read (and the verdict, for the last)
+
+    in_threads(rank_of, [0, 1, 2])
+    assert len(set(held.values())) == 1
+
+
+def test_a_rank_that_never_connects_is_a_timeout_and_one_that_ended_is_named() -> None:
+    meeting = keys.start("connect-test")
+    with pytest.raises(fmesh.GroupTimeoutError, match=r"only 1 of the job's 2 processes connected their default"):
+        count_connected(dist.HashStore(), meeting, rank=0, world_size=2, timeout=timedelta(seconds=0.3))
+    started = time.monotonic()
+    with pytest.raises(fmesh.RankLostError, match=r"the processes of ranks \[1\] ended before the job's default"):
+        count_connected(dist.HashStore(), meeting, rank=0, world_size=2, timeout=timedelta(seconds=20),
+                        gone=lambda: [1])
+    assert time.monotonic() - started < within(5)
+
+
+class Counting:
+    """A store that counts the operations made through it (its clones' too: a blocking wait's connection)."""
+
+    def __init__(self, inner: dist.Store, calls: list[int] | None = None) -> None:
+        self.inner, self.counter = inner, calls if calls is not None else [0]
+
+    @property
+    def calls(self) -> int:
+        return self.counter[0]
+
+    def clone(self) -> Counting:
+        return Counting(self.inner, self.counter)
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.inner, name)
+        if name == "set_timeout":  # the client's own setting: the store sees nothing
+            return call
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.counter[0] += 1
+            return call(*args, **kwargs)
+
+        return counted

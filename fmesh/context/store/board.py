@@ -2,7 +2,8 @@
 under its key, so that a peer kept waiting for it can tell why it does not come, and the launcher marks the ranks
 whose processes it saw end. Every protocol of :mod:`fmesh.context.store` reads the board to explain a slow meeting.
 
-A status is posted when a rank starts (``running``), waits at an agreement (``waiting``), sees a collective fail
+A status is posted when a rank starts (``running``; not where the start's meeting proved that every rank came:
+:attr:`Board.present`), waits at an agreement (``waiting``), sees a collective fail
 (``failing``), fails, recovers, closes or aborts its context, or its process exits without closing it. A rank whose
 status is final (failed, closed, exited) also joins one list (:meth:`Board.finals`), so that a watcher's look costs
 the same whatever the number of members it waits for.
@@ -127,6 +128,9 @@ class Board:
     # in a group it never came to can tell that the ranks made different groups.
     agreed: list[str] = attrs.field(factory=list, eq=False, repr=False)
     attempt: int = 0  # which of the context's recoveries its recovery keys are (Keys.attempt)
+    # Every rank of the context is known to have come (the start's meeting proved it): a rank that posted no status
+    # runs, so none posts that it does as it starts (a store operation per rank).
+    present: bool = False
     keys: Keys = attrs.field(init=False, eq=False, repr=False)
     waiter: Waiter = attrs.field(init=False, eq=False, repr=False)
 
@@ -161,9 +165,11 @@ class Board:
                           refused=refused)
 
     def open(self) -> Board:
-        """Post that this rank runs, and have a process that ends without closing its context tell its peers so at
-        interpreter exit (:meth:`post_exit`), instead of leaving them to wait for it."""
-        self.post(RUNNING)
+        """Post that this rank runs (where its ranks are not :attr:`present`), and have a process that ends without
+        closing its context tell its peers so at interpreter exit (:meth:`post_exit`), instead of leaving them to wait
+        for it."""
+        if not self.present:
+            self.post(RUNNING)
         atexit.register(self.post_exit)
         return self
 
@@ -231,8 +237,9 @@ class Board:
         return read_list(self.store, self.keys.finals)
 
     def statuses(self, ranks: Sequence[int], posted_before: set[int] | None = None) -> dict[int, Status]:
-        """The statuses of ``ranks`` (two round trips when all posted one; ranks that never did are ``missing``,
-        found by halving the ranks checked: a few checks per missing rank, then one ``multi_get``).
+        """The statuses of ``ranks`` (two round trips when all posted one; ranks that never did are ``missing``, or
+        ``running`` where the ranks are :attr:`present`, found by halving the ranks checked: a few checks per missing
+        rank, then one ``multi_get``).
         ``posted_before``: ranks known to have posted (a status is never taken back), not checked again, and updated
         with those found now: a watcher's later looks read its members' statuses in one round trip."""
         known = posted_before if posted_before is not None else set()
@@ -242,7 +249,8 @@ class Board:
         known.update(posted)
         read = (dict(zip(posted, self.store.multi_get([self.keys.status(rank) for rank in posted]), strict=True))
                 if posted else {})
-        return {rank: Status.loads(bytes(read[rank])) if rank in read else Status(MISSING) for rank in ranks}
+        never_posted = Status(RUNNING if self.present else MISSING)
+        return {rank: Status.loads(bytes(read[rank])) if rank in read else never_posted for rank in ranks}
 
     def current(self, statuses: dict[int, Status]) -> dict[int, Status]:
         """``statuses`` as they stand now: an agreement leaves its members' statuses at "waiting at K" (setting them

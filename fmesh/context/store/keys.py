@@ -71,14 +71,39 @@ def ended(rank: int) -> str:
     return f"fmesh/ended/{rank}"
 
 
-def start(generation: int) -> MeetingKeys:
+def start(generation: int | str) -> MeetingKeys:
     """The keys of the ranks' ``generation``-th start rendezvous: they compare the world size, count themselves, and
-    block on ``.../all``.
+    block on ``.../all``. A Context's start is numbered by its world's name and its epoch (:func:`starting`).
 
     >>> start(1).verdict
     'fmesh/start/1/all'
     """
     return MeetingKeys(f"{START}/{generation}", compared_name="world_size", verdict_name="all")
+
+
+def starting(name: str, epoch: int) -> MeetingKeys:
+    """The keys of the start rendezvous of the Context ``epoch`` of the world ``name`` (its number among the
+    contexts of that name, :func:`contexts_made`, taken as the rank starts: a Context's start is the n-th on every
+    rank).
+
+    >>> starting("fmesh", 0).compared
+    'fmesh/start/fmesh/0/world_size'
+    """
+    return start(f"{name}/{epoch}")
+
+
+def connected(meeting: MeetingKeys) -> MeetingKeys:
+    """The keys of the ranks' count of the default group's connections after the start ``meeting``: each adds itself
+    once connected, and blocks on ``.../connected/all``.
+
+    >>> connected(starting("fmesh", 0)).verdict
+    'fmesh/start/fmesh/0/connected/all'
+    """
+    return MeetingKeys(meeting.under("connected"), verdict_name="all")
+
+
+CONNECTED = "fmesh/connected"  # the rendezvous of the connected ranks where no start of fmesh's numbered one
+DEFAULT_GROUP = "default_pg"  # the namespace of the default group's store: the one torch's env:// rendezvous gives it
 
 
 def start_claim(restarts: str, rank: int) -> str:

@@ -248,13 +248,14 @@ def rank_list(ranks: Iterable[int]) -> str:
     return "".join(f"{rank}," for rank in ranks)
 
 
-def options_differ(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
+def options_differ(mine: Mapping[str, str], theirs: Mapping[str, object], here: str = "here",
+                   there: str = "there") -> list[str]:
     """The fields of two records of a context's options (:func:`~fmesh.context.options.wire_options`) that differ,
-    as ``name: this rank's value here, theirs there``.
+    as ``name: this rank's value here, theirs there`` (``here``, ``there``: how the two ranks are named).
 
     >>> options_differ({"check_tensors": "True"}, {"check_tensors": "False"})
     ['check_tensors: True here, False there']
     """
-    return [f"{name}: {mine.get(name, 'unset')} here, {theirs.get(name, 'unset')} there"
+    return [f"{name}: {mine.get(name, 'unset')} {here}, {theirs.get(name, 'unset')} {there}"
             for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
 

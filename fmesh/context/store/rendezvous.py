@@ -8,13 +8,20 @@ rendezvous, at a constant number of store operations per rank however long it wa
 
 0. ``compare_set(fmesh/start/claims/<restart>/<rank>, "", "host <host>, pid <pid>")``: a second process started
    with this ``RANK`` is a :class:`~fmesh.LaunchError` naming both (and reported, as below);
-1. ``add(fmesh/start/inits/<rank>, 1)``: this rank's n-th start, the n-th on every rank (SPMD order);
-2. ``compare_set(fmesh/start/<n>/world_size, "", mine)``: every rank means the same ``WORLD_SIZE``;
+1. ``add(default_pg/fmesh/<name>/contexts/<rank>, 1)``: the epoch of the Context this start makes (its number among
+   the contexts of its name, the n-th on every rank in SPMD order), which numbers this meeting too: ``<n>`` below is
+   ``<name>/<epoch>`` (``fmesh.context.world``; a plain :func:`meet` counts ``fmesh/start/inits/<rank>``);
+2. ``compare_set(fmesh/start/<n>/world_size, "", mine)``: every rank means the same ``WORLD_SIZE``, the same
+   meshes and the same Context options (the first rank's stays and comes back to each);
 3. ``add(fmesh/start/<n>/arrived, 1)``: the rank that brings the count to the world size writes ``.../all``;
 4. one blocking read of ``.../all``, which every outcome writes (:class:`~fmesh.context.store.meeting.Meeting`:
    a ``get`` waits for its key; nothing logged when it comes). The first two ranks to arrive (two, so that the
    watch survives the death of one) watch ``fmesh/start/failed`` (after 0.1 s, then at doubling intervals up to
    8 s) and write ``failed`` there when a rank reported it cannot start.
+
+Five store operations per rank, the whole of a Context's start where its default group connects nothing as it
+starts (NCCL); a default group that connects (gloo) then counts its connected ranks in ``.../connected``
+(:func:`count_connected`: two more).
 
 A rank whose launcher environment is bad posts its error and the variables it read under ``fmesh/start/failed``
 (:func:`report_bad_environment`, when ``MASTER_ADDR`` and ``MASTER_PORT`` reach the store), and every rank
@@ -26,7 +33,8 @@ raises one too (torch's client would wait forever).
 
 >>> import torch.distributed as dist
 >>> from datetime import timedelta
->>> meet(dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=5))  # alone: met at once
+>>> meet(dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=5)).verdict  # alone: met at once
+'fmesh/start/1/all'
 """
 
 from __future__ import annotations
@@ -47,15 +55,16 @@ from fmesh.context.store import keys
 from fmesh.context.store.board import absent
 from fmesh.context.store.keys import START_FAILED as FAILED
 from fmesh.context.store.keys import START_SEEN as SEEN
-from fmesh.context.store.keys import digest
+from fmesh.context.store.keys import MeetingKeys, digest
 from fmesh.context.store.meeting import Meeting, watches
-from fmesh.context.store.records import MISMATCH, Verdict
+from fmesh.context.store.records import MISMATCH, Verdict, options_differ
 from fmesh.context.store.wait import Waiter
 from fmesh.errors import GroupTimeoutError, LaunchError, MeshMismatchError, RankLostError
 
 ALL_CAME = "1"  # an outcome: every rank came
 REPORTED = "failed"  # an outcome: a rank reported that it cannot start (under keys.START_FAILED)
 ENDED = "ended"  # an outcome: the ranks that follow, in JSON, ended before coming (``gone``)
+DIFFERENT_OPTIONS = "options"  # an outcome: a rank's Context options differ from the first rank's (the message says)
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 REPORT_CONNECT_SECONDS = 3.0  # how long a bad rank tries to reach the store to report (then it only raises)
 WATCH_SECONDS = 0.1  # when the first rank to arrive first looks for a report (then at doubling intervals)
@@ -150,8 +159,9 @@ def _client(address: str, port: int, world_size: int | None, timeout: timedelta,
 
 
 def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, hosts: bool = False,
-         gone: Callable[[], list[int]] | None = None, agenda: str = "") -> None:
-    """Wait until all ``world_size`` ranks have come to ``store`` (steps 1-4 above).
+         gone: Callable[[], list[int]] | None = None, agenda: str = "", options: Mapping[str, str] | None = None,
+         numbered: Callable[[], MeetingKeys] | None = None) -> MeetingKeys:
+    """Wait until all ``world_size`` ranks have come to ``store`` (steps 1-4 above); the keys of the meeting held.
 
     :class:`~fmesh.RankLostError` as soon as a rank reports a bad launcher environment (naming what it read), or
     ``gone()`` (asked by the first two to arrive, as they watch) names ranks whose processes ended,
@@ -162,15 +172,22 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     ``agenda``: what else every rank must mean as it starts (the description of the groups of the meshes it will
     use, :func:`fmesh.context.group_plan.agenda`), compared in the same ``compare_set`` as the world size, at no
     store operation more: a rank that means another agenda ends the meeting with a mismatch, and every rank raises
-    :class:`~fmesh.MeshMismatchError` naming both.
+    :class:`~fmesh.MeshMismatchError` naming both. ``options``: the record of the Context's wire-relevant options
+    (:func:`~fmesh.context.options.wire_options`), compared in the same ``compare_set``: a rank that means others
+    ends the meeting, and every rank raises ``ValueError`` naming both ranks and each field that differs.
+    ``numbered``: the keys of this meeting, taken once the rank claimed its place (step 1: a Context numbers its
+    start by its epoch, :func:`~fmesh.context.store.keys.starting`); by default the rank's next start.
 
     >>> store = dist.HashStore()
-    >>> meet(store, rank=0, world_size=1, timeout=timedelta(seconds=5), agenda="Mesh(dp=1)")
+    >>> meet(store, rank=0, world_size=1, timeout=timedelta(seconds=5), agenda="Mesh(dp=1)").verdict
+    'fmesh/start/1/all'
     """
     _claim(store, rank, world_size, hosts)
-    meeting = Meeting(store, keys.start(int(store.add(keys.start_count(rank), 1))), world_size)
-    mine = f"{world_size}\n{digest(agenda)}\n{agenda}" if agenda else str(world_size)
-    first_size, _, first_agenda = meeting.compare(mine).partition("\n")
+    held = numbered() if numbered is not None else keys.start(int(store.add(keys.start_count(rank), 1)))
+    meeting = Meeting(store, held, world_size)
+    record = json.dumps({"rank": rank, "options": dict(options)}) if options is not None else ""
+    mine = "\n".join((str(world_size), digest(agenda) if agenda else "", record, agenda))
+    first_size, theirs_digest, theirs_record, theirs = [*meeting.compare(mine).split("\n", 3), "", "", ""][:4]
     if first_size != str(world_size):
         error = ValueError(f"rank {rank} started with WORLD_SIZE={world_size}, but another rank of this job started "
                            f"with WORLD_SIZE={first_size}; expected every rank to be started with the same "
@@ -179,13 +196,14 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
         if hosts:
             _linger(store, world_size - 1, HOST_LINGER_SECONDS)
         raise error
-    theirs_digest, _, theirs = first_agenda.partition("\n")
+    if record and theirs_record and (differ := _options_differ(rank, options or {}, json.loads(theirs_record))):
+        meeting.decide(Verdict(DIFFERENT_OPTIONS, differ).dumps())
     if theirs_digest != (digest(agenda) if agenda else ""):
         meeting.decide(Verdict(MISMATCH, (
             f"ranks disagree about the meshes they start with. Rank {rank} means: {agenda or 'none given'}; the "
             f"first rank to start means: {theirs or 'none given'}")).dumps())
     # The one key every outcome writes: "1" (all came), "failed" (a rank reported), "ended" and the ranks, or a
-    # mismatch of the agendas.
+    # mismatch of the agendas, or of the Context options.
     arrived = meeting.arrive(ALL_CAME)
 
     def look() -> bool:  # the first two to arrive watch for a rank that reports it cannot start, or that ended
@@ -203,6 +221,8 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
         outcome = came.decode() if came is not None else None
         if outcome == REPORTED or (outcome is None and store.check([FAILED])):
             raise _reported(store, rank, world_size, hosts)
+        if outcome is not None and outcome.startswith(DIFFERENT_OPTIONS):
+            raise ValueError(f"on rank {rank}: {Verdict.loads(outcome).message}")
         if outcome is not None and outcome.startswith(MISMATCH):
             raise MeshMismatchError(f"on rank {rank}: {Verdict.loads(outcome).message}. Expected every rank to start "
                                     "with the same meshes (the same sizes, names and rank_map, and the same options)")
@@ -219,6 +239,54 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
             f"on rank {rank}: only {meeting.arrived()} of the job's {world_size} processes started within "
             f"{timeout.total_seconds():g}s (ranks {missing[:16]}{'...' if len(missing) > 16 else ''} never came); "
             "check that every rank was started, with the same WORLD_SIZE")
+    return held
+
+
+def _options_differ(rank: int, mine: Mapping[str, str], first: Mapping[str, object]) -> str:
+    """Why the Context options of ``rank`` (``mine``) differ from those of the first rank to start (``first``: its
+    rank and options), or "" where they do not."""
+    theirs = first.get("options")
+    differ = options_differ(mine, theirs if isinstance(theirs, dict) else {}, here=f"on rank {rank}",
+                            there=f"on rank {first.get('rank')}")
+    return (f"rank {rank}'s Context options differ from rank {first.get('rank')}'s, which started first: "
+            f"{'; '.join(differ)}. Expected every rank to create its Context with the same options (they decide which "
+            "groups a collective runs on and what goes over the wire); pass the same to every rank") if differ else ""
+
+
+def count_connected(store: dist.Store, meeting: MeetingKeys, *, rank: int, world_size: int, timeout: timedelta,
+                    gone: Callable[[], list[int]] | None = None) -> None:
+    """Return once all ``world_size`` ranks, having met in ``meeting`` (:func:`meet`), connected their default group:
+    each counts itself in (one ``add``; the last writes the verdict) and blocks once on the verdict, two store
+    operations per rank. :class:`~fmesh.RankLostError` as soon as ``gone()`` (asked by the first two to count
+    themselves, as they watch) names ranks whose processes ended, :class:`~fmesh.GroupTimeoutError` after
+    ``timeout``.
+
+    >>> count_connected(dist.HashStore(), keys.start(1), rank=0, world_size=1, timeout=timedelta(seconds=5))
+    """
+    counted = Meeting(store, keys.connected(meeting), world_size)
+    place = counted.arrive(ALL_CAME)
+
+    def look() -> bool:  # the first two watch for a rank whose process ended
+        ended = gone() if gone is not None else []
+        if ended:
+            counted.decide(f"{ENDED} {json.dumps(ended)}")
+        return bool(ended)
+
+    try:
+        came = counted.wait(Waiter(store, rank, first_look=WATCH_SECONDS), timeout.total_seconds(),
+                            look if watches(place) else None, "waiting for the job's processes to connect")
+    except dist.DistError as error:  # its host is gone
+        raise RankLostError(f"on rank {rank}: the store this job meets in is unreachable while its processes "
+                            f"connect (its host, rank 0 or torchrun's agent, is gone): {error}") from None
+    outcome = came.decode() if came is not None else None
+    if outcome is not None and outcome.startswith(ENDED):
+        raise RankLostError(f"on rank {rank}: the processes of ranks {outcome.removeprefix(ENDED).strip()} ended "
+                            "before the job's default group connected (the launcher saw them end); see their logs "
+                            "first")
+    if outcome is None:
+        raise GroupTimeoutError(f"on rank {rank}: only {counted.arrived()} of the job's {world_size} processes "
+                                f"connected their default group within {timeout.total_seconds():g}s; see the "
+                                "others' errors first")
 
 
 def _unclaimed(store: dist.Store, world_size: int) -> list[int]:
@@ -360,7 +428,7 @@ def _linger(store: dist.Store, readers: int | None, seconds: float) -> None:
     """Keep the store this process hosts up until ``readers`` ranks have read the report, at most ``seconds``
     (``None``: this process cannot tell the world size, so it takes the one the arriving ranks posted)."""
     deadline = time.monotonic() + seconds
-    posted = keys.start(1).compared  # a fresh store (this process hosts it): the ranks' first start
+    posted = keys.starting("fmesh", 0).compared  # a fresh store (this process hosts it): the first Context's start
     with contextlib.suppress(Exception):
         while time.monotonic() < deadline:
             if readers is None and store.check([posted]):
