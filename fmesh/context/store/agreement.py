@@ -41,7 +41,7 @@ from fmesh.context.store.board import AGREED_POSTED, Board
 from fmesh.context.store.diagnosis import Look
 from fmesh.context.store.keys import digest
 from fmesh.context.store.meeting import Meeting, watches
-from fmesh.context.store.records import ENDED, FAILING, LOST, MISMATCH, OK, TIMEOUT, WAITING, Verdict
+from fmesh.context.store.records import ENDED, FAILING, MISMATCH, OK, TIMEOUT, WAITING, Verdict
 from fmesh.context.store.wait import ABORT_NOTICE_SECONDS
 from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
 
@@ -100,10 +100,9 @@ def settle(board: Board, key: str, members: Sequence[int], description: str, wha
     try:
         came = meeting.wait(board.waiter, board.creation_timeout.total_seconds(), looking.look if watcher else None,
                             f"waiting to create {what}")
-    except ContextClosedError:  # aborted: the group cannot be made; tell the members now
+    except ContextClosedError:  # aborted: the group cannot be made; tell the members now (abort() did, mostly)
         with contextlib.suppress(Exception):
-            meeting.decide(Verdict(LOST, f"rank {board.rank} aborted its context while waiting to create this group "
-                                         "(a member of it)").dumps())
+            board.withdraw(key)
         raise
     if came is None:
         _write_timeout(board, meeting, key, members, what, started)  # unless an outcome came meanwhile

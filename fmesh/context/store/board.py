@@ -30,14 +30,17 @@ import torch.distributed as dist
 from fmesh.context.store.connections import Connections
 from fmesh.context.store.keys import ENDED_LIST, Keys
 from fmesh.context.store.keys import ended as ended_key
+from fmesh.context.store.meeting import Meeting
 from fmesh.context.store.records import (
     CLOSED,
     EXITED,
     FAILED,
+    LOST,
     MISSING,
     RUNNING,
     WAITING,
     Status,
+    Verdict,
     options_differ,
     ranks_of,
 )
@@ -216,8 +219,16 @@ class Board:
             last = self.statuses([self.rank])[self.rank]
             failure = last if last.state == FAILED else Status(CLOSED)
             aborted = aborted or self.connections.halted.is_set()
+            if aborted and last.state == WAITING and last.at is not None:
+                self.withdraw(last.at)  # before abort() returns, not at the waiting thread's next poll
             self.post(CLOSED, aborted=aborted, error=failure.error, kind=failure.kind, refused=failure.refused,
                       agreed=tuple(self.agreed))
+
+    def withdraw(self, key: str) -> None:
+        """Decide the agreement at ``key``, which this rank waits at, lost: it aborted (a verdict already written, the
+        group agreed say, stands). Its members are told at once, and none goes on to make the group without it."""
+        Meeting(self.store, self.keys.agreement(key), 0).decide(Verdict(
+            LOST, f"rank {self.rank} aborted its context while waiting to create this group (a member of it)").dumps())
 
     def post_exit(self) -> None:
         """Post, at interpreter exit, that this rank's process ended without closing its context (the Context

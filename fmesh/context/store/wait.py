@@ -105,6 +105,7 @@ class Waiter:
                 look_every = min(look_every * 2, longest)
                 look_at = time.monotonic() + look_every
         came.wait(ABORT_NOTICE_SECONDS)  # a look that ended the wait wrote the key: the blocked thread returns now
+        self.check_halted(doing)  # aborted as the key came (between two polls): the abort wins, not the key
         if outcome and outcome[0] is not None:
             return outcome[0]
         # The blocked thread timed out, or has not returned yet from a key a look wrote: read it here.
