@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fmesh.spmd.call import Call, layout_of, varying_of
+from fmesh.spmd.fix import Fix, text
 from fmesh.spmd.types import (
     COMPLETES,
     INVARIANT,
@@ -46,8 +47,9 @@ def contraction(call: Call, i: int) -> AxisType:
     if product.kind == PARTIAL:
         if bias.kind != PARTIAL:
             raise call.refuse(i, f"adds {call.operands[0].name} (as a bias) to a product that is a pending sum along "
-                              f"{axis!r}: the bias would be added once per member", f"add the bias after "
-                              f"ax.psum(..., {axis!r}) (or psum_scatter)", 0)
+                              f"{axis!r}: the bias would be added once per member",
+                              Fix("bias", "psum", call.operands[0].name, (axis,), where=call.op,
+                                  note="(or psum_scatter)"), 0)
         return product
     if bias.kind == PARTIAL:
         raise call.refuse(i, "adds a pending sum to a product that is not one", f"ax.psum(..., {axis!r}) first", 0)
@@ -232,7 +234,7 @@ def attention(call: Call, i: int) -> AxisType:
     for n, t in enumerate((q, k, v)):
         if t.kind == PARTIAL:
             raise call.refuse(i, "attention on a pending sum (softmax is not linear)",
-                              f"ax.psum({names[n]}, {axis!r}) first", n)
+                              call.insert("psum", n, axis), n)
     if mask is not None and call.t(mask, i).kind == PARTIAL:
         raise call.refuse(i, "a pending sum as the attention mask", f"ax.psum(mask, {axis!r}) first", mask)
     for n, t in ((0, q), (1, k)):
@@ -242,19 +244,22 @@ def attention(call: Call, i: int) -> AxisType:
     for n, t in ((1, k), (2, v)):
         if t.kind == VARYING and t.dim == -2:
             raise call.refuse(i, "the keys' sequence is split: each member's softmax normalises over its own keys",
-                              f"ax.all_gather({names[n]}, {axis!r}, dim=-2) (context parallelism gathers the keys "
-                              "and values)", n)
+                              call.insert("all_gather", n, axis, "(context parallelism gathers the keys and values)",
+                                          dim=-2), n)
     if mask is not None and call.t(mask, i).kind == VARYING and call.t(mask, i).dim == -1:
         raise call.refuse(i, "the mask's key dimension is split", f"ax.all_gather(mask, {axis!r}, dim=-1)", mask)
     if mask is not None and q.kind == VARYING and q.dim == -2:
         m = call.t(mask, i)
         if (m.kind == INVARIANT or m.copy) and len(call.shapes[mask]) >= 2 and call.shapes[mask][-2] > 1:
+            made = call.operands[mask].name
+            fix = (Fix("argument", made.split("(")[0], made, (axis,), (("name", "diagonal"), ("scale",
+                       call.shapes[0][-2])), made=True) if made.split("(")[0] in ("tril", "triu") else
+                   text(f"build the mask from global positions (offset by ax.axis_index({axis!r}))"))
             raise call.refuse(i, "the mask is the same on every member along the queries' sequence, which "
-                              f"{axis!r} splits: each member masks its block as if it were the first",
-                              f"build the mask from global positions (offset by ax.axis_index({axis!r}))", mask)
+                              f"{axis!r} splits: each member masks its block as if it were the first", fix, mask)
     if causal and q.kind == VARYING and q.dim == -2:
         raise call.refuse(i, "is_causal=True with the queries' sequence split: the causal mask counts each member's "
-                          "positions from 0", "pass attn_mask built from the global positions (ax.axis_index)", 0)
+                          "positions from 0", Fix("mask", "scaled_dot_product_attention", axes=(axis,)), 0)
     dims = [(n, t.dim, t) for n, t in ((0, q), (1, k), (2, v)) if t.kind == VARYING]
     if mask is not None and call.t(mask, i).kind == VARYING:
         dims.append((mask, call.t(mask, i).dim, call.t(mask, i)))
