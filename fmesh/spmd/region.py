@@ -32,7 +32,7 @@ from fmesh.mesh import Mesh
 from fmesh.spmd.call import Rule
 from fmesh.spmd.check import MemberInt, Types, called
 from fmesh.spmd.fix import Fix, text
-from fmesh.spmd.placements import to_placements
+from fmesh.spmd.placements import grad_placements, to_placements
 from fmesh.spmd.rehearsal import Collectives, Rehearsal
 from fmesh.spmd.spec import PartitionSpec, Sharding, check_spec, dim_axes
 from fmesh.spmd.trees import broadcast, leaves, rebuild
@@ -390,7 +390,7 @@ def types_of(mesh: Mesh, spec: PartitionSpec, ndim: int) -> tuple[AxisType, ...]
     """The per-axis types of an input of ``ndim`` dimensions under ``spec``."""
     dims = {axis: d - ndim for d, entry in enumerate(spec.entries) for axis in dim_axes(entry)}
     return tuple(AxisType(PARTIAL) if axis in spec.partial else AxisType(VARYING, dims[axis]) if axis in dims
-                 else INV for axis in mesh.axis_names)
+                 else COPY if axis in spec.reduced else INV for axis in mesh.axis_names)
 
 
 def check_outputs(types: Types, mesh: Mesh, specs: Sequence[PartitionSpec], values: Sequence[torch.Tensor]) -> None:
@@ -429,6 +429,12 @@ class Region:
         # Each spec's placements, made here: a compiled region only looks them up (by identity)
         self.placed = [(spec, to_placements(Sharding(mesh, check_spec(mesh, spec))))
                        for spec in leaves(self.in_specs, _spec) + leaves(out_specs, _spec)]
+        self.grads = [(spec, grad_placements(Sharding(mesh, spec))) for spec in leaves(self.in_specs, _spec)
+                      if spec.reduced]
+        for i, spec in enumerate(leaves(out_specs, _spec)):
+            if spec.reduced:
+                raise ValueError(f"out_specs[{i}] = {spec!r}: reduced= is for inputs (the axes along which an "
+                                 "input's gradient is left a pending sum); an output's pending sum is partial=")
 
         def hook(key: Any) -> bool:  # Dynamo calls it once, with constants, while it traces (see _traced_check)
             self._check_signature(key)
@@ -478,6 +484,9 @@ class Region:
     def _placements(self, spec: PartitionSpec) -> tuple[Any, ...]:
         return next(placed for known, placed in self.placed if known is spec)
 
+    def _grad_placements(self, spec: PartitionSpec) -> tuple[Any, ...]:
+        return next(placed for known, placed in self.grads if known is spec)
+
     def _out_prefix(self, out: Any) -> Any:
         """The out specs for ``out``: one spec in a one-element sequence stands for a single output."""
         specs = self.out_specs
@@ -491,6 +500,8 @@ class Region:
             if value.device_mesh is not device_mesh or tuple(value.placements) != want:
                 raise ValueError(f"input {index}: expected a DTensor on ctx.device_mesh(mesh) with placements {want} "
                                  f"(in_specs[{index}] = {spec!r}), but got {tuple(value.placements)}; redistribute it")
+            if spec.reduced:  # its gradient left a pending sum along them (Partial): no collective in the backward
+                return value.to_local(grad_placements=self._grad_placements(spec))
             return value.to_local()
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"input {index}: expected a DTensor, but got {value!r}")
