@@ -33,6 +33,7 @@ def judge_range(start: int, count: int) -> tuple[Counter[str], Counter[tuple[str
     sys.path.insert(0, os.path.join(ROOT, "tests", "spmd"))
     sys.path.insert(0, ROOT)
     import spmd_fuzz
+    from spmd_fixes import fix_verdict
     from spmd_harness import judge
 
     counts: Counter[str] = Counter()
@@ -51,6 +52,11 @@ def judge_range(start: int, count: int) -> tuple[Counter[str], Counter[tuple[str
             continue
         counts[verdict] += 1
         kinds[(made[1] or "none planted", verdict)] += 1
+        if verdict == "caught":  # the fixes it prints, applied
+            fixed, _ = fix_verdict(made[0])
+            counts["fix: " + fixed] += 1
+            if fixed == "silently wrong":
+                odd.append((seed, "fix silently wrong", made[1], message[:200]))
         if verdict in ("silently wrong", "false positive"):
             odd.append((seed, verdict, made[1], message[:200]))
     return counts, kinds, odd
@@ -87,6 +93,11 @@ def main() -> None:
         print(f"| {verdict} | {counts[verdict]} |")
     print(f"\nfalse positives: {counts['false positive']} of {right} right programs "
           f"({100 * counts['false positive'] / max(right, 1):.2f}%); silently wrong: {counts['silently wrong']}\n")
+    print("| the fixes printed for a caught program, applied | programs |")
+    print("| --- | --- |")
+    for verdict in ("right", "loud", "no edit", "still refused", "silently wrong"):
+        print(f"| {verdict} | {counts['fix: ' + verdict]} |")
+    print()
     print("| mistake planted | caught | right (harmless) | false positive | silently wrong | loud |")
     print("| --- | --- | --- | --- | --- | --- |")
     for kind in sorted({k for k, _ in kinds}):

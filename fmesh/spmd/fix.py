@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import attrs
 
-Action = Literal["insert", "replace", "drop", "spec", "offset", "argument", "mask", "bias", "text"]
+Action = Literal["insert", "replace", "drop", "spec", "offset", "argument", "mask", "bias", "block", "text"]
 
 
 def _axes(axes: tuple[str, ...]) -> str:
@@ -38,12 +38,16 @@ class Fix:
       ``ax.<call>(its operand, axes, **kwargs)``;
     * ``drop``: the ``ax`` collective refused (``made``: the one that made ``value``) removed, its operand passed;
     * ``spec``: output ``output``'s out spec becomes ``spec``;
+    * ``offset`` with ``made``: the ``narrow`` that made ``value`` starts ``ax.axis_index(axes[0])`` times its
+      length further (this member's block);
     * ``offset``: the write refused lands at ``ax.axis_index(axes[0]) * length`` along its dimension ``dim``
       (``kwargs``: ``dim``, ``length``);
     * ``argument``: the call that made ``value`` (``made``) takes ``kwargs``' one argument as
       ``ax.axis_index(axes[0]) * scale`` (``kwargs``: ``name``, ``scale``): a causal mask from global positions;
     * ``bias``: the product refused (``where``: ``addmm``, ``linear``) made without its bias ``value``, then
       ``ax.<call>(it, axes)``, then the bias added;
+    * ``block``: output ``output`` (alike on every member) returned as this member's block of its dimension
+      ``dim``: ``value.narrow(dim, ax.axis_index(axes[0]) * n, n)``, ``n`` its length over ``size``;
     * ``mask``: the attention refused takes ``attn_mask`` from the queries' global positions (offset by
       ``ax.axis_index(axes[0])``) instead of ``is_causal=True``;
     * ``text``: no edit a tool can make; ``note`` says what to do.
@@ -76,12 +80,18 @@ class Fix:
         if self.action == "spec":
             return f"declare out_specs[{self.output}] = {self.spec!r}"
         options = dict(self.kwargs)
+        if self.action == "offset" and self.made:
+            return (f"{self.value} cut at ax.axis_index({self.axes[0]!r}) times its length (this member's block; "
+                    f"its start + ax.axis_index({self.axes[0]!r}) * length)")
         if self.action == "offset":
             return (f"write at ax.axis_index({self.axes[0]!r}) * {options['length']} along dimension "
                     f"{options['dim']} (this member's block)")
         if self.action == "argument":
             return (f"{self.call}({options['name']}=ax.axis_index({self.axes[0]!r}) * {options['scale']}) where "
                     f"{self.value} is made (the mask from global positions)")
+        if self.action == "block":
+            return (f"return {self.value}.narrow({options['dim']}, ax.axis_index({self.axes[0]!r}) * n, n), n its "
+                    f"length / {options['size']} (this member's block of it)")
         if self.action == "bias":
             return f"ax.{self.call}({self.where} without its bias{axes}) + {self.value} (the bias after the reduction)"
         if self.action == "mask":

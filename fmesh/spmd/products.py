@@ -67,7 +67,7 @@ def _product(call: Call, i: int, a: int, b: int, layouts: tuple[dict[int, Any], 
     if PARTIAL in (ta.kind, tb.kind):
         p, q = (a, b) if ta.kind == PARTIAL else (b, a)
         tp, tq = call.t(p, i), call.t(q, i)
-        fix = f"ax.{COMPLETES[tp.pending]}({call.operands[p].name}, {axis!r}) first (or psum_scatter)"
+        fix = call.insert(COMPLETES[tp.pending], p, axis, "(or psum_scatter)")
         if tq.kind == PARTIAL:
             raise call.refuse(i, "multiplies two pending sums: the product of the sums is not the sum of the "
                               "products", fix, p)
@@ -103,9 +103,9 @@ def _product(call: Call, i: int, a: int, b: int, layouts: tuple[dict[int, Any], 
         kdim = next(d for d, v in where.items() if v == "k")
         raise call.refuse(i, f"contracts dimension {call.t(k0, i).dim}, which {axis!r} splits, against "
                           f"{call.operands[other].said(axis, i)}, which it does not split there: each member "
-                          "multiplies its own block by the same rows", f"split {call.operands[other].name} along "
-                          f"{axis!r} at dimension {kdim} too (a row-parallel product), or "
-                          f"ax.all_gather({call.operands[k0].name}, {axis!r}, dim={call.t(k0, i).dim}) first", k0)
+                          "multiplies its own block by the same rows",
+                          call.insert("all_gather", k0, axis, f"(or split {call.operands[other].name} along {axis!r} "
+                                      f"at dimension {kdim} too: a row-parallel product)", dim=call.t(k0, i).dim), k0)
     dims = [(k, d, s) for k, d, s in lands]
     dims += [(k, None, t) for k, t in ((a, ta), (b, tb)) if t.kind == VARYING and t.dim is None]
     if len({(d, layout_of(s)) for _, d, s in lands}) > 1:
@@ -164,7 +164,7 @@ def einsum(call: Call, i: int) -> AxisType:
     partial = [k for k, t in enumerate(types) if t.kind == PARTIAL]
     if partial:
         p = partial[0]
-        fix = f"ax.{COMPLETES[types[p].pending]}({call.operands[p].name}, {axis!r}) first"
+        fix = call.insert(COMPLETES[types[p].pending], p, axis)
         for k, t in enumerate(types):
             if k == p:
                 continue
@@ -195,9 +195,10 @@ def einsum(call: Call, i: int) -> AxisType:
             k0, k1 = ks[0], missing[0]
             raise call.refuse(i, f"sums over dimension {types[k0].dim}, which {axis!r} splits, against "
                               f"{call.operands[k1].said(axis, i)}, which it does not split there: each member "
-                              "multiplies its own block by the same values", f"split {call.operands[k1].name} along "
-                              f"{axis!r} at that dimension too (a row-parallel product), or "
-                              f"ax.all_gather({call.operands[k0].name}, {axis!r}, dim={types[k0].dim}) first", k0)
+                              "multiplies its own block by the same values",
+                              call.insert("all_gather", k0, axis, f"(or split {call.operands[k1].name} along "
+                                          f"{axis!r} at that dimension too: a row-parallel product)",
+                                          dim=types[k0].dim), k0)
         if len({layout_of(types[k]) for k in ks}) > 1:
             raise call.refuse(i, "sums over a dimension split in blocks in one operand and strided in another",
                               "split them alike", ks[0])

@@ -86,12 +86,16 @@ def pointwise(call: Call, i: int) -> AxisType:
             alike = t.kind == INVARIANT or t.copy
             if alike and len(shape) >= -found.dim and shape[found.dim] == call.out[found.dim]:
                 split = next(o for o, tt in enumerate(types) if tt.kind == VARYING and tt.dim == found.dim)
+                made = call.operands[k].name
+                fix = (Fix("offset", "narrow", made, (call.axes[i],), made=True, target=call.tensors[k] if k < len(
+                    call.tensors) else None) if made.startswith("narrow(") else
+                       call.insert("all_gather", split, call.axes[i], "(or take each member's block of "
+                                   f"{call.operands[k].name}, offset by ax.axis_index({call.axes[i]!r}) times the "
+                                   "block's length)", dim=types[split].dim))
                 raise call.refuse(i, f"pairs {call.operands[split].name}, split along {call.axes[i]!r} at dimension "
                                   f"{found.dim}, with {call.operands[k].name}, which is the same on every member "
                                   "along that dimension: each member would pair its own block with the same values "
-                                  "(a position table indexed from 0 on every member)",
-                                  f"take each member's block of it (offset by ax.axis_index({call.axes[i]!r}) times "
-                                  f"the block's length), or ax.all_gather the other along {call.axes[i]!r}", k)
+                                  "(a position table indexed from 0 on every member)", fix, k)
     return found
 
 
@@ -193,11 +197,11 @@ def reduction(call: Call, i: int) -> AxisType:
     dims, keep = _reduced(call)
     _, pending = REDUCTIONS[call.op]
     axis = call.axes[i]
-    name = call.operands[0].name
     if call.op in _SORTS:
         if t.kind == PARTIAL or (t.kind == VARYING and t.dim in dims):
             raise call.refuse(i, f"sorts along dimension {t.dim} ({axis!r} splits it, or the value is a pending "
-                              "sum)", f"ax.all_gather({name}, {axis!r}, dim={t.dim}) first (or psum it)", 0)
+                              "sum)", call.insert("all_gather", 0, axis, "(or psum it)", dim=t.dim)
+                              if t.kind == VARYING else call.insert(COMPLETES[t.pending], 0, axis), 0)
         return t
     if t.kind == PARTIAL:
         if call.op in _LINEAR_REDUCTIONS and t.pending in ("sum", "mean"):
@@ -205,13 +209,13 @@ def reduction(call: Call, i: int) -> AxisType:
         if t.pending == pending and dims:  # a max of a pending max is one still
             return t
         raise call.refuse(i, f"{call.op} of a pending {t.pending} is not the {call.op} of the whole",
-                          f"ax.{COMPLETES[t.pending]}({name}, {axis!r}) first", 0)
+                          call.insert(COMPLETES[t.pending], 0, axis), 0)
     if t.kind != VARYING or t.dim is None:
         return t
     if t.dim in dims:
         if pending is None:
             raise call.refuse(i, f"{call.op} along dimension {t.dim}, which {axis!r} splits: each member reduces its "
-                              "own block", f"ax.all_gather({name}, {axis!r}, dim={t.dim}) first", 0)
+                              "own block", call.insert("all_gather", 0, axis, dim=t.dim), 0)
         return AxisType(PARTIAL, pending=pending)  # type: ignore[arg-type]
     return attrs.evolve(t, dim=t.dim if keep else _after(t.dim, dims))
 

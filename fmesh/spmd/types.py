@@ -134,6 +134,8 @@ def check_output(spec_dims: dict[str, int | None], partial: tuple[str, ...], axi
         if found.dim is None or found.strided or found.extent:
             fix = (Fix("drop", "all_gather", name, made=True, target=target, note="(it leaves split)")
                    if name.startswith("all_gather(") else
+                   Fix("block", "narrow", name, (axis,), (("dim", want), ("size", size)), output=output,
+                       target=target) if found.copy and want is not None else
                    text("return it replicated after ax.all_gather_invariant, or keep the split dimension whole "
                         "until it leaves"))
             raise SpmdTypeError.refused(f"{name} is {found!r} along {axis!r}: no block of one dimension, but its out "

@@ -147,6 +147,11 @@ class Trace(TorchFunctionMode):  # type: ignore[misc]
             return masked
         if fix.action == "argument":
             return lambda *a, **k: func(a[0], **{**k, options["name"]: ax.axis_index(fix.axes[0]) * options["scale"]})
+        if fix.action == "offset" and fix.made:  # narrow(x, dim, start, length): this member's block
+            def cut(*a: Any, **k: Any) -> Any:
+                x, dim, start, length = a[:4]
+                return func(x, dim, start + ax.axis_index(fix.axes[0]) * length, length, **k)
+            return cut
         if fix.action == "offset":  # tensor[index] = value: the index of dimension ``dim`` shifted
             def shifted(*a: Any, **k: Any) -> Any:
                 tensor, index = a[0], a[1]
@@ -205,9 +210,33 @@ def fixed(program: Program, rounds: int = 6) -> tuple[Program, list[str]]:
             return applied(program, edits), printed
         printed.append(str(outcome.error.fix))
         edit = located(outcome.error)
-        assert edit is not None, f"no edit for: {outcome.type_error}"
+        if edit is None:
+            raise Unfixed("no edit", str(outcome.type_error))
         edits.append(edit)
-    raise AssertionError(f"still refused after {rounds} fixes: {printed}")
+    raise Unfixed("still refused", f"after {rounds} fixes: {printed}")
+
+
+class Unfixed(AssertionError):
+    """A program the printed fixes did not make pass the check: ``no edit`` (a fix no tool makes, or one not
+    located) or ``still refused`` (after the most rounds)."""
+
+    def __init__(self, why: str, message: str) -> None:
+        super().__init__(f"{why}: {message}")
+        self.why = why
+
+
+def fix_verdict(program: Program) -> tuple[str, list[str]]:
+    """What the fixes printed for a refused ``program`` make of it, applied: ``right`` (equal to one process),
+    ``silently wrong``, ``loud`` (torch refuses the fixed program's shapes), ``no edit``, ``still refused``."""
+    from spmd_harness import judge
+
+    try:
+        fixed_program, printed = fixed(program)
+    except Unfixed as error:
+        return error.why, []
+    verdict, _ = judge(fixed_program)
+    return ("right" if verdict == "right" else "silently wrong" if verdict == "silently wrong" else
+            "loud" if verdict == "loud" else "still refused"), printed
 
 
 def _name(func: Any) -> str:
@@ -264,7 +293,7 @@ def _spec(specs: tuple[Any, ...], edits: Sequence[Edit]) -> tuple[Any, ...]:
 def applied(program: Program, edits: Sequence[Edit]) -> Program:
     """``program`` with ``edits`` made: its body run under a :class:`Trace`, its outputs and specs edited."""
     body = program.body
-    outputs = [e for e in edits if e.at is None and e.fix.action == "insert"]
+    outputs = [e for e in edits if e.at is None and e.fix.action in ("insert", "block")]
 
     def edited(ax: Any, *blocks: Any) -> Any:
         trace = Trace(ax, edits)
@@ -278,7 +307,13 @@ def applied(program: Program, edits: Sequence[Edit]) -> Program:
         for edit in outputs:
             fix = edit.fix
             assert fix.output is not None
-            values[fix.output] = getattr(ax, fix.call)(values[fix.output], fix.axes, **dict(fix.kwargs))
+            value = values[fix.output]
+            if fix.action == "block":
+                options = dict(fix.kwargs)
+                n = value.shape[options["dim"]] // options["size"]
+                values[fix.output] = value.narrow(options["dim"], ax.axis_index(fix.axes[0]) * n, n)
+            else:
+                values[fix.output] = getattr(ax, fix.call)(value, fix.axes, **dict(fix.kwargs))
         return values[0] if isinstance(out, torch.Tensor) else type(out)(values)
     return attrs.evolve(program, body=edited, out_specs=_spec(program.out_specs, edits))
 
