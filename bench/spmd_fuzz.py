@@ -53,7 +53,11 @@ def judge_range(start: int, count: int) -> tuple[Counter[str], Counter[tuple[str
         counts[verdict] += 1
         kinds[(made[1] or "none planted", verdict)] += 1
         if verdict == "caught":  # the fixes it prints, applied
-            fixed, _ = fix_verdict(made[0])
+            try:
+                fixed, _ = fix_verdict(made[0])
+            except Exception as error:  # counted, and its seed printed
+                fixed = "error"
+                odd.append((seed, "fix error", made[1], repr(error)[:200]))
             counts["fix: " + fixed] += 1
             if fixed == "silently wrong":
                 odd.append((seed, "fix silently wrong", made[1], message[:200]))
@@ -79,7 +83,9 @@ def main() -> None:
     for start in range(args.start, args.start + args.programs, CHUNK):
         count = min(CHUNK, args.start + args.programs - start)
         run = subprocess.run([sys.executable, os.path.abspath(__file__), "--chunk", "--start", str(start),
-                              "--programs", str(count)], capture_output=True, text=True, timeout=1800, check=True)
+                              "--programs", str(count)], capture_output=True, text=True, timeout=1800)
+        if run.returncode != 0:
+            raise SystemExit(f"seeds {start}..{start + count - 1} failed:\n{run.stderr[-3000:]}")
         chunk_counts, chunk_kinds, chunk_odd = json.loads(run.stdout.strip().splitlines()[-1])
         counts.update(chunk_counts)
         kinds.update({(k, v): n for k, v, n in chunk_kinds})
@@ -95,7 +101,7 @@ def main() -> None:
           f"({100 * counts['false positive'] / max(right, 1):.2f}%); silently wrong: {counts['silently wrong']}\n")
     print("| the fixes printed for a caught program, applied | programs |")
     print("| --- | --- |")
-    for verdict in ("right", "loud", "no edit", "still refused", "silently wrong"):
+    for verdict in ("right", "loud", "no edit", "still refused", "silently wrong", "error"):
         print(f"| {verdict} | {counts['fix: ' + verdict]} |")
     print()
     print("| mistake planted | caught | right (harmless) | false positive | silently wrong | loud |")
