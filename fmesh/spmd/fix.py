@@ -93,7 +93,7 @@ class Fix:
             return (f"return {self.value}.narrow({options['dim']}, ax.axis_index({self.axes[0]!r}) * n, n), n its "
                     f"length / {options['size']} (this member's block of it)")
         if self.action == "bias":
-            return f"ax.{self.call}({self.where} without its bias{axes}) + {self.value} (the bias after the reduction)"
+            return f"ax.{self.call}({self.where} without its bias{axes}) + {self.value}, the bias after the reduction"
         if self.action == "mask":
             return (f"attn_mask=(torch.arange(q_len) + ax.axis_index({self.axes[0]!r}) * q_len)[:, None] >= "
                     "torch.arange(k_len) instead of is_causal=True (the mask from global positions)")
