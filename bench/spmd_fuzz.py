@@ -4,8 +4,9 @@ of three, each run on a simulated 4-rank world in this process against one proce
 
 Prints each verdict's count (``caught``: refused, and wrong; ``right``: passed, and right; ``false positive``:
 refused, but right; ``silently wrong``: passed, but wrong; ``loud``: torch itself refused the unchecked program,
-its shapes wrong; ``not built``: the generator made no program), the caught mistakes by kind, and the seeds of any
-silently wrong program or false positive (each a test to write). Each 250 programs run in a fresh process.
+its shapes wrong; ``not built``: the generator made no program), what the fixes each caught program prints make of
+it applied (``tests/spmd/spmd_fixes.py``), the caught mistakes by kind, and the seeds of any
+silently wrong program or false positive (each a test to write). Each 200 programs run in a fresh process.
 
     python bench/spmd_fuzz.py [--programs 5000] [--start 0]
 """
@@ -25,7 +26,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-CHUNK = 500  # programs per fresh process (thousands of short-lived rank threads in one process once ended stuck)
+CHUNK = 200  # programs per fresh process (thousands of short-lived rank threads in one process once ended stuck)
 
 
 def judge_range(start: int, count: int) -> tuple[Counter[str], Counter[tuple[str, str]], list[Any]]:
