@@ -204,6 +204,16 @@ def fixed(program: Program, rounds: int = 6) -> tuple[Program, list[str]]:
 
     edits: list[Edit] = []
     printed: list[str] = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the 4 rank threads each compute (as judge does)
+    try:
+        return _fixed(program, rounds, edits, printed, run)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fixed(program: Program, rounds: int, edits: list[Edit], printed: list[str],
+           run: Callable[..., Any]) -> tuple[Program, list[str]]:
     for _ in range(rounds):
         outcome = run(applied(program, edits), True, [])
         if outcome.error is None:
