@@ -6,7 +6,8 @@ Prints each verdict's count (``caught``: refused, and wrong; ``right``: passed, 
 refused, but right; ``silently wrong``: passed, but wrong; ``loud``: torch itself refused the unchecked program,
 its shapes wrong; ``not built``: the generator made no program), what the fixes each caught program prints make of
 it applied (``tests/spmd/spmd_fixes.py``), the caught mistakes by kind, and the seeds of any
-silently wrong program or false positive (each a test to write). Each 200 programs run in a fresh process.
+silently wrong program or false positive (each a test to write). Each 100 programs run in a fresh process
+(a process whose rank threads end stuck, which is rare, is run again).
 
     python bench/spmd_fuzz.py [--programs 5000] [--start 0]
 """
@@ -26,7 +27,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-CHUNK = 200  # programs per fresh process (thousands of short-lived rank threads in one process once ended stuck)
+CHUNK = 100  # programs per fresh process (thousands of short-lived rank threads in one process once ended stuck)
 
 
 def judge_range(start: int, count: int) -> tuple[Counter[str], Counter[tuple[str, str]], list[Any]]:
@@ -80,12 +81,17 @@ def main() -> None:
     counts: Counter[str] = Counter()
     kinds: Counter[tuple[str, str]] = Counter()
     odd: list[Any] = []
+    retried: list[int] = []
     began = time.perf_counter()
     for start in range(args.start, args.start + args.programs, CHUNK):
         count = min(CHUNK, args.start + args.programs - start)
-        run = subprocess.run([sys.executable, os.path.abspath(__file__), "--chunk", "--start", str(start),
-                              "--programs", str(count)], capture_output=True, text=True, timeout=1800)
-        if run.returncode != 0:
+        for attempt in range(3):  # a process whose rank threads ended stuck (rare): the chunk again, afresh
+            run = subprocess.run([sys.executable, os.path.abspath(__file__), "--chunk", "--start", str(start),
+                                  "--programs", str(count)], capture_output=True, text=True, timeout=1800)
+            if run.returncode == 0:
+                break
+            retried.append(start)
+        else:
             raise SystemExit(f"seeds {start}..{start + count - 1} failed:\n{run.stderr[-3000:]}")
         chunk_counts, chunk_kinds, chunk_odd = json.loads(run.stdout.strip().splitlines()[-1])
         counts.update(chunk_counts)
@@ -93,7 +99,8 @@ def main() -> None:
         odd.extend(chunk_odd)
     took = time.perf_counter() - began
     right = counts["right"] + counts["false positive"]
-    print(f"{args.programs} seeds ({args.start}..{args.start + args.programs - 1}) in {took:.0f} s\n")
+    print(f"{args.programs} seeds ({args.start}..{args.start + args.programs - 1}) in {took:.0f} s"
+          + (f" (chunks run again after their rank threads ended stuck: {retried})" if retried else "") + "\n")
     print("| verdict | programs |")
     print("| --- | --- |")
     for verdict in ("caught", "right", "false positive", "silently wrong", "loud", "not built"):
