@@ -85,7 +85,7 @@ def main() -> None:
     began = time.perf_counter()
     for start in range(args.start, args.start + args.programs, CHUNK):
         count = min(CHUNK, args.start + args.programs - start)
-        for attempt in range(3):  # a process whose rank threads ended stuck (rare): the chunk again, afresh
+        for _ in range(3):  # a process whose rank threads ended stuck (rare): the chunk again, afresh
             run = subprocess.run([sys.executable, os.path.abspath(__file__), "--chunk", "--start", str(start),
                                   "--programs", str(count)], capture_output=True, text=True, timeout=1800)
             if run.returncode == 0:
