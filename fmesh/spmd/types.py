@@ -115,8 +115,12 @@ def check_output(spec_dims: dict[str, int | None], partial: tuple[str, ...], axi
                                                                  made=True, note=f"(or divide it by {size})",
                                                                  target=target))
     if found.kind == PARTIAL and found.pending != "sum":
+        graded = found.pending in ("max", "min") and bool(getattr(target, "requires_grad", False))
         raise SpmdTypeError.refused(f"{name} is {found!r} along {axis!r}, and only a pending sum can leave the "
-                                    "region", out(COMPLETES[found.pending]))
+                                    "region", text(f"ax.p{found.pending} carries no gradient: complete the pending "
+                                                   f"{found.pending} of the detached part with ax.p{found.pending} "
+                                                   "before what wants a gradient meets it") if graded else
+                                    out(COMPLETES[found.pending]))
     if axis in partial:
         if found.kind != PARTIAL:
             raise SpmdTypeError.refused(f"{name} is {found!r} along {axis!r}, but its out spec claims partial",

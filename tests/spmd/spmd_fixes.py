@@ -108,8 +108,9 @@ class Trace(TorchFunctionMode):  # type: ignore[misc]
             if fix.action == "insert":
                 value = _get(args, kwargs, edit.path)
                 new = getattr(ax, fix.call)(value, fix.axes, **dict(fix.kwargs))
-                for path, other in _paths(args, kwargs):  # the value wherever the call reads it (keys and values)
-                    if other is value:
+                paths = [p for p, _ in _paths(args, kwargs)]
+                for path, other in _paths(args, kwargs):  # the value where the call reads it again after (keys, values)
+                    if other is value and paths.index(path) >= paths.index(edit.path):
                         args, kwargs = _set(args, kwargs, path, new)
             elif fix.action in ("replace", "drop", "bias", "mask", "argument", "offset"):
                 func = self._edited(func, name, fix, args, kwargs)
