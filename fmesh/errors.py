@@ -14,6 +14,8 @@ ManifestError job.json: expected a JSON object with schema 'fmesh.manifest/1', b
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CommandLineError",
     "ContextClosedError",
@@ -324,4 +326,16 @@ class SpmdTypeError(ValueError):
     Traceback (most recent call last):
     ...
     fmesh.SpmdTypeError: out_specs[0] = P(), output 0: ... psum(mean(input 0), 'dp')... 2 times the mean of the whole...
+
+    ``fix`` is the fix as a value (:class:`fmesh.spmd.fix.Fix`: which edit, where, with which code), the message's
+    ``fix: ...`` its rendering.
     """
+
+    def __init__(self, message: str, fix: Any = None) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+    @classmethod
+    def refused(cls, what: str, fix: Any) -> SpmdTypeError:
+        """``what``, then ``fix: <fix>``, with ``fix`` (a :class:`fmesh.spmd.fix.Fix`) kept on the error."""
+        return cls(f"{what}; fix: {fix}", fix)

@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from fmesh.errors import SpmdTypeError
+from fmesh.spmd.fix import Fix, insert, text
 from fmesh.spmd.types import (
     COPY,
     INV,
@@ -35,6 +36,7 @@ class Call:
     slots: tuple[int, ...]  # each operand's position in ``args`` (a list argument: the list's position)
     out: tuple[int, ...]  # the first output's shape
     axes: tuple[str, ...]
+    tensors: tuple[Any, ...] = attrs.field(default=(), eq=False)  # the operands themselves (a fix's target)
 
     def t(self, k: int, i: int) -> AxisType:
         """Operand ``k``'s type along the ``i``-th axis."""
@@ -47,10 +49,20 @@ class Call:
         """The operand that sits at argument ``slot``, if a tensor does."""
         return self.slots.index(slot) if slot in self.slots else None
 
-    def refuse(self, i: int, what: str, fix: str, k: int | None = None) -> SpmdTypeError:
+    def refuse(self, i: int, what: str, fix: str | Fix, k: int | None = None) -> SpmdTypeError:
+        """The error of operand ``k`` along the ``i``-th axis: ``what`` is wrong, ``fix`` (a :class:`Fix`, its
+        target this operand unless it names another; a string: a fix no tool applies)."""
         said = self.operands[k].said(self.axes[i], i) if k is not None else f"along {self.axes[i]!r}"
         via = f"{self.where} (aten {self.op})" if self.where != self.op else self.op
-        return SpmdTypeError(f"{via} on {said}: {what}; fix: {fix}")
+        record = text(fix) if isinstance(fix, str) else fix
+        if record.target is None and k is not None and k < len(self.tensors):
+            record = attrs.evolve(record, target=self.tensors[k])
+        return SpmdTypeError.refused(f"{via} on {said}: {what}", record)
+
+    def insert(self, call: str, k: int, axis: str, note: str = "", **kwargs: Any) -> Fix:
+        """``ax.<call>(operand k, axis, **kwargs) first``."""
+        return insert(call, self.operands[k].name, (axis,), note,
+                      self.tensors[k] if k < len(self.tensors) else None, **kwargs)
 
 
 Rule = Callable[[Call, int], AxisType]
@@ -88,10 +100,14 @@ def varying_of(call: Call, i: int, dims: Sequence[tuple[int, int | None, Any]]) 
         k0, d0, s0 = landed[0]
         for k, d, s in landed[1:]:
             if (d, s) != (d0, s0):
+                block = next((j for j, _, lay in (landed[0], (k, d, s)) if not lay[0] and not lay[2]
+                              and call.t(j, i).dim is not None), None)
+                fix = (call.insert("all_gather", block, call.axes[i], "(or split both at the same dimension)",
+                                   dim=call.t(block, i).dim) if block is not None else
+                       f"gather one of them along {call.axes[i]!r} (ax.all_gather), or split both at the same "
+                       "dimension")
                 raise call.refuse(i, f"{call.operands[k0].name} is split along {call.axes[i]!r} at result dimension "
-                                  f"{d0}, {call.operands[k].name} at {d}" + (" (strided)" if s else ""),
-                                  f"gather one of them along {call.axes[i]!r} (ax.all_gather), or split both at the "
-                                  "same dimension", k)
+                                  f"{d0}, {call.operands[k].name} at {d}" + (" (strided)" if s[0] else ""), fix, k)
         return AxisType(VARYING, d0, strided=s0[0], stride=s0[1], extent=s0[2])
     if not dims:
         return INV

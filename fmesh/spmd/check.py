@@ -26,9 +26,10 @@ from fmesh.context import dispatch_mode_base
 from fmesh.errors import SpmdTypeError
 from fmesh.mesh import Mesh
 from fmesh.spmd.call import Call, Rule, join
+from fmesh.spmd.fix import Fix, insert
 from fmesh.spmd.products import attention, einsum, einsum_equation
 from fmesh.spmd.registry import FACTORIES, LIKE, rule_of, unknown
-from fmesh.spmd.types import INV, INVARIANT, PARTIAL, VAR, VARYING, AxisType, Operand, means_summed
+from fmesh.spmd.types import COMPLETES, INV, INVARIANT, PARTIAL, VAR, VARYING, AxisType, Operand, means_summed
 
 Record = tuple[Callable[[], "torch.Tensor | None"], tuple[AxisType, ...], str]  # a weak reference, its types, name
 _SHAPE_ONLY = frozenset({"view", "_unsafe_view", "reshape", "alias", "detach", "clone", "_to_copy", "squeeze",
@@ -251,24 +252,23 @@ class Calls(TorchFunctionMode):  # type: ignore[misc]
         if name == "item" and args and isinstance(args[0], torch.Tensor):
             return self._item(args[0], func)
         if name == "backward" and args and isinstance(args[0], torch.Tensor):
-            means_summed("backward", [owner.operand(args[0])], [], owner.axes, owner.sizes)
+            means_summed("backward", [owner.operand(args[0])], [], owner.axes, owner.sizes, tensors=[args[0]])
         whole = self._whole(name, args, kwargs)
         before, owner.marked = owner.marked, marks(list(args) + list(kwargs.values()))
         owner.where.append(name)
         owner.quiet += whole is not None  # a composite typed whole: its aten calls are not looked at
         try:
             result = func(*args, **kwargs)
+        except Exception:
+            if whole is not None:  # a wrong program is named before torch's complaint
+                self._typed(whole, whole.shapes[0])
+            raise
         finally:
             owner.where.pop()
             owner.quiet -= whole is not None
             owner.marked = before
         if whole is not None and isinstance(result, torch.Tensor):
-            means_summed(name, list(whole.operands), [], owner.axes, owner.sizes)  # a summed mean: refused
-            call = attrs.evolve(whole, out=tuple(result.shape))
-            rule = einsum if whole.op == "einsum" else attention
-            types = tuple(rule(call, i) for i in range(len(owner.axes)))
-            _needs_pvary(call, types)
-            owner.set(result, types, name)
+            owner.set(result, self._typed(whole, tuple(result.shape)), name)
         outputs = [t for _, t in tensors_in(result if isinstance(result, (list, tuple)) else [result])]
         inputs = [t for _, t in tensors_in(list(args) + list(kwargs.values()))]
         label = called(name, [owner.operand(t).name for t in inputs])
@@ -279,13 +279,24 @@ class Calls(TorchFunctionMode):  # type: ignore[misc]
         if axes:
             written = [args[0]] if name in ("setitem",) or (name.endswith("_") and inputs) else []
             for out in outputs + [t for t in written if isinstance(t, torch.Tensor)]:
-                self._vary(out, axes, label)
+                self._vary(out, axes, label, inputs[0] if inputs else None)
             if name in ("narrow", "getitem") and len(outputs) == 1 and isinstance(args[0], torch.Tensor):
                 self._block(args[0], outputs[0], name, args[1:])
         if name in ("chunk", "split", "unbind", "tensorsplit") and isinstance(result, (tuple, list)) and inputs:
             dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
             return Pieces(result, self, inputs[0], int(dim) if name != "unbind" else None)
         return result
+
+    def _typed(self, whole: Call, out: tuple[int, ...]) -> tuple[AxisType, ...]:
+        """The types of a composite's result (of shape ``out``), typed whole by its rule."""
+        owner = self.types
+        means_summed(whole.where, list(whole.operands), [], owner.axes, owner.sizes,  # a summed mean: refused
+                     tensors=whole.tensors)
+        call = attrs.evolve(whole, out=out)
+        rule = einsum if whole.op == "einsum" else attention
+        types = tuple(rule(call, i) for i in range(len(owner.axes)))
+        _needs_pvary(call, types)
+        return types
 
     def _block(self, whole: torch.Tensor, out: torch.Tensor, name: str, index: Sequence[Any]) -> None:
         """``out`` typed as this member's block of ``whole`` where it was cut at ``axis_index * length``
@@ -326,33 +337,39 @@ class Calls(TorchFunctionMode):  # type: ignore[misc]
         if all(t.kind == INVARIANT and not t.mean for o in operands for t in o.types):
             return None
         return Call(op=op, where=name, args=call_args, kwargs=dict(kwargs), operands=operands,
-                    shapes=tuple(tuple(t.shape) for t in tensors), slots=slots, out=(), axes=owner.axes)
+                    shapes=tuple(tuple(t.shape) for t in tensors), slots=slots, out=(), axes=owner.axes,
+                    tensors=tuple(tensors))
 
     def _item(self, tensor: torch.Tensor, func: Any) -> Any:
         operand = self.types.operand(tensor)
         axes = set()
         for axis, t in zip(self.types.axes, operand.types, strict=True):
             if t.kind == PARTIAL:
-                raise SpmdTypeError(f"item() of {operand.name}, which is {t!r} along {axis!r}: each member's number "
-                                    f"is its own part; fix: ax.psum({operand.name}, {axis!r}) first")
+                raise SpmdTypeError.refused(f"item() of {operand.name}, which is {t!r} along {axis!r}: each member's "
+                                            "number is its own part", insert(COMPLETES[t.pending], operand.name,
+                                                                             (axis,), target=tensor))
             if t.kind == VARYING:
                 axes.add(axis)
         return member(func(tensor), frozenset(axes))
 
-    def _vary(self, tensor: torch.Tensor, axes: frozenset[str], label: str) -> None:
+    def _vary(self, tensor: torch.Tensor, axes: frozenset[str], label: str,
+              source: torch.Tensor | None = None) -> None:
         operand = self.types.operand(tensor)
+        named = self.types.operand(source).name if source is not None else operand.name
         new = []
         for axis, t in zip(self.types.axes, operand.types, strict=True):
             if axis in axes and t.kind == PARTIAL:
-                raise SpmdTypeError(f"{label} on {operand.name}, which is {t!r} along {axis!r}, with a number that "
-                                    f"differs per member along {axis!r}: each member's part is handled differently; "
-                                    f"fix: ax.psum({operand.name}, {axis!r}) first")
+                raise SpmdTypeError.refused(f"{label} on {operand.name}, which is {t!r} along {axis!r}, with a number "
+                                            f"that differs per member along {axis!r}: each member's part is handled "
+                                            "differently", insert(COMPLETES[t.pending], named, (axis,),
+                                                                  target=source if source is not None else tensor))
             new.append(VAR if axis in axes and t.kind == INVARIANT else t)
         if operand.grad and any(axis in axes and t.kind == INVARIANT for axis, t in zip(
                 self.types.axes, operand.types, strict=True)):
-            raise SpmdTypeError(f"{label}: {operand.name} wants a gradient and is invariant, but a number that "
-                                f"differs per member along {sorted(axes)} makes it differ; fix: "
-                                f"ax.pvary({operand.name}, {_axes_said(sorted(axes))}) first")
+            raise SpmdTypeError.refused(f"{label}: {operand.name} wants a gradient and is invariant, but a number "
+                                        f"that differs per member along {sorted(axes)} makes it differ",
+                                        insert("pvary", named, tuple(sorted(axes)),
+                                               target=source if source is not None else tensor))
         self.types.set(tensor, tuple(new), operand.name)
 
 
@@ -372,15 +389,19 @@ class Pieces(tuple):  # type: ignore[type-arg]
     def __getitem__(self, index: Any) -> Any:
         piece = super().__getitem__(index)
         if isinstance(index, MemberInt) and isinstance(piece, torch.Tensor):
-            label = f"pieces[{index.form[0] if index.form else 'i'}]"
-            self.calls._vary(piece, index.axes, label)
-            if self.dim is not None and index.form is not None and index.form[1:] == (1, 0):
-                axis = index.form[0]
-                even = all(p.shape == piece.shape for p in self)
-                length = piece.shape[self.dim]
-                self.calls.types.cut(self.whole, piece, axis, self.dim, length, even and len(self) == self.calls
-                                     .types.sizes[self.calls.types.axes.index(axis)])
+            with torch._C.DisableTorchFunction():  # the check's own calls, not the program's
+                self._piece(index, piece)
         return piece
+
+    def _piece(self, index: MemberInt, piece: torch.Tensor) -> None:
+        label = f"pieces[{index.form[0] if index.form else 'i'}]"
+        self.calls._vary(piece, index.axes, label, self.whole)
+        if self.dim is not None and index.form is not None and index.form[1:] == (1, 0):
+            axis = index.form[0]
+            even = all(p.shape == piece.shape for p in self)
+            length = piece.shape[self.dim]
+            self.calls.types.cut(self.whole, piece, axis, self.dim, length, even and len(self) == self.calls
+                                 .types.sizes[self.calls.types.axes.index(axis)])
 
 
 def _axes_said(axes: Sequence[str]) -> str:
@@ -437,7 +458,7 @@ class Ops(dispatch_mode_base()):  # type: ignore[misc]
         owner = self.types
         numbers = [v for v in args[1:] if isinstance(v, (int, float)) and not isinstance(v, bool)]
         summed = means_summed(op.rstrip("_").removesuffix("_"), list(operands), numbers, owner.axes, owner.sizes,
-                              shape_only=op in _SHAPE_ONLY)
+                              shape_only=op in _SHAPE_ONLY, tensors=[t for _, t in found])
         if summed is not None:
             return summed
         if op in _OVERWRITES:  # copy_(dst, src): the written value's type is the source's
@@ -445,7 +466,8 @@ class Ops(dispatch_mode_base()):  # type: ignore[misc]
         rule = rule_of(func, op, owner.rules) or unknown
         call = Call(op=op, where=owner.where[0] if owner.where else op, args=tuple(args), kwargs=kwargs,
                     operands=operands, shapes=tuple(tuple(t.shape) for _, t in found),
-                    slots=tuple(p for p, _ in found), out=out, axes=owner.axes)
+                    slots=tuple(p for p, _ in found), out=out, axes=owner.axes,
+                    tensors=tuple(t for _, t in found))
         types = tuple(rule(call, i) for i in range(len(owner.axes)))
         _needs_pvary(call, types)
         return types
@@ -465,10 +487,11 @@ class Ops(dispatch_mode_base()):  # type: ignore[misc]
             same = t.kind == INVARIANT or t.copy
             if same and whole and n.kind == VARYING and n.dim is not None and axis not in owner.marked and (
                     tensor.shape[n.dim] != base.shape[n.dim]):
-                raise SpmdTypeError(
+                raise SpmdTypeError.refused(
                     f"{op} writes a value split along {axis!r} at dimension {n.dim} into the same positions of "
-                    f"{old.name} on every member: each member's block lands where the others' do; fix: write at "
-                    f"ax.axis_index({axis!r}) times the block's length")
+                    f"{old.name} on every member: each member's block lands where the others' do",
+                    Fix("offset", op, old.name, (axis,), (("dim", n.dim), ("length", tensor.shape[n.dim])),
+                        target=base))
         joined = tuple(n if whole and t.kind == INVARIANT and n.kind == VARYING and n.dim is not None
                        and tensor.shape[n.dim] == base.shape[n.dim] else join(
                            t, n if aligned or n.kind != VARYING else VAR, axis, old.name)
@@ -504,6 +527,7 @@ def _needs_pvary(call: Call, types: tuple[AxisType, ...]) -> None:
             i = call.axes.index(axes[0])
             raise call.refuse(i, f"{operand.name} wants a gradient and is invariant along {_axes_said(axes)}, and it "
                               f"meets {other.said(axes[0], i)}: every member adds its own part of its gradient, "
-                              f"which nothing sums", f"ax.pvary({operand.name}, {_axes_said(axes)}) first (its "
-                              f"gradient is then summed over {_axes_said(axes)}: Megatron's sum_gradients, DDP's "
-                              "all_reduce)", k)
+                              f"which nothing sums",
+                              insert("pvary", operand.name, tuple(axes), f"(its gradient is then summed over "
+                                     f"{_axes_said(axes)}: Megatron's sum_gradients, DDP's all_reduce)",
+                                     call.tensors[k] if k < len(call.tensors) else None), k)

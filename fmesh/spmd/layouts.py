@@ -129,9 +129,9 @@ def indexing(call: Call, i: int) -> AxisType:
         if any(t.kind == VARYING for t in idx_types):
             return PSUM  # each member's rows: zero the others' (masked_fill) and ax.psum (vocab-parallel)
         raise call.refuse(i, f"looks up dimension {x.dim}, which {axis!r} splits, with the same indices on every "
-                          "member: each would read its own block at the global positions", "shift each member's "
-                          "indices by its offset (ax.axis_index), zero the rows it does not hold and ax.psum, or "
-                          f"ax.all_gather({call.operands[0].name}, {axis!r}, dim={x.dim}) first", 0)
+                          "member: each would read its own block at the global positions",
+                          call.insert("all_gather", 0, axis, "(or shift each member's indices by its offset "
+                                      "(ax.axis_index), zero the rows it does not hold and ax.psum)", dim=x.dim), 0)
     dims: list[tuple[int, int | None, Any]] = []
     if x.kind == VARYING:
         dims.append((0, _kept(call, x.dim), x))

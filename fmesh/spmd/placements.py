@@ -44,6 +44,21 @@ def to_placements(sharding: Sharding) -> tuple[Any, ...]:
     return tuple(placements)
 
 
+def grad_placements(sharding: Sharding) -> tuple[Any, ...]:
+    """The placements of the gradient of a value placed by ``sharding``: ``Partial()`` along its ``reduced`` axes
+    (the gradient left a pending sum there), else its own.
+
+    >>> import fmesh
+    >>> from fmesh.spmd.spec import P
+    >>> grad_placements(Sharding(fmesh.make_mesh((2, 2), ("dp", "tp")), P(None, "tp", reduced="dp")))
+    (Partial(sum), Shard(dim=1))
+    """
+    placements = list(to_placements(sharding))
+    for axis in sharding.spec.reduced:
+        placements[sharding.mesh.axis_index(axis)] = Partial()
+    return tuple(placements)
+
+
 def from_placements(mesh: Mesh, placements: Sequence[Any]) -> Sharding:
     """The sharding whose placements on ``mesh``'s export are ``placements``.
 

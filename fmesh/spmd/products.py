@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fmesh.spmd.call import Call, layout_of, varying_of
+from fmesh.spmd.fix import Fix, text
 from fmesh.spmd.types import (
     COMPLETES,
     INVARIANT,
@@ -46,8 +47,9 @@ def contraction(call: Call, i: int) -> AxisType:
     if product.kind == PARTIAL:
         if bias.kind != PARTIAL:
             raise call.refuse(i, f"adds {call.operands[0].name} (as a bias) to a product that is a pending sum along "
-                              f"{axis!r}: the bias would be added once per member", f"add the bias after "
-                              f"ax.psum(..., {axis!r}) (or psum_scatter)", 0)
+                              f"{axis!r}: the bias would be added once per member",
+                              Fix("bias", "psum", call.operands[0].name, (axis,), where=call.op,
+                                  note="(or psum_scatter)"), 0)
         return product
     if bias.kind == PARTIAL:
         raise call.refuse(i, "adds a pending sum to a product that is not one", f"ax.psum(..., {axis!r}) first", 0)
@@ -65,7 +67,7 @@ def _product(call: Call, i: int, a: int, b: int, layouts: tuple[dict[int, Any], 
     if PARTIAL in (ta.kind, tb.kind):
         p, q = (a, b) if ta.kind == PARTIAL else (b, a)
         tp, tq = call.t(p, i), call.t(q, i)
-        fix = f"ax.{COMPLETES[tp.pending]}({call.operands[p].name}, {axis!r}) first (or psum_scatter)"
+        fix = call.insert(COMPLETES[tp.pending], p, axis, "(or psum_scatter)")
         if tq.kind == PARTIAL:
             raise call.refuse(i, "multiplies two pending sums: the product of the sums is not the sum of the "
                               "products", fix, p)
@@ -101,9 +103,9 @@ def _product(call: Call, i: int, a: int, b: int, layouts: tuple[dict[int, Any], 
         kdim = next(d for d, v in where.items() if v == "k")
         raise call.refuse(i, f"contracts dimension {call.t(k0, i).dim}, which {axis!r} splits, against "
                           f"{call.operands[other].said(axis, i)}, which it does not split there: each member "
-                          "multiplies its own block by the same rows", f"split {call.operands[other].name} along "
-                          f"{axis!r} at dimension {kdim} too (a row-parallel product), or "
-                          f"ax.all_gather({call.operands[k0].name}, {axis!r}, dim={call.t(k0, i).dim}) first", k0)
+                          "multiplies its own block by the same rows",
+                          call.insert("all_gather", k0, axis, f"(or split {call.operands[other].name} along {axis!r} "
+                                      f"at dimension {kdim} too: a row-parallel product)", dim=call.t(k0, i).dim), k0)
     dims = [(k, d, s) for k, d, s in lands]
     dims += [(k, None, t) for k, t in ((a, ta), (b, tb)) if t.kind == VARYING and t.dim is None]
     if len({(d, layout_of(s)) for _, d, s in lands}) > 1:
@@ -162,7 +164,7 @@ def einsum(call: Call, i: int) -> AxisType:
     partial = [k for k, t in enumerate(types) if t.kind == PARTIAL]
     if partial:
         p = partial[0]
-        fix = f"ax.{COMPLETES[types[p].pending]}({call.operands[p].name}, {axis!r}) first"
+        fix = call.insert(COMPLETES[types[p].pending], p, axis)
         for k, t in enumerate(types):
             if k == p:
                 continue
@@ -193,9 +195,10 @@ def einsum(call: Call, i: int) -> AxisType:
             k0, k1 = ks[0], missing[0]
             raise call.refuse(i, f"sums over dimension {types[k0].dim}, which {axis!r} splits, against "
                               f"{call.operands[k1].said(axis, i)}, which it does not split there: each member "
-                              "multiplies its own block by the same values", f"split {call.operands[k1].name} along "
-                              f"{axis!r} at that dimension too (a row-parallel product), or "
-                              f"ax.all_gather({call.operands[k0].name}, {axis!r}, dim={types[k0].dim}) first", k0)
+                              "multiplies its own block by the same values",
+                              call.insert("all_gather", k0, axis, f"(or split {call.operands[k1].name} along "
+                                          f"{axis!r} at that dimension too: a row-parallel product)",
+                                          dim=types[k0].dim), k0)
         if len({layout_of(types[k]) for k in ks}) > 1:
             raise call.refuse(i, "sums over a dimension split in blocks in one operand and strided in another",
                               "split them alike", ks[0])
@@ -232,7 +235,7 @@ def attention(call: Call, i: int) -> AxisType:
     for n, t in enumerate((q, k, v)):
         if t.kind == PARTIAL:
             raise call.refuse(i, "attention on a pending sum (softmax is not linear)",
-                              f"ax.psum({names[n]}, {axis!r}) first", n)
+                              call.insert("psum", n, axis), n)
     if mask is not None and call.t(mask, i).kind == PARTIAL:
         raise call.refuse(i, "a pending sum as the attention mask", f"ax.psum(mask, {axis!r}) first", mask)
     for n, t in ((0, q), (1, k)):
@@ -242,19 +245,22 @@ def attention(call: Call, i: int) -> AxisType:
     for n, t in ((1, k), (2, v)):
         if t.kind == VARYING and t.dim == -2:
             raise call.refuse(i, "the keys' sequence is split: each member's softmax normalises over its own keys",
-                              f"ax.all_gather({names[n]}, {axis!r}, dim=-2) (context parallelism gathers the keys "
-                              "and values)", n)
+                              call.insert("all_gather", n, axis, "(context parallelism gathers the keys and values)",
+                                          dim=-2), n)
     if mask is not None and call.t(mask, i).kind == VARYING and call.t(mask, i).dim == -1:
         raise call.refuse(i, "the mask's key dimension is split", f"ax.all_gather(mask, {axis!r}, dim=-1)", mask)
     if mask is not None and q.kind == VARYING and q.dim == -2:
         m = call.t(mask, i)
         if (m.kind == INVARIANT or m.copy) and len(call.shapes[mask]) >= 2 and call.shapes[mask][-2] > 1:
+            made = call.operands[mask].name
+            fix = (Fix("argument", made.split("(")[0], made, (axis,), (("name", "diagonal"), ("scale",
+                       call.shapes[0][-2])), made=True) if made.split("(")[0] in ("tril", "triu") else
+                   text(f"build the mask from global positions (offset by ax.axis_index({axis!r}))"))
             raise call.refuse(i, "the mask is the same on every member along the queries' sequence, which "
-                              f"{axis!r} splits: each member masks its block as if it were the first",
-                              f"build the mask from global positions (offset by ax.axis_index({axis!r}))", mask)
+                              f"{axis!r} splits: each member masks its block as if it were the first", fix, mask)
     if causal and q.kind == VARYING and q.dim == -2:
         raise call.refuse(i, "is_causal=True with the queries' sequence split: the causal mask counts each member's "
-                          "positions from 0", "pass attn_mask built from the global positions (ax.axis_index)", 0)
+                          "positions from 0", Fix("mask", "scaled_dot_product_attention", axes=(axis,)), 0)
     dims = [(n, t.dim, t) for n, t in ((0, q), (1, k), (2, v)) if t.kind == VARYING]
     if mask is not None and call.t(mask, i).kind == VARYING:
         dims.append((mask, call.t(mask, i).dim, call.t(mask, i)))

@@ -31,11 +31,13 @@ from fmesh.errors import SpmdTypeError
 from fmesh.mesh import Mesh
 from fmesh.spmd.call import Rule
 from fmesh.spmd.check import MemberInt, Types, called
-from fmesh.spmd.placements import to_placements
+from fmesh.spmd.fix import Fix, text
+from fmesh.spmd.placements import grad_placements, to_placements
 from fmesh.spmd.rehearsal import Collectives, Rehearsal, random_state_kept
 from fmesh.spmd.spec import PartitionSpec, Sharding, check_spec, dim_axes
 from fmesh.spmd.trees import broadcast, leaves, rebuild
 from fmesh.spmd.types import (
+    COMPLETES,
     COPY,
     INV,
     INVARIANT,
@@ -83,7 +85,7 @@ class Axes:
         operand = types.operand(x)
         found = {axis: becomes(operand.types[self.mesh.axis_index(axis)], axis) for axis in axes}
         if operand.types and any(t.kind == INVARIANT and t.mean for t in operand.types):
-            means_summed(what, [operand], [], types.axes, types.sizes)
+            means_summed(what, [operand], [], types.axes, types.sizes, tensors=[x])
         types.quiet += 1
         try:
             out = result()
@@ -94,9 +96,11 @@ class Axes:
         types.set(out, new, operand.name if same else called(what, [operand.name, _said(axes)]))
         return out
 
-    def _refuse(self, what: str, x: torch.Tensor, t: AxisType, axis: str, why: str) -> SpmdTypeError:
+    def _refuse(self, what: str, x: torch.Tensor, t: AxisType, axis: str, why: str,
+                fix: Fix | str) -> SpmdTypeError:
         name = self.types.operand(x).name if self.types is not None else "the value"
-        return SpmdTypeError(f"{what} of {name}, which is {t!r} along {axis!r}: {why}")
+        record = text(fix) if isinstance(fix, str) else attrs.evolve(fix, value=fix.value or name, target=x)
+        return SpmdTypeError.refused(f"{what} of {name}, which is {t!r} along {axis!r}: {why}", record)
 
     def axis_index(self, axis: str) -> int:
         """This rank's coordinate along ``axis`` (JAX's ``lax.axis_index``); checked, a number marked as differing
@@ -119,9 +123,23 @@ class Axes:
         def becomes(t: AxisType, axis: str) -> AxisType:
             if t.kind == INVARIANT:
                 raise self._refuse("psum", x, t, axis, "it is already the same on every member (reduced); a second "
-                                   "sum multiplies it by the axis size; fix: drop this psum")
+                                   "sum multiplies it by the axis size", Fix("drop", "psum"))
             if t.kind == PARTIAL and t.pending in ("max", "min"):
-                raise self._refuse("psum", x, t, axis, f"fix: ax.p{t.pending}(..., {axis!r})")
+                raise self._refuse("psum", x, t, axis, f"the sum of a pending {t.pending}",
+                                   Fix("replace", f"p{t.pending}", axes=(axis,), where="psum"))
+            if t.kind == VARYING and t.copy:
+                raise self._refuse("psum", x, t, axis, "the members' values are alike (gathered or pvary-ed): their "
+                                   "sum is the axis size times the value", Fix("drop", "psum", note=(
+                                       "(or scale it by ax.axis_size)")))
+            if t.kind == VARYING and t.dim is not None and not (t.strided or t.extent):
+                pending = [a for a, o in zip(self.mesh.axis_names, self.types.operand(x).types, strict=True)
+                           if o.kind == PARTIAL and o.pending == "sum" and a not in names] if self.types else []
+                raise self._refuse("psum", x, t, axis, f"it is split along {axis!r} at dimension {t.dim}: the sum "
+                                   "adds the members' different blocks elementwise",
+                                   Fix("replace", "psum", axes=(pending[0],), where="psum", note="(the axis it is "
+                                       "a pending sum along)") if pending else
+                                   f"ax.all_gather(..., {axis!r}, dim={t.dim}) for the whole, or reduce dimension "
+                                   f"{t.dim} first")
             return AxisType(INVARIANT, mean=t.kind == PARTIAL and t.pending == "mean")
         return self._run("psum", x, names, becomes, lambda: self.ctx.sum_partials(x, self.mesh, names))
 
@@ -132,12 +150,12 @@ class Axes:
 
         def becomes(t: AxisType, axis: str) -> AxisType:
             if t.kind == PARTIAL and t.pending != "mean":
-                fix = "ax.psum" if t.pending == "sum" else f"ax.p{t.pending}"
                 raise self._refuse("pmean", x, t, axis, f"the mean of a pending {t.pending} divides it by the axis "
-                                   f"size; fix: {fix}(..., {axis!r}) (or divide by the whole's count yourself)")
+                                   "size", Fix("replace", COMPLETES[t.pending], axes=(axis,), where="pmean",
+                                               note="(or divide by the whole's count yourself)"))
             if t.kind == INVARIANT:
                 raise self._refuse("pmean", x, t, axis, "it is already the same on every member; its value stays, "
-                                   "but its gradient is divided by the axis size; fix: drop this pmean")
+                                   "but its gradient is divided by the axis size", Fix("drop", "pmean"))
             return INV
         size = self.axis_size(names)
         return self._run("pmean", x, names, becomes,
@@ -149,8 +167,8 @@ class Axes:
         def becomes(t: AxisType, axis: str) -> AxisType:
             if t.kind == PARTIAL and t.pending != op:
                 raise self._refuse(f"p{op}", x, t, axis, f"the {op} of each member's part is not the {op} of the "
-                                   f"pending {t.pending}; fix: ax.{'psum' if t.pending == 'sum' else 'p' + t.pending}"
-                                   f"(..., {axis!r})")
+                                   f"pending {t.pending}", Fix("replace", COMPLETES[t.pending], axes=(axis,),
+                                                               where=f"p{op}"))
             return INV
         return self._run(f"p{op}", x, names, becomes, lambda: self.ctx.all_reduce(x, self.mesh, names, op=op))
 
@@ -169,9 +187,10 @@ class Axes:
         def becomes(t: AxisType, axis: str) -> AxisType:
             if t.kind == VARYING:
                 raise self._refuse("pvary", x, t, axis, "it already varies, its gradient is already each member's "
-                                   "own; a second pvary sums the gradient twice; fix: drop this pvary")
+                                   "own; a second pvary sums the gradient twice", Fix("drop", "pvary"))
             if t.kind == PARTIAL:
-                raise self._refuse("pvary", x, t, axis, "a pending sum; fix: psum it first")
+                raise self._refuse("pvary", x, t, axis, "a pending sum", Fix("replace", COMPLETES[t.pending],
+                                                                             axes=(axis,), where="pvary"))
             return COPY
         return self._run("pvary", x, names, becomes, lambda: self.ctx.sum_gradients(x, self.mesh, names))
 
@@ -199,15 +218,17 @@ class Axes:
             self.types.set(out, new, record.name)
         return out
 
-    def _gather_type(self, x: torch.Tensor, tiled: bool, invariant: bool) -> Callable[[AxisType, str], AxisType]:
+    def _gather_type(self, x: torch.Tensor, tiled: bool, invariant: bool,
+                     dim: int = 0) -> Callable[[AxisType, str], AxisType]:
         def becomes(t: AxisType, axis: str) -> AxisType:
             if t.kind == PARTIAL and tiled:
-                raise self._refuse("all_gather", x, t, axis, "a pending sum gathered stays unsummed; fix: "
-                                   "ax.psum_scatter(...) (a reduce_scatter) where this all_gather is, or ax.psum(...) "
-                                   "first (or tiled=False to stack the members' parts)")
+                raise self._refuse("all_gather", x, t, axis, "a pending sum gathered stays unsummed",
+                                   Fix("replace", "psum_scatter", axes=(axis,), kwargs=(("dim", dim),),
+                                       where="all_gather", note="(a reduce_scatter), or ax.psum(...) first (or "
+                                       "tiled=False to stack the members' parts)"))
             if t.kind == INVARIANT:
                 raise self._refuse("all_gather", x, t, axis, "it is already the same on every member; gathering "
-                                   "copies it once per member; fix: drop this all_gather (or slice it)")
+                                   "copies it once per member", Fix("drop", "all_gather", note="(or slice it)"))
             return INV if invariant else COPY
         return becomes
 
@@ -220,7 +241,7 @@ class Axes:
 
         def gather() -> torch.Tensor:
             return self.ctx.all_gather(x if tiled else x.unsqueeze(dim), self.mesh, names, dim)
-        out = self._run("all_gather", x, names, self._gather_type(x, tiled, False), gather)
+        out = self._run("all_gather", x, names, self._gather_type(x, tiled, False, dim), gather)
         return self._nested(out, names, dim) if tiled else out
 
     def all_gather_invariant(self, x: torch.Tensor, axis: AxesArg, dim: int = 0, tiled: bool = True) -> torch.Tensor:
@@ -236,7 +257,7 @@ class Axes:
             if not (x.requires_grad and torch.is_grad_enabled()):
                 return whole
             return _Sliced.apply(block, whole, dim, index, size)
-        out = self._run("all_gather_invariant", x, names, self._gather_type(x, tiled, True), gather)
+        out = self._run("all_gather_invariant", x, names, self._gather_type(x, tiled, True, dim), gather)
         return self._nested(out, names, dim) if tiled else out
 
     def psum_scatter(self, x: torch.Tensor, axis: AxesArg, dim: int = 0, tiled: bool = True) -> torch.Tensor:
@@ -247,12 +268,15 @@ class Axes:
 
         def becomes(t: AxisType, axis: str) -> AxisType:
             if t.kind == INVARIANT:
-                raise self._refuse("psum_scatter", x, t, axis, "it is already reduced (the same on every member); "
-                                   "fix: slice it (or drop the earlier psum)")
+                name = self.types.operand(x).name if self.types is not None else ""
+                raise self._refuse("psum_scatter", x, t, axis, "it is already reduced (the same on every member)",
+                                   Fix("drop", "psum", name, made=True, note="(or slice it)")
+                                   if name.startswith("psum(") else "slice it")
             if t.kind == PARTIAL and t.pending != "sum":
-                raise self._refuse("psum_scatter", x, t, axis, f"fix: ax.p{t.pending}(..., {axis!r})")
+                raise self._refuse("psum_scatter", x, t, axis, f"the sum-scatter of a pending {t.pending}",
+                                   Fix("replace", COMPLETES[t.pending], axes=(axis,), where="psum_scatter"))
             if t.kind == VARYING and t.dim == d - x.dim():
-                raise self._refuse("psum_scatter", x, t, axis, f"it is split at dimension {t.dim} already; fix: "
+                raise self._refuse("psum_scatter", x, t, axis, f"it is split at dimension {t.dim} already",
                                    "scatter another dimension, or all_gather it first")
             return AxisType(VARYING, d - ndim)
 
@@ -272,7 +296,8 @@ class Axes:
             if t.kind == PARTIAL:
                 if not whole:
                     raise self._refuse("ppermute", x, t, axis, "a member that receives nothing gets zeros, so the "
-                                       "pending sum loses the parts not sent; fix: psum it first, or permute all")
+                                       "pending sum loses the parts not sent", Fix("insert", "psum", axes=(axis,),
+                                                                                   note="(or permute all)"))
                 return t
             # another member's block: a partition of the dimension, not in the spec's order
             return AxisType(VARYING, t.dim, strided=True) if t.kind == VARYING and t.dim is not None else VAR
@@ -287,8 +312,12 @@ class Axes:
 
         def becomes(t: AxisType, axis: str) -> AxisType:
             if t.kind != VARYING or (t.dim is not None and t.dim != c) or t.strided or t.extent:
+                swapped = t.kind == VARYING and t.dim == s and not t.strided and not t.extent
                 raise self._refuse("all_to_all", x, t, axis, f"all_to_all makes a value split at dimension {c} "
-                                   f"split at {s}; fix: split it at dimension {c} along {axis!r} first")
+                                   f"split at {s}", Fix("replace", "all_to_all", axes=(axis,), kwargs=(
+                                       ("split_dim", c), ("concat_dim", s)), where="all_to_all",
+                                       note="(the dimensions swapped)") if swapped else
+                                   f"split it at dimension {c} along {axis!r} first")
             return AxisType(VARYING, s) if t.dim is not None else VAR
         return self._run("all_to_all", x, names, becomes,
                          lambda: self.ctx.all_to_all(x, self.mesh, names, split_dim % n, concat_dim % n))
@@ -323,7 +352,7 @@ class Axes:
         def becomes(t: AxisType, axis: str) -> AxisType:
             if t.kind != VARYING or t.dim != d - x.dim() or t.strided or t.extent:
                 raise self._refuse("cumsum", x, t, axis, f"ax.cumsum is the running sum along the dimension {axis!r} "
-                                   f"splits in blocks; fix: x.cumsum({dim}) where it is not split")
+                                   "splits in blocks", f"x.cumsum({dim}) where it is not split")
             return t
         return self._run("cumsum", x, names, becomes, running)
 
@@ -361,7 +390,7 @@ def types_of(mesh: Mesh, spec: PartitionSpec, ndim: int) -> tuple[AxisType, ...]
     """The per-axis types of an input of ``ndim`` dimensions under ``spec``."""
     dims = {axis: d - ndim for d, entry in enumerate(spec.entries) for axis in dim_axes(entry)}
     return tuple(AxisType(PARTIAL) if axis in spec.partial else AxisType(VARYING, dims[axis]) if axis in dims
-                 else INV for axis in mesh.axis_names)
+                 else COPY if axis in spec.reduced else INV for axis in mesh.axis_names)
 
 
 def check_outputs(types: Types, mesh: Mesh, specs: Sequence[PartitionSpec], values: Sequence[torch.Tensor]) -> None:
@@ -371,9 +400,10 @@ def check_outputs(types: Types, mesh: Mesh, specs: Sequence[PartitionSpec], valu
         dims = {axis: d - value.dim() for d, entry in enumerate(spec.entries) for axis in dim_axes(entry)}
         for axis, found in zip(mesh.axis_names, operand.types, strict=True):
             try:
-                check_output(dims, spec.partial, axis, operand.name, found, value.dim(), mesh.shape[axis])
+                check_output(dims, spec.partial, axis, operand.name, found, value.dim(), mesh.shape[axis], i, spec,
+                             value)
             except SpmdTypeError as error:
-                raise SpmdTypeError(f"out_specs[{i}] = {spec!r}, output {i}: {error}") from None
+                raise SpmdTypeError(f"out_specs[{i}] = {spec!r}, output {i}: {error}", error.fix) from None
 
 
 class Region:
@@ -399,6 +429,12 @@ class Region:
         # Each spec's placements, made here: a compiled region only looks them up (by identity)
         self.placed = [(spec, to_placements(Sharding(mesh, check_spec(mesh, spec))))
                        for spec in leaves(self.in_specs, _spec) + leaves(out_specs, _spec)]
+        self.grads = [(spec, grad_placements(Sharding(mesh, spec))) for spec in leaves(self.in_specs, _spec)
+                      if spec.reduced]
+        for i, spec in enumerate(leaves(out_specs, _spec)):
+            if spec.reduced:
+                raise ValueError(f"out_specs[{i}] = {spec!r}: reduced= is for inputs (the axes along which an "
+                                 "input's gradient is left a pending sum); an output's pending sum is partial=")
 
         def hook(key: Any) -> bool:  # Dynamo calls it once, with constants, while it traces (see _traced_check)
             self._check_signature(key)
@@ -448,6 +484,9 @@ class Region:
     def _placements(self, spec: PartitionSpec) -> tuple[Any, ...]:
         return next(placed for known, placed in self.placed if known is spec)
 
+    def _grad_placements(self, spec: PartitionSpec) -> tuple[Any, ...]:
+        return next(placed for known, placed in self.grads if known is spec)
+
     def _out_prefix(self, out: Any) -> Any:
         """The out specs for ``out``: one spec in a one-element sequence stands for a single output."""
         specs = self.out_specs
@@ -461,6 +500,8 @@ class Region:
             if value.device_mesh is not device_mesh or tuple(value.placements) != want:
                 raise ValueError(f"input {index}: expected a DTensor on ctx.device_mesh(mesh) with placements {want} "
                                  f"(in_specs[{index}] = {spec!r}), but got {tuple(value.placements)}; redistribute it")
+            if spec.reduced:  # its gradient left a pending sum along them (Partial): no collective in the backward
+                return value.to_local(grad_placements=self._grad_placements(spec))
             return value.to_local()
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"input {index}: expected a DTensor, but got {value!r}")
@@ -518,9 +559,9 @@ class Region:
             check_spec(self.mesh, spec, value.dim(), f"out_specs[{i}]")
             operand = types.operand(value)
             try:  # a psum of pending means left undivided: named with the count over all its axes
-                means_summed("return", [operand], [], types.axes, types.sizes)
+                means_summed("return", [operand], [], types.axes, types.sizes, tensors=[value])
             except SpmdTypeError as error:
-                raise SpmdTypeError(f"out_specs[{i}] = {spec!r}, output {i}: {error}") from None
+                raise SpmdTypeError(f"out_specs[{i}] = {spec!r}, output {i}: {error}", error.fix) from None
         check_outputs(types, self.mesh, out_specs, values)
         if rehearsal.named:
             self.ctx.materialize(*((self.mesh, axes) for axes in sorted(rehearsal.named)))

@@ -33,6 +33,7 @@ import attrs
 import torch
 
 from fmesh.spmd.call import Call, dims_of, negative, pending_of, varying_of
+from fmesh.spmd.fix import Fix
 from fmesh.spmd.types import (
     COMPLETES,
     INV,
@@ -85,12 +86,16 @@ def pointwise(call: Call, i: int) -> AxisType:
             alike = t.kind == INVARIANT or t.copy
             if alike and len(shape) >= -found.dim and shape[found.dim] == call.out[found.dim]:
                 split = next(o for o, tt in enumerate(types) if tt.kind == VARYING and tt.dim == found.dim)
+                made = call.operands[k].name
+                fix = (Fix("offset", "narrow", made, (call.axes[i],), made=True, target=call.tensors[k] if k < len(
+                    call.tensors) else None) if made.startswith("narrow(") else
+                       call.insert("all_gather", split, call.axes[i], "(or take each member's block of "
+                                   f"{call.operands[k].name}, offset by ax.axis_index({call.axes[i]!r}) times the "
+                                   "block's length)", dim=types[split].dim))
                 raise call.refuse(i, f"pairs {call.operands[split].name}, split along {call.axes[i]!r} at dimension "
                                   f"{found.dim}, with {call.operands[k].name}, which is the same on every member "
                                   "along that dimension: each member would pair its own block with the same values "
-                                  "(a position table indexed from 0 on every member)",
-                                  f"take each member's block of it (offset by ax.axis_index({call.axes[i]!r}) times "
-                                  f"the block's length), or ax.all_gather the other along {call.axes[i]!r}", k)
+                                  "(a position table indexed from 0 on every member)", fix, k)
     return found
 
 
@@ -98,9 +103,8 @@ def _pointwise_partial(call: Call, i: int, types: list[AxisType], partial: list[
     p = partial[0]
     pending = pending_of(types)
     axis = call.axes[i]
-    name = call.operands[p].name
     complete = COMPLETES.get(types[p].pending, "psum")
-    fix = f"ax.{complete}({name}, {axis!r}) first"
+    fix = call.insert(complete, p, axis)
     form = LINEAR.get(call.op.rstrip("_"))
     if pending in ("max", "min", "mixed") and form is not None and form != "all":
         form = None
@@ -109,7 +113,7 @@ def _pointwise_partial(call: Call, i: int, types: list[AxisType], partial: list[
         if others:
             k = others[0]
             raise call.refuse(i, f"adds {call.operands[k].name}, which is {types[k]!r}, to a pending sum: it would be "
-                              "added once per member", f"{fix} (a bias after the reduction)", p)
+                              "added once per member", attrs.evolve(fix, note="(a bias after the reduction)"), p)
         if any(n != 0 for n in _numbers(call)) and call.op.rstrip("_") in ("add", "sub", "rsub"):
             raise call.refuse(i, "adds a number to a pending sum: it would be added once per member", fix, p)
         return AxisType(PARTIAL, pending=types[p].pending)
@@ -193,11 +197,11 @@ def reduction(call: Call, i: int) -> AxisType:
     dims, keep = _reduced(call)
     _, pending = REDUCTIONS[call.op]
     axis = call.axes[i]
-    name = call.operands[0].name
     if call.op in _SORTS:
         if t.kind == PARTIAL or (t.kind == VARYING and t.dim in dims):
             raise call.refuse(i, f"sorts along dimension {t.dim} ({axis!r} splits it, or the value is a pending "
-                              "sum)", f"ax.all_gather({name}, {axis!r}, dim={t.dim}) first (or psum it)", 0)
+                              "sum)", call.insert("all_gather", 0, axis, "(or psum it)", dim=t.dim)
+                              if t.kind == VARYING else call.insert(COMPLETES[t.pending], 0, axis), 0)
         return t
     if t.kind == PARTIAL:
         if call.op in _LINEAR_REDUCTIONS and t.pending in ("sum", "mean"):
@@ -205,13 +209,13 @@ def reduction(call: Call, i: int) -> AxisType:
         if t.pending == pending and dims:  # a max of a pending max is one still
             return t
         raise call.refuse(i, f"{call.op} of a pending {t.pending} is not the {call.op} of the whole",
-                          f"ax.{COMPLETES[t.pending]}({name}, {axis!r}) first", 0)
+                          call.insert(COMPLETES[t.pending], 0, axis), 0)
     if t.kind != VARYING or t.dim is None:
         return t
     if t.dim in dims:
         if pending is None:
             raise call.refuse(i, f"{call.op} along dimension {t.dim}, which {axis!r} splits: each member reduces its "
-                              "own block", f"ax.all_gather({name}, {axis!r}, dim={t.dim}) first", 0)
+                              "own block", call.insert("all_gather", 0, axis, dim=t.dim), 0)
         return AxisType(PARTIAL, pending=pending)  # type: ignore[arg-type]
     return attrs.evolve(t, dim=t.dim if keep else _after(t.dim, dims))
 
@@ -227,11 +231,11 @@ def scan(call: Call, i: int) -> AxisType:
     if t.kind == PARTIAL:
         if call.op == "cumsum" and t.pending == "sum":
             return t
-        raise call.refuse(i, f"{call.op} of a pending {t.pending}", f"ax.{COMPLETES[t.pending]}({name}, {axis!r}) "
-                          "first", 0)
+        raise call.refuse(i, f"{call.op} of a pending {t.pending}", call.insert(COMPLETES[t.pending], 0, axis), 0)
     if t.kind == VARYING and t.dim == d:
-        fix = (f"ax.cumsum({name}, {axis!r}, dim={d}) (each member's running sum plus the earlier members' totals)"
-               if call.op == "cumsum" else f"ax.all_gather({name}, {axis!r}, dim={d}) first")
+        fix = (Fix("replace", "cumsum", name, (axis,), (("dim", d),), where=call.op,
+                   note="(each member's running sum plus the earlier members' totals)")
+               if call.op == "cumsum" else call.insert("all_gather", 0, axis, dim=d))
         raise call.refuse(i, f"{call.op} along dimension {d}, which {axis!r} splits: each member's running value "
                           "starts afresh at its block", fix, 0)
     return t
@@ -255,13 +259,13 @@ def normalisation(call: Call, i: int) -> AxisType:
     """Softmax, log-softmax and the norms: refused along a split dimension or on a pending sum."""
     t = call.t(0, i)
     dims = NORMS[call.op](call)
-    name, axis = call.operands[0].name, call.axes[i]
+    axis = call.axes[i]
     if t.kind == PARTIAL:
         raise call.refuse(i, f"{call.op} of a pending {t.pending} (not linear)",
-                          f"ax.{COMPLETES[t.pending]}({name}, {axis!r}) first", 0)
+                          call.insert(COMPLETES[t.pending], 0, axis), 0)
     if t.kind == VARYING and t.dim in dims:
         raise call.refuse(i, f"{call.op} normalises along dimension {t.dim}, which {axis!r} splits: each member "
-                          "normalises its own block", f"ax.all_gather({name}, {axis!r}, dim={t.dim}) first", 0)
+                          "normalises its own block", call.insert("all_gather", 0, axis, dim=t.dim), 0)
     return pointwise(attrs.evolve(call, out=call.shapes[0]), i)
 
 
@@ -290,8 +294,8 @@ def loss(call: Call, i: int) -> AxisType:
         rows: list[tuple[int, int | None, Any]] = []
         for k, o in enumerate(call.operands):
             d = o.types[i].dim
-            if o.types[i].kind == VARYING:  # the input's rows (before the class dimension) and the target's
-                rows.append((k, d if d is None or k or d < c else None, o.types[i]))
+            if o.types[i].kind == VARYING:  # the input's rows (the class dimension gone) and the target's
+                rows.append((k, d + 1 if k == 0 and d is not None and d < c else d, o.types[i]))
         each = varying_of(call, i, rows)
     else:
         if any(o.types[i].kind == PARTIAL for o in call.operands):

@@ -34,16 +34,25 @@ class PartitionSpec:
     P('dp', None, ('tp', 'cp'))
     >>> P("dp").axes
     ('dp',)
+    >>> P(None, "tp", reduced="dp")
+    P(None, 'tp', reduced=('dp',))
+
+    ``partial``: the mesh axes along which the value is a pending sum (DTensor's ``Partial``; JAX's
+    ``unreduced``). ``reduced`` (an input's spec only; JAX's ``reduced``): axes along which the value is the same
+    on every member, but its gradient is left a pending sum (no collective in the backward): gradient
+    accumulation over micro-batches then costs one reduction, where the gradient is used.
     """
 
     entries: tuple[Entry, ...]
-    # The mesh axes along which the value is a pending sum (DTensor's ``Partial``); JAX has no such entry.
     partial: tuple[str, ...]
+    reduced: tuple[str, ...]
 
-    def __init__(self, *entries: Any, partial: Sequence[str] = ()) -> None:
+    def __init__(self, *entries: Any, partial: Sequence[str] = (), reduced: Sequence[str] = ()) -> None:
         if isinstance(partial, str):
             partial = (partial,)
-        self.__attrs_init__(tuple(_entry(e) for e in entries), tuple(partial))
+        if isinstance(reduced, str):
+            reduced = (reduced,)
+        self.__attrs_init__(tuple(_entry(e) for e in entries), tuple(partial), tuple(reduced))
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -57,6 +66,8 @@ class PartitionSpec:
         inner = ", ".join(repr(e) for e in self.entries)
         if self.partial:
             inner += (", " if inner else "") + f"partial={self.partial!r}"
+        if self.reduced:
+            inner += (", " if inner else "") + f"reduced={self.reduced!r}"
         return f"P({inner})"
 
 
@@ -84,7 +95,7 @@ def check_spec(mesh: Mesh, spec: PartitionSpec, ndim: int | None = None, what: s
     if not isinstance(spec, PartitionSpec):
         raise TypeError(f"{what}: expected a PartitionSpec (fmesh.spmd.P(...)), but got {spec!r}")
     seen: set[str] = set()
-    for axis in spec.axes + spec.partial:
+    for axis in spec.axes + spec.partial + spec.reduced:
         if axis not in mesh.axis_names:
             raise ValueError(f"{what} {spec!r}: expected one of the mesh's axes {mesh.axis_names}, but got {axis!r}")
         if axis in seen:

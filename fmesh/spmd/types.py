@@ -24,11 +24,13 @@ summed mean may meet (:func:`means_summed`), and where a reshape moves a split d
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
 from fmesh.errors import SpmdTypeError
+from fmesh.spmd.fix import Fix, text
+from fmesh.spmd.spec import P, PartitionSpec, dim_axes
 
 Kind = Literal["invariant", "varying", "partial"]
 Pending = Literal["sum", "mean", "max", "min"]
@@ -90,54 +92,93 @@ class Operand:
 
 
 def check_output(spec_dims: dict[str, int | None], partial: tuple[str, ...], axis: str, name: str,
-                 found: AxisType, ndim: int = 1, size: int = 2) -> None:
+                 found: AxisType, ndim: int = 1, size: int = 2, output: int = 0, spec: PartitionSpec | None = None,
+                 target: Any = None) -> None:
     """Whether a region output of type ``found`` (``ndim`` dimensions) along ``axis`` (``size`` members) may leave
-    it under its out spec (``spec_dims``: the axes it splits, at which dimension; ``partial``: its partial axes).
+    it under its out spec (``spec_dims``: the axes it splits, at which dimension; ``partial``: its partial axes;
+    ``spec``: the spec itself, which a fix that edits it starts from). The error's fix is for output ``output``
+    (``target``: the value).
 
     >>> check_output({}, (), "dp", "loss", AxisType("varying"), ndim=0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    fmesh.SpmdTypeError: loss is varying along 'dp', but ... fix: ax.psum(loss, 'dp') for a sum, ax.pmean(loss, 'dp')...
+    fmesh.SpmdTypeError: loss is varying along 'dp', but ... fix: return ax.psum(loss, 'dp') for a sum, ax.pmean(loss...
     """
+    def out(call: str, note: str = "", **kwargs: Any) -> Fix:
+        return Fix("insert", call, name, (axis,), tuple(kwargs.items()), output=output, note=note, target=target)
+
+    def respec(new: PartitionSpec | None, words: str) -> Fix:
+        return Fix("spec", output=output, spec=new, target=target) if new is not None else text(words)
     if found.kind == INVARIANT and found.mean:
-        raise SpmdTypeError(f"{name} is the sum over {axis!r} of the members' pending means: {size} times the mean "
-                            f"of the whole; fix: divide it by {size} (or ax.pmean instead of ax.psum)")
+        raise SpmdTypeError.refused(f"{name} is the sum over {axis!r} of the members' pending means: {size} times "
+                                    "the mean of the whole", Fix("replace", "pmean", name, (axis,), where="psum",
+                                                                 made=True, note=f"(or divide it by {size})",
+                                                                 target=target))
     if found.kind == PARTIAL and found.pending != "sum":
-        fix = COMPLETES[found.pending]
-        raise SpmdTypeError(f"{name} is {found!r} along {axis!r}, and only a pending sum can leave the region; "
-                            f"fix: ax.{fix}({name}, {axis!r})")
+        graded = found.pending in ("max", "min") and bool(getattr(target, "requires_grad", False))
+        raise SpmdTypeError.refused(f"{name} is {found!r} along {axis!r}, and only a pending sum can leave the "
+                                    "region", text(f"ax.p{found.pending} carries no gradient: complete the pending "
+                                                   f"{found.pending} of the detached part with ax.p{found.pending} "
+                                                   "before what wants a gradient meets it") if graded else
+                                    out(COMPLETES[found.pending]))
     if axis in partial:
         if found.kind != PARTIAL:
-            raise SpmdTypeError(f"{name} is {found!r} along {axis!r}, but its out spec claims partial; fix: drop "
-                                f"{axis!r} from partial=")
+            raise SpmdTypeError.refused(f"{name} is {found!r} along {axis!r}, but its out spec claims partial",
+                                        respec(spec and _respec(spec, axis), f"drop {axis!r} from partial="))
         return
     if axis in spec_dims:
         want = spec_dims[axis]
         if found.kind == PARTIAL:
-            raise SpmdTypeError(f"{name} is partial along {axis!r}, but its out spec claims it split; fix: "
-                                f"ax.psum_scatter({name}, {axis!r}, dim={want})")
+            raise SpmdTypeError.refused(f"{name} is partial along {axis!r}, but its out spec claims it split",
+                                        out("psum_scatter", dim=want))
         if found.kind == INVARIANT:
-            raise SpmdTypeError(f"{name} is invariant along {axis!r}, but its out spec claims it split along "
-                                f"{axis!r}: every member would hold the whole; fix: leave {axis!r} out of the spec")
+            raise SpmdTypeError.refused(f"{name} is invariant along {axis!r}, but its out spec claims it split "
+                                        f"along {axis!r}: every member would hold the whole",
+                                        respec(spec and _respec(spec, axis), f"leave {axis!r} out of the spec"))
         if found.dim is None or found.strided or found.extent:
-            raise SpmdTypeError(f"{name} is {found!r} along {axis!r}: no block of one dimension, but its out spec "
-                                f"claims it split at dimension {want}; fix: return it replicated after "
-                                f"ax.all_gather_invariant, or keep the split dimension whole until it leaves")
+            fix = (Fix("drop", "all_gather", name, made=True, target=target, note="(it leaves split)")
+                   if name.startswith("all_gather(") else
+                   Fix("block", "narrow", name, (axis,), (("dim", want), ("size", size)), output=output,
+                       target=target) if found.copy and want is not None else
+                   text("return it replicated after ax.all_gather_invariant, or keep the split dimension whole "
+                        "until it leaves"))
+            raise SpmdTypeError.refused(f"{name} is {found!r} along {axis!r}: no block of one dimension, but its out "
+                                        f"spec claims it split at dimension {want}", fix)
         if want is not None and found.dim != want:
-            raise SpmdTypeError(f"{name} is split along {axis!r} at dimension {found.dim}, but its out spec "
-                                f"says dimension {want}; fix: name {axis!r} at dimension {found.dim + ndim} of the "
-                                f"spec")
+            raise SpmdTypeError.refused(f"{name} is split along {axis!r} at dimension {found.dim}, but its out spec "
+                                        f"says dimension {want}",
+                                        respec(spec and _respec(spec, axis, found.dim + ndim),
+                                               f"name {axis!r} at dimension {found.dim + ndim} of the spec"))
         return
     if found.kind == VARYING:
-        said = f"{name} is {found!r} along {axis!r}, but its out spec claims it replicated; fix: "
+        said = f"{name} is {found!r} along {axis!r}, but its out spec claims it replicated"
+        if found.copy:  # the same values on every member (gathered): their mean is the value, its gradient whole
+            raise SpmdTypeError.refused(said, out("pmean", "(the members' copies are alike: their mean is the value; "
+                                                  "or gather it with ax.all_gather_invariant)"))
         if ndim == 0 or found.dim is None or found.strided or found.extent:  # a scalar, or no block of a dimension
-            raise SpmdTypeError(said + f"ax.psum({name}, {axis!r}) for a sum, ax.pmean({name}, {axis!r}) for a "
-                                f"mean" + ("" if ndim == 0 else " (ax.all_gather_invariant to keep each member's)"))
-        raise SpmdTypeError(said + f"ax.all_gather_invariant({name}, {axis!r}, dim={found.dim}) (or name {axis!r} "
-                            f"at dimension {found.dim + ndim} of the spec)")
+            raise SpmdTypeError.refused(said, out("psum", f"for a sum, ax.pmean({name}, {axis!r}) for a mean" + (
+                "" if ndim == 0 else " (ax.all_gather_invariant to keep each member's)")))
+        raise SpmdTypeError.refused(said, out("all_gather_invariant", f"(or name {axis!r} at dimension "
+                                              f"{found.dim + ndim} of the spec)", dim=found.dim))
     if found.kind == PARTIAL:
-        raise SpmdTypeError(f"{name} is partial along {axis!r}, but its out spec claims it replicated; fix: "
-                            f"ax.psum({name}, {axis!r}) (or partial=({axis!r},) in the spec)")
+        raise SpmdTypeError.refused(f"{name} is partial along {axis!r}, but its out spec claims it replicated",
+                                    out("psum", f"(or partial=({axis!r},) in the spec)"))
+
+
+def _respec(spec: PartitionSpec, axis: str, dim: int | None = None) -> PartitionSpec:
+    """``spec`` without ``axis`` (among its dimensions' and its partial axes), then naming it at ``dim``.
+
+    >>> _respec(P("dp", "tp", partial="cp"), "dp"), _respec(P("dp", "tp"), "tp", 0), _respec(P(partial="tp"), "tp")
+    (P(None, 'tp', partial=('cp',)), P(('dp', 'tp'), None), P())
+    """
+    entries: list[Any] = [tuple(a for a in dim_axes(e) if a != axis) or None for e in spec.entries]
+    entries = [e[0] if isinstance(e, tuple) and len(e) == 1 else e for e in entries]
+    if dim is not None:
+        while len(entries) <= dim:
+            entries.append(None)
+        named = (*dim_axes(entries[dim]), axis)
+        entries[dim] = named[0] if len(named) == 1 else named
+    return P(*entries, partial=tuple(a for a in spec.partial if a != axis))
 
 
 def gathered(axis: str, index: int, operand: Operand, dim: int, split: dict[int, list[str]]) -> None:
@@ -162,15 +203,17 @@ def gathered(axis: str, index: int, operand: Operand, dim: int, split: dict[int,
     if found.dim == dim:
         return
     meant = [a for a in split.get(dim, []) if a != axis]
-    raise SpmdTypeError(
+    raise SpmdTypeError.refused(
         f"all_gather of {operand.name} along {axis!r} at dimension {dim}, but {axis!r} splits {operand.name} at "
-        f"dimension {found.dim}: its blocks would be laid along the wrong dimension; fix: "
-        + (f"gather along {meant[0]!r} (it splits dimension {dim}): ax.all_gather({operand.name}, {meant[0]!r}, "
-           f"dim={dim})" if meant else f"ax.all_gather({operand.name}, {axis!r}, dim={found.dim})"))
+        f"dimension {found.dim}: its blocks would be laid along the wrong dimension",
+        Fix("replace", "all_gather", operand.name, (meant[0],), (("dim", dim),), where="all_gather",
+            note=f"(it splits dimension {dim})") if meant else
+        Fix("replace", "all_gather", operand.name, (axis,), (("dim", found.dim),), where="all_gather"))
 
 
 def means_summed(op: str, operands: list[Operand], numbers: Sequence[complex], axes: Sequence[str],
-                 sizes: Sequence[int], shape_only: bool = False) -> tuple[AxisType, ...] | None:
+                 sizes: Sequence[int], shape_only: bool = False,
+                 tensors: Sequence[Any] = ()) -> tuple[AxisType, ...] | None:
     """The result's types when an operand is a ``psum`` of pending means (``None`` when none is): divided by the
     number of members it was summed over (or times its inverse), the mean of the whole; viewed or cast
     (``shape_only``), still the sum; anything else is refused (it would use a value ``size`` times too large).
@@ -189,7 +232,6 @@ def means_summed(op: str, operands: list[Operand], numbers: Sequence[complex], a
     flagged = [i for i, t in enumerate(summed.types) if t.kind == INVARIANT and t.mean]
     factor = product([sizes[i] for i in flagged])
     over = ", ".join(repr(axes[i]) for i in flagged)
-    pmean_axes = repr(axes[flagged[0]]) if len(flagged) == 1 else repr(tuple(axes[i] for i in flagged))
     cleared = tuple(INV if i in flagged else t for i, t in enumerate(summed.types))
     if len(operands) == 1 and operands[0] is summed and len(numbers) == 1:
         n = numbers[0]
@@ -197,10 +239,11 @@ def means_summed(op: str, operands: list[Operand], numbers: Sequence[complex], a
             return cleared
     if len(operands) == 1 and shape_only:  # a view or cast of it
         return summed.types
-    raise SpmdTypeError(
+    target = next((t for o, t in zip(operands, tensors, strict=False) if o is summed), None)
+    raise SpmdTypeError.refused(
         f"{op} of {summed.name}, the sum over {over} of the members' pending means: it is {factor} times the mean "
-        f"of the whole; fix: divide it by {factor} right after the psum (or use ax.pmean(..., {pmean_axes}) "
-        f"instead of ax.psum)")
+        f"of the whole", Fix("replace", "pmean", summed.name, tuple(axes[i] for i in flagged), where="psum",
+                             made=True, note=f"(or divide it by {factor} right after the psum)", target=target))
 
 
 def product(sizes: Sequence[int]) -> int:

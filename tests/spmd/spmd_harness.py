@@ -41,6 +41,7 @@ class Outcome:
     other_error: str | None = None
     outputs: tuple[tuple[torch.Tensor, ...], ...] = ()
     grads: tuple[tuple[torch.Tensor | None, ...], ...] = ()
+    error: SpmdTypeError | None = attrs.field(default=None, eq=False)  # the type error itself (its fix)
 
 
 def block(value: torch.Tensor, spec: P, rank: int) -> torch.Tensor:
@@ -90,7 +91,7 @@ def run(program: Program, check: bool, weights: list[torch.Tensor]) -> Outcome:
     results = world.run(member)
     for result in results:
         if isinstance(result, SpmdTypeError):
-            return Outcome(type_error=str(result))
+            return Outcome(type_error=str(result), error=result)
     for result in results:
         if isinstance(result, BaseException):
             return Outcome(other_error=f"{type(result).__name__}: {result}")

@@ -44,8 +44,12 @@ def test_the_fuzzer_benchmark_runs_and_counts_every_verdict() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "spmd_fuzz.py"), "--programs", "30"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = {line.split(" | ")[0][2:]: int(line.split(" | ")[1].rstrip(" |")) for line in proc.stdout.splitlines()
-            if line.startswith("| ") and line.count("|") == 3 and not line.startswith("| verdict")
-            and not line.startswith("| ---")}
+    tables = [[line for line in block.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+              for block in proc.stdout.split("\n\n")]
+    verdicts, fixes = (next(t for t in tables if t and t[0].startswith(head)) for head in (
+        "| verdict", "| the fixes printed"))
+    rows = {line.split(" | ")[0][2:]: int(line.split(" | ")[1].rstrip(" |")) for line in verdicts[1:]}
     assert set(rows) == {"caught", "right", "false positive", "silently wrong", "loud", "not built"}, rows
     assert sum(rows.values()) == 30 and rows["silently wrong"] == 0, rows
+    fixed = {line.split(" | ")[0][2:]: int(line.split(" | ")[1].rstrip(" |")) for line in fixes[1:]}
+    assert sum(fixed.values()) == rows["caught"] and fixed["silently wrong"] == 0, fixed

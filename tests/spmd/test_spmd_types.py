@@ -31,12 +31,12 @@ def test_a_psum_of_block_means_must_be_divided_and_a_pmean_need_not(
         mean: Callable[[torch.Tensor], torch.Tensor]) -> None:
     x = torch.arange(4.0, requires_grad=True)
     summed = r"the sum over 'dp' of the members' pending means: .*2 times the mean of the whole; fix: "
-    with pytest.raises(fmesh.SpmdTypeError, match=summed + r"divide it by 2 right after the psum \(or use "
-                                                     r"ax.pmean\(..., 'dp'\)"):
+    with pytest.raises(fmesh.SpmdTypeError, match=summed + r"ax.pmean\(..., 'dp'\) instead of the ax.psum that "
+                                                     r"made .*\(or divide it by 2 right after the psum\)"):
         run(lambda ax, b: ax.psum(mean(b), "dp"), x)  # left as the sum
     for wrong in (lambda s: s.sum(), lambda s: s / 4, lambda s: s * 3, lambda s: s + 1.0, lambda s: s.exp(),
                   lambda s: s.backward()):
-        with pytest.raises(fmesh.SpmdTypeError, match=summed + r"divide it by 2 right after the psum"):
+        with pytest.raises(fmesh.SpmdTypeError, match=summed + r".*divide it by 2 right after the psum"):
             run(lambda ax, b: wrong(ax.psum(mean(b), "dp")), x)  # noqa: B023
     pmean = run(lambda ax, b: ax.pmean(mean(b), "dp"), x)
     # Megatron's average_losses: psum, then divide by the number of members (or times its inverse)
@@ -47,14 +47,14 @@ def test_a_psum_of_block_means_must_be_divided_and_a_pmean_need_not(
 def test_an_output_left_varying_gets_the_reduction_that_fits_it() -> None:
     x = torch.arange(4.0)
     with pytest.raises(fmesh.SpmdTypeError, match=r"output 0: sum\(x\) is partial along 'dp', but its out spec "
-                                                  r"claims it replicated; fix: ax.psum\(sum\(x\), 'dp'\)"):
+                                                  r"claims it replicated; fix: return ax.psum\(sum\(x\), 'dp'\)"):
         run(lambda ax, b: b.sum(), x)  # a sum along the split dimension: a pending sum
     with pytest.raises(fmesh.SpmdTypeError, match=r"output 0: exp\(x\) is varying\(dim -1\) along 'dp', but its out "
-                                                  r"spec claims it replicated; fix: ax.all_gather_invariant"):
+                                                  r"spec claims it replicated; fix: return ax.all_gather_invariant"):
         run(lambda ax, b: b.exp(), x)
-    with pytest.raises(fmesh.SpmdTypeError, match=r"mean\(x\).*fix: ax.pmean\(mean\(x\), 'dp'\)"):
+    with pytest.raises(fmesh.SpmdTypeError, match=r"mean\(x\).*fix: return ax.pmean\(mean\(x\), 'dp'\)"):
         run(lambda ax, b: b.mean(), x)
-    with pytest.raises(fmesh.SpmdTypeError, match=r"fix: ax.all_gather_invariant\(mul\(x\), 'dp', dim=-1\)"):
+    with pytest.raises(fmesh.SpmdTypeError, match=r"fix: return ax.all_gather_invariant\(mul\(x\), 'dp', dim=-1\)"):
         run(lambda ax, b: b * 2.0, x)
 
 
