@@ -7,7 +7,8 @@ refused, but right; ``silently wrong``: passed, but wrong; ``loud``: torch itsel
 its shapes wrong; ``not built``: the generator made no program), what the fixes each caught program prints make of
 it applied (``tests/spmd/spmd_fixes.py``), the caught mistakes by kind, and the seeds of any
 silently wrong program or false positive (each a test to write). Each 100 programs run in a fresh process
-(a process whose rank threads end stuck, which is rare, is run again).
+(a process whose rank threads end stuck is run again: torch's fork_rng deadlocked beside other threads, no longer
+used by the rehearsal; the retry stays as a guard).
 
     python bench/spmd_fuzz.py [--programs 5000] [--start 0]
 """
