@@ -63,8 +63,8 @@ JAX_RULES: dict[str, tuple[str, str]] = {
                                    "(insert_collective_pvary): the sum counts it axis-size times"),
     "split dimension": ("passed (silently wrong)", "varying/invariant only: no split dimension is tracked"),
     "local positions": ("passed (silently wrong)", "an index built without axis_index is just invariant"),
-    "wrong global shape": ("passed the check", "an invariant output under a split out spec is allowed; the "
-                           "global shape is wrong"),
+    "wrong global shape": ("passed (wrong global shape)", "an invariant output under a split out spec is "
+                           "allowed"),
     "partial spec": ("not expressible", "check_vma has no partial (pending-sum) in or out specs"),
 }
 
@@ -293,7 +293,8 @@ def spmd_types_verdict(name: str, bug: str | None) -> tuple[str, str]:
         except NotExpressible as e:
             return "not expressible", str(e)
         except st.SpmdTypeError as e:
-            return ("caught" if bug is not None else "false positive"), str(e).splitlines()[0]
+            message = str(e).splitlines()[0].replace("PerMeshAxisLocalSpmdType.", "")
+            return ("caught" if bug is not None else "false positive"), message
         except Exception as e:  # torch refused the translated program (a shape, an index out of range)
             return "torch error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return wrong, ""
