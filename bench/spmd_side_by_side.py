@@ -49,7 +49,7 @@ for _path in (os.path.join(ROOT, "tests", "spmd"), ROOT):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-INSTALL = "pip install spmd-types"
+INSTALL = "pip install spmd-types, or pip install 'fmesh[spmd-types]'"
 
 # JAX's check_vma, read: each kind of mistake -> (the verdict, the rule that gives it)
 JAX_RULES: dict[str, tuple[str, str]] = {
