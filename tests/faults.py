@@ -301,6 +301,7 @@ _GONE = [re.compile(p) for p in (
     r"launcher saw the processes of ranks \[([\d, ]+)\] end",
     r"ranks \[([\d, ]+)\] are lost",
     r"ranks \[([\d, ]+)\] ended",
+    r"rank (\d+) is gone: its heartbeat",
 )]
 
 

@@ -25,7 +25,8 @@ import torch.distributed as dist
 from fmesh.context.options import GroupSettings
 from fmesh.context.store import recovery_vote
 from fmesh.context.store.board import Board
-from fmesh.context.store.records import CLOSED, EXITED
+from fmesh.context.store.pulse import SETTLE_SECONDS
+from fmesh.context.store.records import GONE_STATES
 from fmesh.context.store.recovery_vote import HeldGroup
 from fmesh.context.world import World
 from fmesh.errors import RecoveryError
@@ -72,9 +73,11 @@ class RecoveryTries:
             raise RuntimeError("RecoveryTries.start before a vote")
         store = dist.PrefixStore(self.ballot.keys.recovered, self.store)
 
-        def gone(ranks: list[int]) -> list[int]:  # the launcher saw it end, or it exited or closed (a survivor that
-            final = sorted(board.finals().intersection(ranks))  # failed once is on the list of finals too)
-            left = [r for r, status in board.statuses(final).items() if status.state in (CLOSED, EXITED)]
+        def gone(ranks: list[int]) -> list[int]:  # the launcher saw it end, or it exited or closed, or its heartbeat
+            board.silent(ranks, settle=SETTLE_SECONDS)  # stood still (a survivor that failed once is on the list of
+            # finals too); watched a few seconds where not watched before (torch's set-up failed: who died in it?)
+            final = sorted(board.finals().intersection(ranks))
+            left = [r for r, status in board.statuses(final).items() if status.state in GONE_STATES]
             return sorted({*board.ended(ranks), *left})
 
         try:

@@ -38,6 +38,19 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # can tell) costs the others this, not the creation timeout (2 minutes by default). The survivors may then recover
 # again without it.
 NEW_WORLD_CONNECT = timedelta(seconds=20)
+# How much longer a world of many ranks may take to connect, per rank (gloo connects every pair): 20 s up to 1,000.
+CONNECT_PER_RANK = timedelta(seconds=0.02)
+
+
+def connect_bound(world_size: int) -> timedelta:
+    """How long torch's set-up of a group of ``world_size`` ranks that just met in fmesh's rendezvous (or agreed on
+    it) may take: :data:`NEW_WORLD_CONNECT`, more for a world past 1,000 ranks. A member that dies inside it costs
+    the others this, not the creation timeout (2 minutes by default) nor the collectives' (10 minutes).
+
+    >>> connect_bound(8).total_seconds(), connect_bound(4096).total_seconds()
+    (20.0, 81.92)
+    """
+    return max(NEW_WORLD_CONNECT, CONNECT_PER_RANK * world_size)
 
 
 MAX_COUNT = 2**31 - 1  # torch numbers ranks (and counts them) with 32-bit ints
@@ -265,6 +278,9 @@ class World:
             store, rank, world_size = _met(os.environ, rank, world_size, timeout, agreed)
             store = dist.PrefixStore("default_pg", store)  # the namespace torch's env:// rendezvous gives it
             init_method = None
+            # Every rank has come: torch's set-up takes seconds, and a rank that dies inside it costs the others
+            # this bound, not the creation timeout.
+            connect_timeout = min(connect_timeout or timeout, connect_bound(world_size))
         if owns:
             connecting = timeout if connect_timeout is None else min(timeout, connect_timeout)
             dist.init_process_group(
@@ -362,7 +378,7 @@ class World:
             return World.start(backend=self.backend, rank=rank, world_size=world_size, store=store, timeout=timeout,
                                device=self.device, gpus_per_node=min(self.local_world_size, world_size),
                                name=self.name, generation=self.generation + 1,
-                               connect_timeout=min(meet_timeout, NEW_WORLD_CONNECT), gone=gone)
+                               connect_timeout=min(meet_timeout, connect_bound(world_size)), gone=gone)
         except (RuntimeError, ValueError, GroupTimeoutError) as error:  # a survivor died after the vote, or in torch's
             failure = error                                             # set-up, or never came
             with contextlib.suppress(Exception):  # a half-made default group would be joined by the next try

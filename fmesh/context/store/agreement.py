@@ -41,6 +41,7 @@ from fmesh.context.store.board import AGREED_POSTED, Board
 from fmesh.context.store.diagnosis import Look
 from fmesh.context.store.keys import digest
 from fmesh.context.store.meeting import Meeting, watches
+from fmesh.context.store.pulse import SETTLE_SECONDS
 from fmesh.context.store.records import ENDED, FAILING, LOST, MISMATCH, OK, TIMEOUT, WAITING, Verdict
 from fmesh.context.store.wait import ABORT_NOTICE_SECONDS
 from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
@@ -149,6 +150,8 @@ def connect_failed(board: Board, members: Sequence[int], what: str, error: Excep
     others = [m for m in members if m != board.rank]
     deadline = time.monotonic() + CUT_NOTICE_SECONDS
     try:
+        if _timed_out(error):  # a member that died while connecting posted nothing: its heartbeat says so
+            board.silent(others, settle=SETTLE_SECONDS)
         while True:
             statuses = board.statuses(others)
             cause = next((m for m in others if statuses[m].final), None)
