@@ -143,6 +143,14 @@ def dies_in_the_vote(ctx: Context, n: int) -> None:
         recovery_vote.agree_on_loss = lambda *args, **kwargs: os._exit(7)  # type: ignore[assignment]
 
 
+def dies_in_the_new_worlds_rendezvous(ctx: Context, n: int) -> None:
+    """Rank 2 dies after the vote, where the survivors meet to start the new world (fmesh's rendezvous)."""
+    from fmesh.context.store import rendezvous
+
+    if ctx.rank == 2:
+        rendezvous.meet = lambda *args, **kwargs: os._exit(7)  # type: ignore[assignment]
+
+
 def dies_in_torchs_set_up(ctx: Context, n: int) -> None:
     """Rank 2 dies inside torch's set-up of the new world (after the vote, after fmesh's rendezvous)."""
     import torch.distributed as dist
@@ -157,6 +165,7 @@ def retries(ctx: Context, before: Any, tries: list[list[int]]) -> Any:
 
 @pytest.mark.parametrize(("before", "first", "said"), [
     (dies_in_the_vote, [3], "survivors [2] did not come to recover without [3]"),
+    (dies_in_the_new_worlds_rendezvous, [3], "the processes of ranks [2] ended before"),
     (dies_in_torchs_set_up, [3], "their new world could not start: ranks [2] ended"),
 ])
 def test_recover_tried_again_after_a_second_death_succeeds(before: Any, first: list[int], said: str) -> None:
