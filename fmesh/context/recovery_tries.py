@@ -73,9 +73,10 @@ class RecoveryTries:
             raise RuntimeError("RecoveryTries.start before a vote")
         store = dist.PrefixStore(self.ballot.keys.recovered, self.store)
 
-        def gone(ranks: list[int]) -> list[int]:  # the launcher saw it end, or it exited or closed, or its heartbeat
-            board.silent(ranks, settle=SETTLE_SECONDS)  # stood still (a survivor that failed once is on the list of
-            # finals too); watched a few seconds where not watched before (torch's set-up failed: who died in it?)
+        def gone(ranks: list[int], failed: bool) -> list[int]:  # the launcher saw it end, it exited or closed, or
+            # its heartbeat stood still (a survivor that failed once is on the list of finals too); after a failure
+            # (torch's set-up: who died in it?) watched a few seconds where it was not watched before
+            board.silent(ranks, settle=SETTLE_SECONDS if failed else 0.0)
             final = sorted(board.finals().intersection(ranks))
             left = [r for r, status in board.statuses(final).items() if status.state in GONE_STATES]
             return sorted({*board.ended(ranks), *left})

@@ -359,7 +359,7 @@ class World:
         return attrs.evolve(self, owns_default_group=False)
 
     def renewed(self, survivors: tuple[int, ...], lost: Sequence[int], store: dist.Store, timeout: timedelta,
-                meet_timeout: timedelta, ended: Callable[[list[int]], list[int]]) -> World:
+                meet_timeout: timedelta, ended: Callable[[list[int], bool], list[int]]) -> World:
         """The world a recovery makes of ``survivors`` (old ranks, in new rank order; this rank among them), the
         ``lost`` ranks gone: its default group started on ``store`` (a namespace of the old store of its own), the
         next generation.
@@ -370,8 +370,8 @@ class World:
         never comes is one :class:`~fmesh.RecoveryError` naming it."""
         rank, world_size = list(survivors).index(self.rank), len(survivors)
 
-        def gone() -> list[int]:  # old ranks: what the launcher marked
-            return ended(list(survivors))
+        def gone() -> list[int]:  # old ranks: what the launcher marked, a status or a heartbeat says
+            return ended(list(survivors), False)
 
         try:
             rendezvous.meet(store, rank=rank, world_size=world_size, timeout=meet_timeout, gone=gone)
@@ -386,7 +386,7 @@ class World:
                     _torch.abort_group(None)
             dead: list[int] = []
             with contextlib.suppress(Exception):  # the store may be gone: then its host is what died
-                dead = gone()
+                dead = ended(list(survivors), True)  # watched a few seconds: who died in torch's set-up?
             if isinstance(error, (RankLostError, GroupTimeoutError)):
                 cause = f"{error} (ranks by their old number)"
             else:

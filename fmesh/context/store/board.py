@@ -302,34 +302,37 @@ class Board:
         beating = [r for r in others if r not in never]
         if not beating:
             return []
-        quiet = self._still(beating, SILENT_SECONDS)
-        # Those whose value this rank has not seen stand for ``settle`` yet: watched until it has.
-        young = [r for r in beating if r not in quiet and time.monotonic() - self.beats[r][1] < settle]
+        quiet, moved = self._still(beating, SILENT_SECONDS)
+        # Those not seen to beat, whose value this rank has not seen stand for ``settle`` yet: watched until it has.
+        young = [r for r in beating if r not in quiet and r not in moved
+                 and time.monotonic() - self.beats[r][1] < settle]
         if young:
             deadline = max(self.beats[r][1] for r in young) + settle
             while time.monotonic() < deadline:
                 self.waiter.check_halted("watching the heartbeats of its peers")
                 time.sleep(min(ABORT_NOTICE_SECONDS, max(0.0, deadline - time.monotonic())))
-            quiet = sorted({*quiet, *self._still(young, settle)})
+            quiet = sorted({*quiet, *self._still(young, settle)[0]})
         for rank in quiet:
             stood = time.monotonic() - self.beats[rank][1]
             self.store.set(self.keys.status(rank), Status(SILENT, error=f"{stood:.0f}s").dumps())
             self.store.append(self.keys.finals, f"{rank},")
         return quiet
 
-    def _still(self, ranks: list[int], seconds: float) -> list[int]:
+    def _still(self, ranks: list[int], seconds: float) -> tuple[list[int], set[int]]:
         """Read the heartbeats of ``ranks`` (one ``multi_get``; every key exists) and note them; those that stood
-        still for ``seconds`` since this rank first read their value."""
+        still for ``seconds`` since this rank first read their value, and those seen to beat since the last read."""
         now = time.monotonic()
-        quiet = []
+        quiet, moved = [], set()
         for rank, raw in zip(ranks, self.store.multi_get([self.keys.beat(r) for r in ranks]), strict=True):
             value = int(bytes(raw))
             seen = self.beats.get(rank)
             if seen is None or seen[0] != value:
                 self.beats[rank] = (value, now)
+                if seen is not None:
+                    moved.add(rank)
             elif now - seen[1] >= seconds:
                 quiet.append(rank)
-        return quiet
+        return quiet, moved
 
     def ended(self, ranks: Sequence[int]) -> list[int]:
         """Those of ``ranks`` whose process the launcher saw end (:func:`mark_ended`): one store operation, however
