@@ -76,10 +76,17 @@ class RecoveryTries:
         def gone(ranks: list[int], failed: bool) -> list[int]:  # the launcher saw it end, it exited or closed, or
             # its heartbeat stood still (a survivor that failed once is on the list of finals too); after a failure
             # (torch's set-up: who died in it?) watched a few seconds where it was not watched before
-            board.silent(ranks, settle=SETTLE_SECONDS if failed else 0.0)
-            final = sorted(board.finals().intersection(ranks))
-            left = [r for r, status in board.statuses(final).items() if status.state in GONE_STATES]
-            return sorted({*board.ended(ranks), *left})
+            board.silent(ranks)
+
+            def known() -> list[int]:
+                final = sorted(board.finals().intersection(ranks))
+                left = [r for r, status in board.statuses(final).items() if status.state in GONE_STATES]
+                return sorted({*board.ended(ranks), *left})
+
+            dead = known()
+            if failed and not dead and board.silent(ranks, settle=SETTLE_SECONDS):
+                dead = known()
+            return dead
 
         try:
             started = old.renewed(world, lost, store, settings.timeout, settings.creation_timeout, gone)

@@ -37,9 +37,9 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # before, so it takes milliseconds; a survivor that dies inside it (the others block in torch's C++, which nothing
 # can tell) costs the others this, not the creation timeout (2 minutes by default). The survivors may then recover
 # again without it.
-NEW_WORLD_CONNECT = timedelta(seconds=20)
-# How much longer a world of many ranks may take to connect, per rank (gloo connects every pair): 20 s up to 1,000.
-CONNECT_PER_RANK = timedelta(seconds=0.02)
+NEW_WORLD_CONNECT = timedelta(seconds=15)
+# How much longer a world of many ranks may take to connect, per rank (gloo connects every pair): 15 s up to 1,000.
+CONNECT_PER_RANK = timedelta(seconds=0.015)
 
 
 def connect_bound(world_size: int) -> timedelta:
@@ -48,7 +48,7 @@ def connect_bound(world_size: int) -> timedelta:
     the others this, not the creation timeout (2 minutes by default) nor the collectives' (10 minutes).
 
     >>> connect_bound(8).total_seconds(), connect_bound(4096).total_seconds()
-    (20.0, 81.92)
+    (15.0, 61.44)
     """
     return max(NEW_WORLD_CONNECT, CONNECT_PER_RANK * world_size)
 

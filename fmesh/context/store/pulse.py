@@ -33,9 +33,10 @@ PULSE_SECONDS = 1.0
 # beat's period, so a rank slowed by load (or stopped for a few seconds) is never called gone; with a watcher's looks
 # (at most 8 s apart) a death shows within about SILENT_SECONDS + 8 s of the last beat.
 SILENT_SECONDS = 10.0
-# How long a caller that has not watched a member before (a connection that failed) watches its heartbeat before it
-# calls it gone: three beats missed, on top of the failure that made it look.
-SETTLE_SECONDS = 3.0
+# How long a caller that has not watched a member before (a connection that failed, with nobody's word why) watches
+# its heartbeat before it calls it gone: a whole silence (3 s called a living rank gone on a machine with a load
+# average of 15 on 2 cores, whose beats came seconds late).
+SETTLE_SECONDS = SILENT_SECONDS
 
 
 class Pulse:
