@@ -345,8 +345,14 @@ def bound(trial: Trial) -> float:
     stop, and 10 s for the rest; with no launcher marks, a heartbeat's silence and a watcher's longest gap between
     looks), stretched by the machine's load (:func:`support.patience`)."""
     held = max((f.seconds for f in trial.faults if f.kind in ("stop", "delay")), default=0.0)
-    watch = 0.0 if trial.marks else pulse.SILENT_SECONDS + wait.LONGEST_LOOK_GAP_SECONDS
-    return patience(CREATION_TIMEOUT + 5 + held + 10 + watch, trial.world)
+    return patience(creation_timeout(trial) + 5 + held + 10, trial.world)
+
+
+def creation_timeout(trial: Trial) -> float:
+    """The creation timeout of ``trial``'s contexts: :data:`CREATION_TIMEOUT`; with no launcher marks, longer than a
+    heartbeat's watch (a silence and a watcher's longest gap between looks), as the default (2 minutes) is, so that a
+    member killed before it came is named gone by its heartbeat, not timed out as one that never came."""
+    return CREATION_TIMEOUT + (0.0 if trial.marks else pulse.SILENT_SECONDS + wait.LONGEST_LOOK_GAP_SECONDS)
 
 
 @attrs.frozen
@@ -445,7 +451,7 @@ def run(trial: Trial, timeout: float = 120) -> Verdict:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fmesh-faults-") as name:
         directory = pathlib.Path(name)
-        options = {"creation_timeout": CREATION_TIMEOUT, "check_tensors": trial.check_tensors}
+        options = {"creation_timeout": creation_timeout(trial), "check_tensors": trial.check_tensors}
         try:
             with injected(trial.faults, directory), unmarked(not trial.marks):
                 results = fmesh.launch(lambda ctx: program(ctx, trial, directory), trial.world,
