@@ -270,11 +270,15 @@ def program(ctx: fmesh.Context, trial: Trial, directory: pathlib.Path) -> dict[s
         seen["wrong"] += steps(ctx, trial.mesh(), trial.axes, leaving, lambda step: [
             strike(f, directory) for f in trial.faults if (f.point, f.rank, f.call) == ("between steps", me, step)])
         return seen
-    except NAMED as error:
-        if leaving.exists():
+    except Exception as error:
+        # fmesh's "every member answered, none is lost" (a member's collective raised on itself) is a survivor's to
+        # act on once the launcher says that member left (an operator's program asks it, as this one asks `fired`):
+        # it recovers without it. With no deadly fault struck it is the rank's result, as any other error.
+        told = explained(error) and any(r != me for r in fired(directory, trial.faults))
+        if leaving.exists() or not (isinstance(error, NAMED) or told):
             raise
         seen["errors"].append((type(error).__name__, str(error), time.time()))
-        if not isinstance(error, errors.RankLostError):
+        if not (isinstance(error, errors.RankLostError) or told):
             return seen
     current = ctx
     while seen["attempts"] < 3:

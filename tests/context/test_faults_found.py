@@ -335,3 +335,13 @@ def test_a_connection_that_timed_out_calls_no_living_member_silent() -> None:
     connection is a whole silence now (10 s), and only where nobody said why."""
     verdict = faults.run(faults.draw(407))
     assert verdict.ok, str(verdict)
+
+
+def test_a_survivor_told_every_member_answered_recovers_once_the_launcher_says_one_left() -> None:
+    """Campaign seed 352 of the 1,000 (worlds 2-8), in 5 runs of 5: rank 2's collective raised on itself (tp group
+    [2, 3]), so rank 3's roll call found every member there ("every member answered, none is lost"); then rank 2 left.
+    Ranks 0 and 1 recovered without rank 2 and waited for rank 3, which had ended its program on that error:
+    RecoveryError "survivors [3] did not come". A survivor acts on "every member answered" as on a loss once the
+    launcher says a member left (the campaign's program asks it, as an operator's does), and recovers with the rest."""
+    verdict = faults.run(faults.draw(352))
+    assert verdict.ok, str(verdict)
