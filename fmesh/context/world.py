@@ -179,6 +179,15 @@ def _connected(rank: int, world_size: int, timeout: timedelta, gone: Callable[[]
     rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout, gone=gone)
 
 
+def _set_up_timed_out(error: BaseException) -> bool:
+    """Whether torch's set-up of a default group failed for want of time (the store's wait, gloo's connection).
+
+    >>> _set_up_timed_out(RuntimeError("Gloo connectFullMesh failed with [pair.h:311] Connect timeout [none]"))
+    True
+    """
+    return isinstance(error, dist.DistStoreError) or "timeout" in str(error).lower()
+
+
 def local_gpu(environ: Mapping[str, str], count: int | None = None) -> torch.device:
     """``cuda:LOCAL_RANK``, once this host has a GPU for every local process; ``ValueError`` otherwise
     (every local rank raises it, before any process group exists).
@@ -283,14 +292,24 @@ class World:
             connect_timeout = min(connect_timeout or timeout, connect_bound(world_size))
         if owns:
             connecting = timeout if connect_timeout is None else min(timeout, connect_timeout)
-            dist.init_process_group(
-                backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"),
-                init_method=init_method,
-                rank=-1 if rank is None else rank,
-                world_size=-1 if world_size is None else world_size,
-                store=store,
-                timeout=connecting,
-            )
+            try:
+                dist.init_process_group(
+                    backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+                    init_method=init_method,
+                    rank=-1 if rank is None else rank,
+                    world_size=-1 if world_size is None else world_size,
+                    store=store,
+                    timeout=connecting,
+                )
+            except RuntimeError as error:  # a recovered world's caller names the ranks that ended (a RecoveryError)
+                if generation or not _set_up_timed_out(error):
+                    raise
+                cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                raise GroupTimeoutError(
+                    f"on rank {rank}: torch's set-up of the job's default group did not complete within "
+                    f"{connecting.total_seconds():g}s ({type(error).__name__}: {cause}): a rank died inside it, or "
+                    f"this machine is too loaded to connect {world_size} processes in that time. See the other ranks' "
+                    "errors first; raise creation_timeout if the machine is only slow") from error
             if connecting < timeout and backend != "fake":
                 _torch.set_group_timeout(None, timeout)
             if backend != "fake" and dist.get_world_size() > 1:
