@@ -405,7 +405,9 @@ class World:
                     _torch.abort_group(None)
             dead: list[int] = []
             with contextlib.suppress(Exception):  # the store may be gone: then its host is what died
-                dead = ended(list(survivors), True)  # watched a few seconds: who died in torch's set-up?
+                # Where torch timed out waiting, watched a few seconds: who died in its set-up? (Never on the rank
+                # whose own set-up raised: it goes at once, and its launcher's mark names it to the others.)
+                dead = ended(list(survivors), _set_up_timed_out(error))
             if isinstance(error, (RankLostError, GroupTimeoutError)):
                 cause = f"{error} (ranks by their old number)"
             else:

@@ -365,3 +365,12 @@ def test_torch_set_up_of_the_first_world_out_of_time_is_a_named_error(monkeypatc
     results = launch(lambda ctx: ctx.rank, 2, timeout=60, creation_timeout=3)
     assert isinstance(results[0], fmesh.GroupTimeoutError), results
     assert "torch's set-up of the job's default group did not complete within 3s" in str(results[0]), results[0]
+
+
+def test_a_rank_whose_own_set_up_raised_leaves_at_once_in_a_recovery() -> None:
+    """Campaign seed 852 of the 1,000 (8 ranks): rank 4 raised inside torch's set-up of the recovered world. It watched
+    its peers' heartbeats 10 s before raising (its own error is no timeout: nobody to look for), so the launcher
+    marked it late, and the others, whose set-up timed out, named nobody ("torch's set-up of it failed") 28 s after the
+    first fault. Now it leaves at once and the others name it."""
+    verdict = faults.run(faults.draw(852))
+    assert verdict.ok, str(verdict)
