@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.only if args.only else list(range(args.first, args.first + args.seeds))
     faults.launched_once()
     counts: collections.Counter[str] = collections.Counter()
+    # Per first fault (kind, point, whether the launcher marked the dead): runs, each promise's violations, and the
+    # longest time from the fault to a survivor's first error.
+    classes: dict[tuple[str, str, bool], dict[str, float]] = {}
+    unmarked = 0  # runs whose launcher marked no dead rank
     broken = []
     started = time.monotonic()
     for seed in seeds:
@@ -46,10 +50,19 @@ def main(argv: list[str] | None = None) -> int:
         left = faults.leaks(before)
         if left:
             verdict = faults.Verdict(trial, (*verdict.violations, left), verdict.outcomes, verdict.seconds,
-                                     verdict.struck)
+                                     verdict.struck, verdict.named)
         for fault in verdict.struck:
             counts[f"{fault.kind} at {fault.point}"] += 1
         counts["(a fault not reached)"] += len(trial.faults) - len(verdict.struck)
+        unmarked += not trial.marks
+        first = trial.faults[0]
+        key = (first.kind, first.point, trial.marks)
+        row = classes.setdefault(key, {"runs": 0, "worst": 0.0, **dict.fromkeys(faults.PROMISES, 0)})
+        row["runs"] += 1
+        if verdict.named is not None and first in verdict.struck:
+            row["worst"] = max(row["worst"], verdict.named)
+        for violation in verdict.violations:
+            row[faults.broken(violation)] += 1
         if verdict.ok and not args.verbose:
             print(f"ok   {trial} [{verdict.seconds:.1f}s]" + ("" if verdict.struck else " (no fault reached)"),
                   flush=True)
@@ -59,9 +72,17 @@ def main(argv: list[str] | None = None) -> int:
             broken.append(seed)
     took = time.monotonic() - started
     print(f"\n{len(seeds)} runs ({sum(counts.values())} faults) in {took:.0f}s, worlds {worlds[0]}-{worlds[1]}: "
-          f"{len(seeds) - len(broken)} kept every promise, {len(broken)} broke one: {broken}")
+          f"{len(seeds) - len(broken)} kept every promise, {len(broken)} broke one: {broken}; {unmarked} runs with "
+          "no launcher marks")
     for name, count in sorted(counts.items()):
         print(f"  {count:5d}  {name}")
+    print("\nby first fault (marks: the launcher marked the dead): runs, violations per promise, the longest time "
+          "from the fault to a survivor's first error")
+    print(f"  {'first fault':36} {'marks':5} {'runs':>4} " + " ".join(f"{p:>12}" for p in faults.PROMISES)
+          + "  worst")
+    for (kind, point, marks), row in sorted(classes.items()):
+        print(f"  {kind + ' at ' + point:36} {'yes' if marks else 'no':5} {row['runs']:4.0f} "
+              + " ".join(f"{row[p]:12.0f}" for p in faults.PROMISES) + f"  {row['worst']:.1f}s")
     return 1 if broken else 0
 
 

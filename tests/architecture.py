@@ -58,11 +58,11 @@ _ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
                            "fmesh.pictures.sharding")),
     ("pictures", ("fmesh.pictures", "fmesh.rendering")),
     # The store protocols stand under the rest of the context, in three steps: what they write and wait with (the
-    # keys, the records, the one blocking wait, the sockets of the groups) <- the meeting and the status board <-
-    # the protocols themselves (the start rendezvous, the agreement and its diagnosis, the roll call, the recovery's
-    # vote); the Context's rooms (groups, collectives, failures, the Context) stand on them.
+    # keys, the records, the one blocking wait, the sockets of the groups, the heartbeat) <- the meeting and the status
+    # board <- the protocols themselves (the start rendezvous, the agreement and its diagnosis, the roll call, the
+    # recovery's vote); the Context's rooms (groups, collectives, failures, the Context) stand on them.
     ("context: store words", ("fmesh.context.store.keys", "fmesh.context.store.records", "fmesh.context.store.wait",
-                              "fmesh.context.store.connections")),
+                              "fmesh.context.store.connections", "fmesh.context.store.pulse")),
     ("context: store meeting", ("fmesh.context.store.meeting", "fmesh.context.store.board")),
     ("context: store protocols", ("fmesh.context.store",)),
     ("context", ("fmesh.context",)),

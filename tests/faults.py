@@ -3,12 +3,14 @@ promises (docs/guides/failures.md).
 
 A :class:`Trial` is drawn from a seed alone (:func:`draw`): a world of 2 to 8 gloo processes started by
 :func:`fmesh.launch` (``on_rank_loss="continue"``, the launcher hosts the store), a random mesh over it (random
-factors, names and rank map), the collectives each step runs, and one or two :class:`Fault` s: a kind (``kill``:
-SIGKILL; ``raise``: an exception in the rank's program; ``stop``: SIGSTOP, then SIGCONT some seconds later;
-``delay``: a sleep) at a point of the job (:data:`POINTS`: the Context's start, a group's agreement, the members'
-tensor check, a collective, between steps; and, for a second fault, the roll call, the recovery's agreement, the new
-world's start and torch's set-up of it). Every point is a function the faulty rank calls, wrapped in the launching
-process before the fork (:func:`wrapped`): the wrapper acts only in the victim's process, on its n-th call.
+factors, names and rank map), the collectives each step runs, whether the launcher marks the dead (in 7 runs of 10;
+otherwise, as under torchrun, only the roll call, the statuses and the heartbeat tell), and one or two
+:class:`Fault` s: a kind (``kill``: SIGKILL; ``raise``: an exception in the rank's program; ``stop``: SIGSTOP, then
+SIGCONT some seconds later; ``delay``: a sleep) at a point of the job (:data:`POINTS`: the Context's start, a
+group's agreement, the members' tensor check, a collective, between steps; and, for a second fault, the roll call,
+the recovery's agreement, the new world's start and torch's set-up of it). Every point is a function the faulty rank
+calls, wrapped in the launching process before the fork (:func:`wrapped`): the wrapper acts only in the victim's
+process, on its n-th call.
 
 Every rank runs :func:`program`: the steps, each sum checked against the mesh's own answer; on a named fmesh error
 a survivor recovers without the ranks whose deadly fault fired (as the launcher tells an operator), retrying
@@ -45,7 +47,7 @@ from support import patience
 import fmesh
 from fmesh import errors
 from fmesh.context import call_checks, creation, failures
-from fmesh.context.store import recovery_vote, rendezvous
+from fmesh.context.store import pulse, recovery_vote, rendezvous, wait
 from fmesh.context.world import World
 
 KINDS = ("kill", "raise", "stop", "delay")
@@ -89,6 +91,9 @@ class Trial:
     axes: tuple[tuple[str, ...], ...]  # what each step reduces along
     faults: tuple[Fault, ...]
     check_tensors: bool
+    # Whether the launcher marks the dead in the store (fmesh.launch does); without, as under torchrun, the survivors
+    # learn of a death from the roll call, a status, or the heartbeat (fmesh.context.store.pulse).
+    marks: bool = True
 
     def mesh(self) -> fmesh.Mesh:
         return fmesh.make_mesh(self.shape, self.names, rank_map=None if self.rank_map is None else list(self.rank_map))
@@ -96,7 +101,8 @@ class Trial:
     def __str__(self) -> str:
         mapped = "" if self.rank_map is None else f" rank_map={list(self.rank_map)}"
         return (f"seed {self.seed}: {self.world} ranks, mesh {dict(zip(self.names, self.shape, strict=True))}"
-                f"{mapped}, check_tensors={self.check_tensors}; " + "; then ".join(map(str, self.faults)))
+                f"{mapped}, check_tensors={self.check_tensors}{'' if self.marks else ', no launcher marks'}; "
+                + "; then ".join(map(str, self.faults)))
 
 
 def factors(n: int, rng: random.Random) -> tuple[int, ...]:
@@ -138,7 +144,10 @@ def draw(seed: int, worlds: tuple[int, int] = (2, 8)) -> Trial:
     survivors = [r for r in range(world) if r != first.rank]
     if kind in DEADLY and len(survivors) >= 3 and rng.random() < 0.4:  # a second fault, while the survivors handle it
         faults += (Fault(rng.choice(DEADLY), rng.choice(SECOND_POINTS), rng.choice(survivors), call=1),)
-    return Trial(seed, world, shape, names, rank_map, axes, faults, check_tensors)
+    # Drawn last, so every field above is what the seed drew before. A kill in the start's rendezvous, before the
+    # Context's heartbeat exists, is named only by a launcher's mark (docs/guides/failures.md: still past 30 s).
+    marks = rng.random() >= 0.3 or (kind == "kill" and point == "start")
+    return Trial(seed, world, shape, names, rank_map, axes, faults, check_tensors, marks)
 
 
 def reached(point: str, mesh: fmesh.Mesh, axes: tuple[tuple[str, ...], ...], rank: int) -> int:
@@ -261,11 +270,15 @@ def program(ctx: fmesh.Context, trial: Trial, directory: pathlib.Path) -> dict[s
         seen["wrong"] += steps(ctx, trial.mesh(), trial.axes, leaving, lambda step: [
             strike(f, directory) for f in trial.faults if (f.point, f.rank, f.call) == ("between steps", me, step)])
         return seen
-    except NAMED as error:
-        if leaving.exists():
+    except Exception as error:
+        # fmesh's "every member answered, none is lost" (a member's collective raised on itself) is a survivor's to
+        # act on once the launcher says that member left (an operator's program asks it, as this one asks `fired`):
+        # it recovers without it. With no deadly fault struck it is the rank's result, as any other error.
+        told = explained(error) and any(r != me for r in fired(directory, trial.faults))
+        if leaving.exists() or not (isinstance(error, NAMED) or told):
             raise
         seen["errors"].append((type(error).__name__, str(error), time.time()))
-        if not isinstance(error, errors.RankLostError):
+        if not (isinstance(error, errors.RankLostError) or told):
             return seen
     current = ctx
     while seen["attempts"] < 3:
@@ -301,6 +314,7 @@ _GONE = [re.compile(p) for p in (
     r"launcher saw the processes of ranks \[([\d, ]+)\] end",
     r"ranks \[([\d, ]+)\] are lost",
     r"ranks \[([\d, ]+)\] ended",
+    r"rank (\d+) is gone: its heartbeat",
 )]
 
 
@@ -332,9 +346,17 @@ def explained(error: BaseException) -> bool:
 
 def bound(trial: Trial) -> float:
     """How long after the first fault a survivor may take to raise (the creation timeout, a 5 s roll call, the longest
-    stop, and 10 s for the rest), stretched by the machine's load (:func:`support.patience`)."""
+    stop, and 10 s for the rest; with no launcher marks, a heartbeat's silence and a watcher's longest gap between
+    looks), stretched by the machine's load (:func:`support.patience`)."""
     held = max((f.seconds for f in trial.faults if f.kind in ("stop", "delay")), default=0.0)
-    return patience(CREATION_TIMEOUT + 5 + held + 10, trial.world)
+    return patience(creation_timeout(trial) + 5 + held + 10, trial.world)
+
+
+def creation_timeout(trial: Trial) -> float:
+    """The creation timeout of ``trial``'s contexts: :data:`CREATION_TIMEOUT`; with no launcher marks, longer than a
+    heartbeat's watch (a silence and a watcher's longest gap between looks), as the default (2 minutes) is, so that a
+    member killed before it came is named gone by its heartbeat, not timed out as one that never came."""
+    return CREATION_TIMEOUT + (0.0 if trial.marks else pulse.SILENT_SECONDS + wait.LONGEST_LOOK_GAP_SECONDS)
 
 
 @attrs.frozen
@@ -347,6 +369,7 @@ class Verdict:
     outcomes: tuple[str, ...]
     seconds: float
     struck: tuple[Fault, ...] = ()  # the faults that happened (a fault's point may not be reached: a run it spares)
+    named: float | None = None  # the longest time from the first fault to a survivor's first error (None: none raised)
 
     @property
     def ok(self) -> bool:
@@ -372,6 +395,7 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
                           "(and 10 s to recover and run on)")
     outcomes: list[str] = []
     worlds = {}
+    named: float | None = None
     for rank, result in enumerate(results):
         if rank in dead:
             outcomes.append(f"rank {rank}: the victim ({type(result).__name__})")
@@ -383,6 +407,8 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
                                   f"{str(result)[:300]}")
             continue
         violations += result["wrong"]
+        if first is not None and result["errors"]:
+            named = max(named or 0.0, result["errors"][0][2] - first)
         for kind, message, at in result["errors"]:
             wrong_blame = blamed(message) - dead
             if wrong_blame:
@@ -406,7 +432,22 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
     for rank, world in worlds.items():
         if world != expected:
             violations.append(f"rank {rank} recovered into {list(world)}, expected the survivors {list(expected)}")
-    return Verdict(trial, tuple(violations), tuple(outcomes), seconds, struck)
+    return Verdict(trial, tuple(violations), tuple(outcomes), seconds, struck, named)
+
+
+@contextlib.contextmanager
+def unmarked(really: bool) -> Iterator[None]:
+    """``fmesh.launch`` marking no dead rank in the store while the block runs (``really``), as torchrun's agent."""
+    import importlib
+
+    launcher = importlib.import_module("fmesh.context.launch")
+    saved = launcher.mark_ended
+    if really:
+        launcher.mark_ended = lambda *args: None
+    try:
+        yield
+    finally:
+        launcher.mark_ended = saved
 
 
 def run(trial: Trial, timeout: float = 120) -> Verdict:
@@ -414,9 +455,9 @@ def run(trial: Trial, timeout: float = 120) -> Verdict:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fmesh-faults-") as name:
         directory = pathlib.Path(name)
-        options = {"creation_timeout": CREATION_TIMEOUT, "check_tensors": trial.check_tensors}
+        options = {"creation_timeout": creation_timeout(trial), "check_tensors": trial.check_tensors}
         try:
-            with injected(trial.faults, directory):
+            with injected(trial.faults, directory), unmarked(not trial.marks):
                 results = fmesh.launch(lambda ctx: program(ctx, trial, directory), trial.world,
                                        timeout=patience(timeout, trial.world),
                                        context_options={"timeout": patience(COLLECTIVE_TIMEOUT, trial.world),
@@ -425,6 +466,26 @@ def run(trial: Trial, timeout: float = 120) -> Verdict:
         except TimeoutError as error:
             return Verdict(trial, (f"hang: {error}",), (), time.monotonic() - started)
         return judge(trial, results, directory, time.monotonic() - started, time.time())
+
+
+PROMISES = ("hang", "wrong blame", "wrong result", "leak", "other")
+
+
+def broken(violation: str) -> str:
+    """Which promise ``violation`` broke (:data:`PROMISES`; ``other``: a bound, a recovery, a bare error).
+
+    >>> broken("hang: launch: ranks [1] did not finish"), broken("rank 0: RankLostError names living ranks [1] ...")
+    ('hang', 'wrong blame')
+    """
+    if violation.startswith("hang:"):
+        return "hang"
+    if "names living ranks" in violation:
+        return "wrong blame"
+    if ": sum along " in violation:
+        return "wrong result"
+    if violation.startswith("left behind:"):
+        return "leak"
+    return "other"
 
 
 def leaks(before: tuple[int, int]) -> str | None:

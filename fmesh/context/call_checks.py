@@ -48,7 +48,7 @@ from fmesh.context import _torch
 from fmesh.context.groups import Route, usable
 from fmesh.context.store.board import Board
 from fmesh.context.store.meeting import Meeting, watches
-from fmesh.context.store.records import CLOSED, EXITED, LOST, MISMATCH, OK, TIMEOUT
+from fmesh.context.store.records import GONE_STATES, LOST, MISMATCH, OK, TIMEOUT
 from fmesh.context.store.recovery_vote import recovering as recovering_ranks
 from fmesh.context.tensors import signature
 from fmesh.errors import GroupTimeoutError, RankLostError, TensorMismatchError
@@ -303,10 +303,11 @@ class CallChecks:
         their processes end, they closed their context or exited (their final status), or they came to recover
         without ranks lost elsewhere (two or three store operations, more when a member's status is read)."""
         others = set(ranks) - {board.rank}
+        board.silent(sorted(others))  # a member whose heartbeat stood still is posted gone (a final status)
         ended = sorted(set(board.ended(ranks)) & others)
         final = sorted((board.finals() & others) - set(ended))
         closed = {rank: status for rank, status in board.statuses(final).items()
-                  if status.state in (CLOSED, EXITED)} if final else {}
+                  if status.state in GONE_STATES} if final else {}
         if ended or closed:
             why = [f"the launcher saw the processes of ranks {ended} end"] if ended else []
             why += [status.describe(rank) for rank, status in closed.items()]

@@ -23,7 +23,7 @@ from fmesh.context.store.agreement import agree, connect_failed
 from fmesh.context.store.board import Board
 from fmesh.context.store.connections import open_sockets
 from fmesh.context.store.keys import digest
-from fmesh.context.world import World
+from fmesh.context.world import World, connect_bound
 from fmesh.mesh import Mesh
 
 
@@ -73,9 +73,12 @@ class GroupMaker:
     def connect_timeout(self, spec: GroupSpec) -> Any:
         """How long connecting the group of ``spec`` may take: gloo's rendezvous waits for every member with the
         group's timeout (the collectives', 10 min by default), so a member that died after agreeing would be waited
-        for that long; it connects within the creation timeout instead, then gets its own."""
+        for that long; it connects within the creation timeout and :func:`~fmesh.context.world.connect_bound`
+        instead, then gets its own."""
         if spec.backend == "gloo" and self.board is not None:
-            return min(spec.timeout, self.settings.creation_timeout)
+            # The members agreed just before (every one came): connecting takes seconds, and one that dies inside
+            # it costs the others this bound (its heartbeat then names it), not the creation timeout.
+            return min(spec.timeout, self.settings.creation_timeout, connect_bound(len(spec.ranks)))
         return spec.timeout
 
     def connect(self, members: tuple[int, ...], what: str, create: Callable[[], Any]) -> Any:

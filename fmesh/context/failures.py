@@ -33,7 +33,7 @@ import torch.distributed as dist
 from fmesh.context import _torch
 from fmesh.context.groups import Target, usable
 from fmesh.context.store.board import Board
-from fmesh.context.store.records import CLOSED, EXITED, FAILED, FAILING, RECOVERING, Status
+from fmesh.context.store.records import FAILED, FAILING, GONE_STATES, RECOVERING, Status
 from fmesh.context.store.recovery_vote import recovering as recovering_ranks
 from fmesh.context.store.roll_call import answers as roll_answers
 from fmesh.context.store.roll_call import roll_call
@@ -197,7 +197,7 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     # Gone for sure: the launcher saw the process end, or it closed its context or exited. The others that did not
     # answer are alive as far as anyone knows (blocked in a collective, or slow): named apart, never as lost; one whose
     # status says it failed among them (it raised once, and may have caught it and gone on).
-    known_gone = sorted({*ended, *(m for m in missing if statuses.get(m, NO_STATUS).state in (CLOSED, EXITED))})
+    known_gone = sorted({*ended, *(m for m in missing if statuses.get(m, NO_STATUS).state in GONE_STATES)})
     blocked = [m for m in missing if m not in known_gone and m != board.rank]  # this rank answered, if late
     recovering = [m for m in missing if statuses.get(m, NO_STATUS).state == RECOVERING]
     mismatch = next((m for m in missing if statuses.get(m, NO_STATUS).kind in ("MeshMismatchError",

@@ -25,7 +25,8 @@ import torch.distributed as dist
 from fmesh.context.options import GroupSettings
 from fmesh.context.store import recovery_vote
 from fmesh.context.store.board import Board
-from fmesh.context.store.records import CLOSED, EXITED
+from fmesh.context.store.pulse import SETTLE_SECONDS
+from fmesh.context.store.records import GONE_STATES
 from fmesh.context.store.recovery_vote import HeldGroup
 from fmesh.context.world import World
 from fmesh.errors import RecoveryError
@@ -72,10 +73,20 @@ class RecoveryTries:
             raise RuntimeError("RecoveryTries.start before a vote")
         store = dist.PrefixStore(self.ballot.keys.recovered, self.store)
 
-        def gone(ranks: list[int]) -> list[int]:  # the launcher saw it end, or it exited or closed (a survivor that
-            final = sorted(board.finals().intersection(ranks))  # failed once is on the list of finals too)
-            left = [r for r, status in board.statuses(final).items() if status.state in (CLOSED, EXITED)]
-            return sorted({*board.ended(ranks), *left})
+        def gone(ranks: list[int], failed: bool) -> list[int]:  # the launcher saw it end, it exited or closed, or
+            # its heartbeat stood still (a survivor that failed once is on the list of finals too); after a failure
+            # (torch's set-up: who died in it?) watched a few seconds where it was not watched before
+            board.silent(ranks)
+
+            def known() -> list[int]:
+                final = sorted(board.finals().intersection(ranks))
+                left = [r for r, status in board.statuses(final).items() if status.state in GONE_STATES]
+                return sorted({*board.ended(ranks), *left})
+
+            dead = known()
+            if failed and not dead and board.silent(ranks, settle=SETTLE_SECONDS):
+                dead = known()
+            return dead
 
         try:
             started = old.renewed(world, lost, store, settings.timeout, settings.creation_timeout, gone)

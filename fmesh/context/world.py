@@ -38,7 +38,20 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # before, so it takes milliseconds; a survivor that dies inside it (the others block in torch's C++, which nothing
 # can tell) costs the others this, not the creation timeout (2 minutes by default). The survivors may then recover
 # again without it.
-NEW_WORLD_CONNECT = timedelta(seconds=20)
+NEW_WORLD_CONNECT = timedelta(seconds=15)
+# How much longer a world of many ranks may take to connect, per rank (gloo connects every pair): 15 s up to 1,000.
+CONNECT_PER_RANK = timedelta(seconds=0.015)
+
+
+def connect_bound(world_size: int) -> timedelta:
+    """How long torch's set-up of a group of ``world_size`` ranks that just met in fmesh's rendezvous (or agreed on
+    it) may take: :data:`NEW_WORLD_CONNECT`, more for a world past 1,000 ranks. A member that dies inside it costs
+    the others this, not the creation timeout (2 minutes by default) nor the collectives' (10 minutes).
+
+    >>> connect_bound(8).total_seconds(), connect_bound(4096).total_seconds()
+    (15.0, 61.44)
+    """
+    return max(NEW_WORLD_CONNECT, CONNECT_PER_RANK * world_size)
 
 
 MAX_COUNT = 2**31 - 1  # torch numbers ranks (and counts them) with 32-bit ints
@@ -198,6 +211,15 @@ def _connected(rank: int, world_size: int, timeout: timedelta, gone: Callable[[]
     rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout, gone=gone)
 
 
+def _set_up_timed_out(error: BaseException) -> bool:
+    """Whether torch's set-up of a default group failed for want of time (the store's wait, gloo's connection).
+
+    >>> _set_up_timed_out(RuntimeError("Gloo connectFullMesh failed with [pair.h:311] Connect timeout [none]"))
+    True
+    """
+    return isinstance(error, dist.DistStoreError) or "timeout" in str(error).lower()
+
+
 def local_gpu(environ: Mapping[str, str], count: int | None = None) -> torch.device:
     """``cuda:LOCAL_RANK``, once this host has a GPU for every local process; ``ValueError`` otherwise
     (every local rank raises it, before any process group exists).
@@ -306,16 +328,29 @@ class World:
             store = dist.PrefixStore(keys.DEFAULT_GROUP, met.store)  # the namespace torch's env:// gives it
             after = (met.store, met.meeting)
             init_method = None
+            # Every rank has come: torch's set-up takes seconds, and a rank that dies inside it costs the others
+            # this bound, not the creation timeout.
+            connect_timeout = min(connect_timeout or timeout, connect_bound(world_size))
         if owns:
             connecting = timeout if connect_timeout is None else min(timeout, connect_timeout)
-            dist.init_process_group(
-                backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"),
-                init_method=init_method,
-                rank=-1 if rank is None else rank,
-                world_size=-1 if world_size is None else world_size,
-                store=store,
-                timeout=connecting,
-            )
+            try:
+                dist.init_process_group(
+                    backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+                    init_method=init_method,
+                    rank=-1 if rank is None else rank,
+                    world_size=-1 if world_size is None else world_size,
+                    store=store,
+                    timeout=connecting,
+                )
+            except RuntimeError as error:  # a recovered world's caller names the ranks that ended (a RecoveryError)
+                if generation or not _set_up_timed_out(error):
+                    raise
+                cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                raise GroupTimeoutError(
+                    f"on rank {rank}: torch's set-up of the job's default group did not complete within "
+                    f"{connecting.total_seconds():g}s ({type(error).__name__}: {cause}): a rank died inside it, or "
+                    f"this machine is too loaded to connect {world_size} processes in that time. See the other ranks' "
+                    "errors first; raise creation_timeout if the machine is only slow") from error
             if connecting < timeout and backend != "fake":
                 _torch.set_group_timeout(None, timeout)
             if backend != "fake" and dist.get_world_size() > 1:
@@ -385,7 +420,7 @@ class World:
         return attrs.evolve(self, owns_default_group=False)
 
     def renewed(self, survivors: tuple[int, ...], lost: Sequence[int], store: dist.Store, timeout: timedelta,
-                meet_timeout: timedelta, ended: Callable[[list[int]], list[int]]) -> World:
+                meet_timeout: timedelta, ended: Callable[[list[int], bool], list[int]]) -> World:
         """The world a recovery makes of ``survivors`` (old ranks, in new rank order; this rank among them), the
         ``lost`` ranks gone: its default group started on ``store`` (a namespace of the old store of its own), the
         next generation.
@@ -396,15 +431,16 @@ class World:
         never comes is one :class:`~fmesh.RecoveryError` naming it."""
         rank, world_size = list(survivors).index(self.rank), len(survivors)
 
-        def gone() -> list[int]:  # old ranks: what the launcher marked
-            return ended(list(survivors))
+        def gone() -> list[int]:  # old ranks: what the launcher marked, a status or a heartbeat says
+            return ended(list(survivors), False)
 
         try:
             held = rendezvous.meet(store, rank=rank, world_size=world_size, timeout=meet_timeout, gone=gone)
             return World.start(backend=self.backend, rank=rank, world_size=world_size, store=store, timeout=timeout,
                                device=self.device, gpus_per_node=min(self.local_world_size, world_size),
                                name=self.name, generation=self.generation + 1,
-                               connect_timeout=min(meet_timeout, NEW_WORLD_CONNECT), gone=gone, met_before=held)
+                               connect_timeout=min(meet_timeout, connect_bound(world_size)), gone=gone,
+                               met_before=held)
         except (RuntimeError, ValueError, GroupTimeoutError) as error:  # a survivor died after the vote, or in torch's
             failure = error                                             # set-up, or never came
             with contextlib.suppress(Exception):  # a half-made default group would be joined by the next try
@@ -412,7 +448,9 @@ class World:
                     _torch.abort_group(None)
             dead: list[int] = []
             with contextlib.suppress(Exception):  # the store may be gone: then its host is what died
-                dead = gone()
+                # Where torch timed out waiting, watched a few seconds: who died in its set-up? (Never on the rank
+                # whose own set-up raised: it goes at once, and its launcher's mark names it to the others.)
+                dead = ended(list(survivors), _set_up_timed_out(error))
             if isinstance(error, (RankLostError, GroupTimeoutError)):
                 cause = f"{error} (ranks by their old number)"
             else:

@@ -41,6 +41,7 @@ from fmesh.context.store.board import AGREED_POSTED, Board
 from fmesh.context.store.diagnosis import Look
 from fmesh.context.store.keys import digest
 from fmesh.context.store.meeting import Meeting, watches
+from fmesh.context.store.pulse import SETTLE_SECONDS
 from fmesh.context.store.records import ENDED, FAILING, MISMATCH, OK, TIMEOUT, WAITING, Verdict
 from fmesh.context.store.wait import ABORT_NOTICE_SECONDS
 from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
@@ -148,11 +149,17 @@ def connect_failed(board: Board, members: Sequence[int], what: str, error: Excep
     others = [m for m in members if m != board.rank]
     deadline = time.monotonic() + CUT_NOTICE_SECONDS
     try:
+        settled = False
         while True:
             statuses = board.statuses(others)
             cause = next((m for m in others if statuses[m].final), None)
             cause = cause if cause is not None else next((m for m in others if statuses[m].state == FAILING), None)
             ended = board.ended(others)
+            if cause is None and not ended and _timed_out(error) and not settled:
+                # Nobody said why: a member that died while connecting posted nothing; its heartbeat tells.
+                settled = True
+                if board.silent(others, settle=SETTLE_SECONDS):
+                    continue
             if cause is not None or ended or time.monotonic() >= deadline or _timed_out(error):
                 break
             time.sleep(ABORT_NOTICE_SECONDS)

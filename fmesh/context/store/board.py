@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -31,20 +32,23 @@ from fmesh.context.store.connections import Connections
 from fmesh.context.store.keys import ENDED_LIST, Keys
 from fmesh.context.store.keys import ended as ended_key
 from fmesh.context.store.meeting import Meeting
+from fmesh.context.store.pulse import SILENT_SECONDS, Pulse
 from fmesh.context.store.records import (
     CLOSED,
     EXITED,
     FAILED,
+    GONE_STATES,
     LOST,
     MISSING,
     RUNNING,
+    SILENT,
     WAITING,
     Status,
     Verdict,
     options_differ,
     ranks_of,
 )
-from fmesh.context.store.wait import FIRST_LOOK_SECONDS, Waiter
+from fmesh.context.store.wait import ABORT_NOTICE_SECONDS, FIRST_LOOK_SECONDS, Waiter
 from fmesh.errors import RankLostError
 
 EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits to post that it exited
@@ -134,6 +138,10 @@ class Board:
     # Every rank of the context is known to have come (the start's meeting proved it): a rank that posted no status
     # runs, so none posts that it does as it starts (a store operation per rank).
     present: bool = False
+    # This rank's heartbeat (started when the board opens, stopped when it leaves), shared by a recovery's ballots.
+    pulse: list[Pulse] = attrs.field(factory=list, eq=False, repr=False)
+    # The others' heartbeats as this rank last saw them: rank -> (counter, when it first read that value).
+    beats: dict[int, tuple[int, float]] = attrs.field(factory=dict, eq=False, repr=False)
     keys: Keys = attrs.field(init=False, eq=False, repr=False)
     waiter: Waiter = attrs.field(init=False, eq=False, repr=False)
 
@@ -174,6 +182,7 @@ class Board:
         if not self.present:
             self.post(RUNNING)
         atexit.register(self.post_exit)
+        self.pulse.append(Pulse(self.store, self.keys.beat(self.rank)).start())
         return self
 
     def agree_options(self, mine: Mapping[str, str]) -> None:
@@ -207,6 +216,8 @@ class Board:
             self.failed(error)
         else:
             self.close_quietly(aborted=aborted)
+        while self.pulse:
+            self.pulse.pop().stop()
         self.waiter.release()  # its second store connection goes with the last wait on it (one per ended context)
 
     def close_quietly(self, aborted: bool) -> None:
@@ -279,6 +290,68 @@ class Board:
         return {rank: Status(RUNNING, after=status.what or "?")
                 if status.state == WAITING and status.at in past else status
                 for rank, status in statuses.items()}
+
+    def silent(self, ranks: Sequence[int], settle: float = 0.0) -> list[int]:
+        """Those of ``ranks`` (not this rank, nor one whose status says it is gone already) whose heartbeat this
+        rank has seen stand still for :data:`~fmesh.context.store.pulse.SILENT_SECONDS`
+        (:mod:`fmesh.context.store.pulse`), each posted ``silent`` on its behalf (a final status: every wait for it
+        ends, naming it). Three store operations where every rank has a heartbeat and none failed (a rank that never
+        started one is never called silent here: it never came).
+        A rank is judged on the reads of this rank's earlier calls; ``settle``: where this call reads a rank for
+        the first time, read it again after that many seconds (heartbeats of ranks that beat in between are not
+        silent) and call silent those that stood still (a caller that did not watch before, on a failure's path).
+
+        Only a board that beats itself (an open one: a Context's) watches the others' heartbeats; any other has
+        none to compare (none here).
+
+        >>> store = dist.HashStore(); board = Board(store, "doc", 0, timedelta(seconds=1)).open()
+        >>> store.add(board.keys.beat(1), 1); board.silent([0, 1, 2])
+        1
+        []
+        >>> board.leave(aborted=False)
+        """
+        others = [r for r in ranks if r != self.rank]
+        if not others or not self.pulse:
+            return []
+        final = self.finals().intersection(others)  # gone already, or failed (alive, maybe: it may catch it)
+        if final:
+            gone = {r for r, status in self.statuses(sorted(final)).items() if status.state in GONE_STATES}
+            others = [r for r in others if r not in gone]
+        never = set(absent(self.store, others, self.keys.beat))
+        beating = [r for r in others if r not in never]
+        if not beating:
+            return []
+        quiet, moved = self._still(beating, SILENT_SECONDS)
+        # Those not seen to beat, whose value this rank has not seen stand for ``settle`` yet: watched until it has.
+        young = [r for r in beating if r not in quiet and r not in moved
+                 and time.monotonic() - self.beats[r][1] < settle]
+        if young:
+            deadline = max(self.beats[r][1] for r in young) + settle
+            while time.monotonic() < deadline:
+                self.waiter.check_halted("watching the heartbeats of its peers")
+                time.sleep(min(ABORT_NOTICE_SECONDS, max(0.0, deadline - time.monotonic())))
+            quiet = sorted({*quiet, *self._still(young, settle)[0]})
+        for rank in quiet:
+            stood = time.monotonic() - self.beats[rank][1]
+            self.store.set(self.keys.status(rank), Status(SILENT, error=f"{stood:.0f}s").dumps())
+            self.store.append(self.keys.finals, f"{rank},")
+        return quiet
+
+    def _still(self, ranks: list[int], seconds: float) -> tuple[list[int], set[int]]:
+        """Read the heartbeats of ``ranks`` (one ``multi_get``; every key exists) and note them; those that stood
+        still for ``seconds`` since this rank first read their value, and those seen to beat since the last read."""
+        now = time.monotonic()
+        quiet, moved = [], set()
+        for rank, raw in zip(ranks, self.store.multi_get([self.keys.beat(r) for r in ranks]), strict=True):
+            value = int(bytes(raw))
+            seen = self.beats.get(rank)
+            if seen is None or seen[0] != value:
+                self.beats[rank] = (value, now)
+                if seen is not None:
+                    moved.add(rank)
+            elif now - seen[1] >= seconds:
+                quiet.append(rank)
+        return quiet, moved
 
     def ended(self, ranks: Sequence[int]) -> list[int]:
         """Those of ``ranks`` whose process the launcher saw end (:func:`mark_ended`): one store operation, however

@@ -81,6 +81,7 @@ def diagnose(board: Board, key: str, members: Sequence[int], description: str, p
     meeting = board.keys.agreement(key)
     if publish:
         board.store.set(board.keys.members(key), json.dumps(list(members)))
+    board.silent(members)  # a member whose heartbeat stood still is posted gone (no launcher may mark it)
     statuses = board.statuses(members, posted)
     seen = {member: (status.state, status.at) for member, status in statuses.items()}
     for member in members:

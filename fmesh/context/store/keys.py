@@ -133,6 +133,10 @@ class Keys:
         """``rank``'s status (a :class:`~fmesh.context.store.records.Status`)."""
         return f"{self.prefix}/status/{rank}"
 
+    def beat(self, rank: int) -> str:
+        """``rank``'s heartbeat: a counter its pulse adds to every second (:mod:`fmesh.context.store.pulse`)."""
+        return f"{self.prefix}/beat/{rank}"
+
     @property
     def finals(self) -> str:
         """The list of ranks whose status is final."""

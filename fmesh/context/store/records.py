@@ -25,6 +25,10 @@ WAITING = "waiting"  # it waits at an agreement (``at``: its key; ``what``: the 
 FAILED = "failed"  # it raised (``error``, ``kind``; ``refused``: it refused a collective on itself)
 CLOSED = "closed"  # it closed (or aborted) its context
 EXITED = "exited"  # its process ended (at interpreter exit) without closing its context
+# Its heartbeat stood still (``error``: for how long), as a peer's watch saw it: its process was killed (SIGKILL, the
+# out-of-memory killer), crashed, or is frozen. Posted by that peer on its behalf (:meth:`~fmesh.context.store.board.
+# Board.silent`): a process that dies that way posts nothing itself.
+SILENT = "silent"
 # It came to recover (ctx.recover) without the lost ranks its status names. It never comes to a group, a collective
 # or a roll call of this context again, but it is alive: a peer blocked with it is told to recover too, never that
 # it is gone.
@@ -34,7 +38,8 @@ RECOVERING = "recovering"
 FAILING = "failing"
 MISSING = "missing"  # it never posted a status (read, never posted)
 UNKNOWN = "unknown"  # what it posted cannot be read (read, never posted)
-FINAL_STATES = (FAILED, CLOSED, EXITED)  # a member in one of these will never come: a wait for it ends at once
+FINAL_STATES = (FAILED, CLOSED, EXITED, SILENT)  # a member in one of these will never come: a wait for it ends at once
+GONE_STATES = (CLOSED, EXITED, SILENT)  # a member in one of these is gone (a failed one may have caught it and gone on)
 
 # A meeting's verdicts.
 OK = "ok"
@@ -134,6 +139,9 @@ class Status:
             failure = f" after an uncaught {self.error}" if self.error else ""
             return (f"rank {rank} exited without closing its Context{failure} (its process ended: it returned from "
                     "main, called sys.exit or raised; close the Context, or use `with fmesh.Context(...) as ctx:`)")
+        if self.state == SILENT:
+            return (f"rank {rank} is gone: its heartbeat stood still for {self.error or '?'} (its process was killed, "
+                    "crashed, or is frozen)")
         if self.state == RECOVERING:
             return (f"rank {rank} is recovering without the lost ranks {self.lost_text} (it called "
                     f"ctx.recover({self.lost_text}))")

@@ -21,10 +21,9 @@ import torch.distributed as dist
 from fmesh.context.store.board import Board, absent, read_list
 from fmesh.context.store.meeting import Meeting, watches
 from fmesh.context.store.records import (
-    CLOSED,
-    EXITED,
     FAILING,
     FINAL_STATES,
+    GONE_STATES,
     MISSING,
     OK,
     RECOVERING,
@@ -157,11 +156,12 @@ def _agree_on_loss(board: Board, survivors: Sequence[int], lost: Sequence[int], 
         came_here, finals = _came_and_finals(board, both_exist=bool(looked))
         looked.append(True)
         missing = [m for m in survivors if m not in came_here]
-        final = finals.intersection(missing)
+        # A survivor whose heartbeat stood still is posted gone (where no launcher marks the dead).
+        final = finals.intersection(missing) | set(board.silent(missing))
         # A survivor that failed (its collective raised) is on its way here, or came since the first read; one
         # that closed or exited will never come.
         statuses = board.statuses(sorted(final)) if final else {}
-        final = {m for m in final if statuses[m].state in (CLOSED, EXITED)}
+        final = {m for m in final if statuses[m].state in GONE_STATES}
         ended = board.ended([m for m in missing if m not in final])
         gone = sorted({*final, *ended})
         if gone:

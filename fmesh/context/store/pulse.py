@@ -1,0 +1,72 @@
+"""Each rank's heartbeat: a counter in the store that a thread of the rank adds to every :data:`PULSE_SECONDS`, so
+that a peer kept waiting for it can tell a rank that is slow from one whose process is gone without a word (killed
+by SIGKILL or the out-of-memory killer, crashed in C++, its machine lost) where no launcher marks the dead
+(torchrun's or Slurm's ranks; :func:`fmesh.launch` and the Ray actors mark them).
+
+A watcher that waits for a member (an agreement, the recovery's vote, the members' check of their calls, a recovered
+world's start) reads the members' counters at each of its looks (two store operations, whatever the number of
+members: :meth:`~fmesh.context.store.board.Board.silent`); one that stood still for :data:`SILENT_SECONDS` of the
+watcher's own clock is gone, and the watcher posts it so (a final status, ``silent``), which ends every wait for it
+with an error naming it. The counter is compared with itself, never with a clock, so hosts whose clocks differ agree.
+
+A rank's pulse runs on a store connection of its own (its waits block on another), from the moment its context's
+board opens until it leaves it. A process frozen (SIGSTOP, a debugger) for :data:`SILENT_SECONDS` is called gone
+too: its peers cannot tell it from a dead one, and a frozen rank holds every collective of its groups.
+
+>>> import torch.distributed as dist
+>>> store = dist.HashStore(); pulse = Pulse(store, "beat/0").start()
+>>> int(store.get("beat/0")) >= 1
+True
+>>> pulse.stop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch.distributed as dist
+
+# How often a rank's pulse beats: the store's cost (one add a second per rank) against how soon a silence shows.
+PULSE_SECONDS = 1.0
+# How long a member's heartbeat must stand still, as a watcher sees it, before the watcher calls it gone: far above a
+# beat's period, so a rank slowed by load (or stopped for a few seconds) is never called gone; with a watcher's looks
+# (at most 8 s apart) a death shows within about SILENT_SECONDS + 8 s of the last beat.
+SILENT_SECONDS = 10.0
+# How long a caller that has not watched a member before (a connection that failed, with nobody's word why) watches
+# its heartbeat before it calls it gone: a whole silence (3 s called a living rank gone on a machine with a load
+# average of 15 on 2 cores, whose beats came seconds late).
+SETTLE_SECONDS = SILENT_SECONDS
+
+
+class Pulse:
+    """The heartbeat of one rank: :meth:`start` beats once (the key exists once it returns), then a daemon thread
+    beats every ``every`` seconds on a clone of ``store`` until :meth:`stop`."""
+
+    def __init__(self, store: dist.Store, key: str, every: float = PULSE_SECONDS) -> None:
+        self.key, self.every = key, every
+        self.stopped = threading.Event()
+        try:
+            self.store = store.clone()
+        except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone (in-process): shared
+            self.store = store
+        self.thread = threading.Thread(target=self._run, name="fmesh-pulse", daemon=True)
+
+    def start(self) -> Pulse:
+        self.store.add(self.key, 1)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.every):
+            try:
+                self.store.add(self.key, 1)
+            except Exception:  # the store is gone: the peers' own errors name its host
+                return
+
+    def stop(self) -> None:
+        """End the beats (the thread ends at once, unless it is inside a store operation: then within ``every``)."""
+        self.stopped.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            with contextlib.suppress(RuntimeError):
+                self.thread.join(timeout=self.every)

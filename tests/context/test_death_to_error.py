@@ -1,0 +1,118 @@
+"""With the default timeouts (collectives 10 minutes, creation 2 minutes) and no launcher that marks the dead (as
+under torchrun or srun), a rank killed (SIGKILL: it posts nothing) is named on every survivor within 30 s, wherever
+it dies: in a collective, at a group's agreement, while the group connects, in the members' check of their calls
+(blocked on the store), in the survivors' vote of a recovery, inside torch's set-up of the recovered world. The
+heartbeat (:mod:`fmesh.context.store.pulse`) names a rank whose process is gone without a word; the connections
+after an agreement are bounded (:func:`fmesh.context.world.connect_bound`). Before, the agreement's and the vote's
+deaths were waited for the creation timeout (2 minutes), a death in the members' check the collectives' (10).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import time
+from typing import Any
+
+import faults
+import pytest
+import torch
+from support import patience, within
+
+import fmesh
+from fmesh import Context
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("nothing_left_behind")]
+
+BOUND = 30.0  # seconds from a death to the error naming it, with the default timeouts (issue 38)
+VICTIM = 2
+
+
+def killed_here(marks: pathlib.Path) -> Any:
+    """A function that writes down when this rank dies, then kills it (SIGKILL: no status, no exit hook)."""
+
+    def die(*args: Any, **kwargs: Any) -> Any:
+        (marks / "killed").write_text(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return die
+
+
+def plant(where: str, die: Any) -> None:
+    """Have this process die at ``where`` (its next call there)."""
+    import torch.distributed as dist
+
+    from fmesh.context import _torch, call_checks, creation
+    from fmesh.context.store import recovery_vote
+
+    if where == "agreement":
+        creation.agree = die  # type: ignore[assignment]
+    elif where == "connect":
+        _torch.create_group = die
+    elif where == "tensor check":
+        call_checks.CallChecks.check = die  # type: ignore[method-assign]
+    elif where == "collective":
+        dist.all_reduce = die
+    elif where == "vote":
+        recovery_vote.agree_on_loss = die
+    elif where == "torch's set-up":
+        dist.init_process_group = die
+
+
+def program(ctx: Context, where: str, marks: pathlib.Path) -> Any:
+    """Rank 2 dies at ``where``; each survivor: the errors it raised (kind, message, wall-clock time) and, after a
+    death in a recovery, what recovering again without the dead gave (the new world's sum)."""
+    mesh = fmesh.make_mesh((ctx.world_size,), ("all",))
+    seen: list[tuple[str, str, float]] = []
+    if where in ("vote", "torch's set-up"):  # rank 3 dies first (a launcher-less roll call names it), then rank 2
+        ctx.all_reduce(torch.ones(1), mesh, "all")
+        if ctx.rank == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        with pytest.raises(fmesh.RankLostError):
+            ctx.all_reduce(torch.ones(1), mesh, "all")
+        if ctx.rank == VICTIM:
+            plant(where, killed_here(marks))
+        for lost in ([3], [2, 3]):
+            try:
+                renewed = ctx.recover(lost)
+            except fmesh.RecoveryError as error:
+                seen.append((type(error).__name__, str(error), time.time()))
+                continue
+            assert renewed is not None
+            with renewed:
+                total = renewed.all_reduce(torch.ones(1), fmesh.make_mesh((renewed.world_size,), ("all",)),
+                                           "all").item()
+            return seen, total
+        return seen, None
+    if ctx.rank == VICTIM:
+        plant(where, killed_here(marks))
+    try:
+        ctx.all_reduce(torch.ones(1), mesh, "all")
+    except (fmesh.RankLostError, fmesh.GroupTimeoutError) as error:
+        seen.append((type(error).__name__, str(error), time.time()))
+    return seen, None
+
+
+@pytest.mark.parametrize("where", ["collective", "agreement", "connect", "tensor check", "vote", "torch's set-up"])
+def test_a_rank_killed_anywhere_is_named_within_30_s_with_the_default_timeouts(
+        where: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    # No launcher's marks of the dead, as under torchrun: only the heartbeats and the roll calls tell.
+    monkeypatch.setattr(importlib.import_module("fmesh.context.launch"), "mark_ended", lambda *args: None)
+    world = 4 if where in ("vote", "torch's set-up") else 3
+    results = fmesh.launch(lambda ctx: program(ctx, where, tmp_path), world, timeout=patience(150, world),
+                           context_options={"check_tensors": where == "tensor check"}, return_exceptions=True,
+                           on_rank_loss="continue")
+    killed = float((tmp_path / "killed").read_text())
+    dead = {VICTIM, 3} if world == 4 else {VICTIM}
+    for rank in sorted(set(range(world)) - dead):
+        seen, total = results[rank]
+        assert seen, (rank, results)
+        kind, message, at = seen[-1] if world == 3 else seen[0]
+        assert f"{VICTIM}" in str(sorted(faults.blamed(message))) or f"rank {VICTIM} " in message, (rank, message)
+        assert faults.blamed(message) <= dead, (rank, message)  # no living rank called gone
+        assert at - killed < within(BOUND), (rank, at - killed, message)
+        if world == 4:  # recovered without both: the two survivors sum to 2
+            assert kind == "RecoveryError" and total == 2.0, (rank, results[rank])

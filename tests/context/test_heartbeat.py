@@ -1,0 +1,83 @@
+"""The heartbeat (:mod:`fmesh.context.store.pulse`): a watcher calls a member gone when its counter stood still for
+the silence's length of the watcher's own clock, never one that beats, one that never beat, nor one already gone;
+it posts the silent member's final status on its behalf, which names it."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+from support import patience
+
+from fmesh.context.store import board as board_module
+from fmesh.context.store.board import Board
+from fmesh.context.store.records import CLOSED, SILENT
+
+
+def boards(store: dist.Store, ranks: int) -> list[Board]:
+    return [Board(store, "hb", rank, timedelta(seconds=5)) for rank in range(ranks)]
+
+
+def test_a_member_whose_heartbeat_stands_still_is_posted_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(board_module, "SILENT_SECONDS", 0.3)
+    store = dist.HashStore()
+    watcher, beating, dead, _never, closed, failed = boards(store, 6)
+    watcher.open()
+    try:
+        for member in (beating, dead, closed, failed):
+            store.add(member.keys.beat(member.rank), 1)
+        closed.post(CLOSED)
+        failed.failed(RuntimeError("caught, and went on"))  # failed, but may be alive: watched like any other
+        assert watcher.silent(range(6)) == []  # the first look only notes the counters
+        deadline = time.monotonic() + patience(5)
+        while time.monotonic() < deadline:
+            store.add(beating.keys.beat(1), 1)
+            quiet = watcher.silent(range(6))
+            if quiet:
+                break
+            time.sleep(0.05)
+        assert quiet == [2, 5], quiet  # not the beating one, the one that never beat, nor the closed one
+        statuses = watcher.statuses([2, 4, 5])
+        assert statuses[2].state == SILENT and statuses[4].state == CLOSED, statuses
+        assert statuses[2].describe(2).startswith("rank 2 is gone: its heartbeat stood still for "), statuses[2]
+        assert watcher.finals() >= {2, 4, 5}
+        assert watcher.silent(range(6)) == []  # posted once: gone already
+    finally:
+        watcher.leave(aborted=False)
+    assert failed.statuses([5])[5].state == SILENT  # its failure posted, then its silence
+
+
+def test_a_watcher_that_never_looked_settles_before_it_calls_a_member_silent() -> None:
+    store = dist.HashStore()
+    watcher, dead = boards(store, 2)
+    watcher.open()
+    try:
+        store.add(dead.keys.beat(1), 1)
+        started = time.monotonic()
+        assert watcher.silent([1], settle=0.3) == [1]
+        assert time.monotonic() - started >= 0.3
+    finally:
+        watcher.leave(aborted=False)
+
+
+def test_a_board_that_does_not_beat_watches_nobody() -> None:
+    store = dist.HashStore()
+    watcher, dead = boards(store, 2)
+    store.add(dead.keys.beat(1), 1)
+    assert watcher.silent([1], settle=0.2) == []  # not open: no heartbeat of its own, no watch (a unit's board)
+
+
+def test_the_pulse_beats_until_its_board_leaves() -> None:
+    store = dist.HashStore()
+    (board,) = boards(store, 1)
+    board.open()
+    first = int(store.get(board.keys.beat(0)))
+    deadline = time.monotonic() + patience(10)
+    while int(store.get(board.keys.beat(0))) == first and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert int(store.get(board.keys.beat(0))) > first
+    (pulse,) = board.pulse
+    board.leave(aborted=False)
+    assert not board.pulse and not pulse.thread.is_alive()  # its thread ended with the board
