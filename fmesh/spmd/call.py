@@ -50,8 +50,9 @@ class Call:
         return self.slots.index(slot) if slot in self.slots else None
 
     def refuse(self, i: int, what: str, fix: str | Fix, k: int | None = None) -> SpmdTypeError:
-        """The error of operand ``k`` along the ``i``-th axis: ``what`` is wrong, ``fix`` (a :class:`Fix`, its
-        target this operand unless it names another; a string: a fix no tool applies)."""
+        """The error of operand ``k`` along the ``i``-th axis: ``what`` is wrong, ``fix`` (a
+        :class:`~fmesh.spmd.fix.Fix`, its target this operand unless it names another; a string: a fix no tool
+        applies)."""
         said = self.operands[k].said(self.axes[i], i) if k is not None else f"along {self.axes[i]!r}"
         via = f"{self.where} (aten {self.op})" if self.where != self.op else self.op
         record = text(fix) if isinstance(fix, str) else fix
