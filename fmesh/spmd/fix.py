@@ -1,7 +1,7 @@
 """The fix a refused program needs, as a value (:class:`~fmesh.spmd.fix.Fix`): which edit, at which call, with
 which code. An :class:`~fmesh.errors.SpmdTypeError` carries one (``error.fix``) and prints it (``...; fix: <the
-fix>``): the message is made from the record, so what a reader is told and what a tool (or the test suite, which applies every fix
-the corpus prints: ``tests/spmd/spmd_fixes.py``) does are the same.
+fix>``): the message is made from the record, so what a reader is told and what a tool (or the test suite,
+which applies every fix the corpus prints: ``tests/spmd/spmd_fixes.py``) does are the same.
 
 The edit is located by the call the error was raised in (the torch call or the ``ax`` collective under way; the
 region's output ``output``), or, with ``made``, by the call that made the value named. ``target`` is that value
