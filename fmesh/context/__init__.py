@@ -28,7 +28,7 @@ Modules, one concept each:
 * ``_torch``: every private torch name fmesh uses, and nothing else.
 """
 
-from fmesh.context._torch import dispatch_mode_base
+from fmesh.context._torch import dispatch_mode_base, torch_function_disabled
 from fmesh.context.context import Context
 from fmesh.context.device_mesh import device_mesh_groups, from_device_mesh
 from fmesh.context.group_plan import GroupPlan, PlannedGroup
@@ -46,4 +46,5 @@ __all__ = [
     "from_device_mesh",
     "launch",
     "simulate",
+    "torch_function_disabled",
 ]

@@ -12,6 +12,8 @@
   ``_flatten_mapping`` and ``_pg_registry``.
 * ``local_tensor_mode`` / ``local_values``: torch's ``LocalTensorMode``, every rank in one process
   (``fmesh.simulate``).
+* ``dispatch_mode_base`` / ``torch_function_disabled`` (``fmesh.spmd.check``, the typed region's checker):
+  ``torch.utils._python_dispatch.TorchDispatchMode`` and ``torch._C.DisableTorchFunction``.
 * ``split_groups``: ``dist.split_group`` keeps each split's order from torch 2.14; before, it sorts
   the ranks, so an unsorted partition is made group by group instead (every rank taking part).
 * ``detach_group`` / ``attach_group`` / ``abort_group(None)`` (``Context.recover``): c10d's ``_world`` registries
@@ -259,6 +261,12 @@ def dispatch_mode_base() -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     return TorchDispatchMode
+
+
+def torch_function_disabled() -> Any:
+    """A context in which tensors' ``__torch_function__`` overrides are not called (``torch._C.DisableTorchFunction``):
+    the typed region's checker makes calls of its own there, which the program's typing must not count."""
+    return torch._C.DisableTorchFunction()
 
 
 def local_tensor_mode(world_size: int) -> Any:

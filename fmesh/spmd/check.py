@@ -22,7 +22,7 @@ import attrs
 import torch
 from torch.overrides import TorchFunctionMode
 
-from fmesh.context import dispatch_mode_base
+from fmesh.context import dispatch_mode_base, torch_function_disabled
 from fmesh.errors import SpmdTypeError
 from fmesh.mesh import Mesh
 from fmesh.spmd.call import Call, Rule, join
@@ -389,7 +389,7 @@ class Pieces(tuple):  # type: ignore[type-arg]
     def __getitem__(self, index: Any) -> Any:
         piece = super().__getitem__(index)
         if isinstance(index, MemberInt) and isinstance(piece, torch.Tensor):
-            with torch._C.DisableTorchFunction():  # the check's own calls, not the program's
+            with torch_function_disabled():  # the check's own calls, not the program's
                 self._piece(index, piece)
         return piece
 
