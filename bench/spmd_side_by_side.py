@@ -147,10 +147,6 @@ def fmesh_verdict(name: str, bug: str | None) -> tuple[str, str, bool]:
     return verdict, first, loud
 
 
-class NotExpressible(Exception):
-    """The program needs an operation spmd-types does not have."""
-
-
 class _SpmdTypesAx:
     """fmesh's ``ax`` for a body, each call made with spmd-types' collectives (rank 0 of a fake world)."""
 
@@ -223,13 +219,13 @@ class _SpmdTypesAx:
         return x
 
     def ppermute(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotExpressible("no ppermute")
+        raise NotImplementedError("no ppermute")
 
     def cumsum(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotExpressible("no scan over an axis")
+        raise NotImplementedError("no scan over an axis")
 
     def reinterpret(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotExpressible("no ppermute (the ring's declaration follows one)")
+        raise NotImplementedError("no ppermute (the ring's declaration follows one)")
 
 
 @contextlib.contextmanager
@@ -290,7 +286,7 @@ def spmd_types_verdict(name: str, bug: str | None) -> tuple[str, str]:
                         if got not in want:
                             return ("caught (out types)" if bug is not None else "false positive (out types)",
                                     f"output {got!r} over {a!r}, its spec {spec!r}")
-        except NotExpressible as e:
+        except NotImplementedError as e:  # an operation spmd-types does not have
             return "not expressible", str(e)
         except st.SpmdTypeError as e:
             message = str(e).splitlines()[0].replace("PerMeshAxisLocalSpmdType.", "")
