@@ -230,6 +230,7 @@ class SimulatedTorch(threading.local):
         dist.get_backend = lambda group=None: local.backend  # type: ignore[assignment,return-value]
         c10d._get_default_store = lambda: local.default
         c10d._get_default_group = lambda: None  # bound to no device
+        c10d._set_pg_timeout = lambda timeout, group=None: None  # the simulated group: its timeout raised after it
         rendezvous_module.open_store = open_store  # type: ignore[assignment]
 
 

@@ -442,6 +442,16 @@ def reconfigurable() -> bool:
     return "enable_reconfigure" in _parameters(dist.init_process_group)
 
 
+def timeout_settable() -> bool:
+    """Whether a group's collective timeout can be changed once it is made (:func:`set_group_timeout`): where it
+    cannot, a group connects under the timeout its collectives keep.
+
+    >>> timeout_settable()
+    True
+    """
+    return GROUPS not in MISSING
+
+
 def set_group_timeout(group: dist.ProcessGroup | None, timeout: timedelta) -> None:
     """Give ``group``'s collectives ``timeout`` (it was connected under a shorter one); ``None``: the default group."""
     require(GROUPS)

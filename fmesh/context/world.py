@@ -329,8 +329,10 @@ class World:
             after = (met.store, met.meeting)
             init_method = None
             # Every rank has come: torch's set-up takes seconds, and a rank that dies inside it costs the others
-            # this bound, not the creation timeout.
-            connect_timeout = min(connect_timeout or timeout, connect_bound(world_size))
+            # this bound, not the creation timeout (where the timeout can be raised back after: a torch without the
+            # setter runs fmesh but lazy groups, and connects under the collectives' timeout).
+            if _torch.timeout_settable():
+                connect_timeout = min(connect_timeout or timeout, connect_bound(world_size))
         if owns:
             connecting = timeout if connect_timeout is None else min(timeout, connect_timeout)
             try:
