@@ -182,7 +182,8 @@ class Board:
         if not self.present:
             self.post(RUNNING)
         atexit.register(self.post_exit)
-        self.pulse.append(Pulse(self.store, self.keys.beat(self.rank)).start())
+        # Where every rank is known to have come, a heartbeat not yet beaten reads as 0 (Board.silent): no first beat.
+        self.pulse.append(Pulse(self.store, self.keys.beat(self.rank)).start(first=not self.present))
         return self
 
     def agree_options(self, mine: Mapping[str, str]) -> None:
@@ -296,7 +297,8 @@ class Board:
         rank has seen stand still for :data:`~fmesh.context.store.pulse.SILENT_SECONDS`
         (:mod:`fmesh.context.store.pulse`), each posted ``silent`` on its behalf (a final status: every wait for it
         ends, naming it). Three store operations where every rank has a heartbeat and none failed (a rank that never
-        started one is never called silent here: it never came).
+        started one is never called silent here, it never came; but where every rank is known to have come,
+        :attr:`present`, a heartbeat not beaten yet reads as 0: its rank may have died since).
         A rank is judged on the reads of this rank's earlier calls; ``settle``: where this call reads a rank for
         the first time, read it again after that many seconds (heartbeats of ranks that beat in between are not
         silent) and call silent those that stood still (a caller that did not watch before, on a failure's path).
@@ -318,10 +320,11 @@ class Board:
             gone = {r for r, status in self.statuses(sorted(final)).items() if status.state in GONE_STATES}
             others = [r for r in others if r not in gone]
         never = set(absent(self.store, others, self.keys.beat))
-        beating = [r for r in others if r not in never]
+        unborn = never if self.present else set()  # came (the start's meeting proved it), not beaten yet: 0
+        beating = [r for r in others if r not in never or r in unborn]
         if not beating:
             return []
-        quiet, moved = self._still(beating, SILENT_SECONDS)
+        quiet, moved = self._still(beating, SILENT_SECONDS, unborn)
         # Those not seen to beat, whose value this rank has not seen stand for ``settle`` yet: watched until it has.
         young = [r for r in beating if r not in quiet and r not in moved
                  and time.monotonic() - self.beats[r][1] < settle]
@@ -330,20 +333,23 @@ class Board:
             while time.monotonic() < deadline:
                 self.waiter.check_halted("watching the heartbeats of its peers")
                 time.sleep(min(ABORT_NOTICE_SECONDS, max(0.0, deadline - time.monotonic())))
-            quiet = sorted({*quiet, *self._still(young, settle)[0]})
+            quiet = sorted({*quiet, *self._still(young, settle, unborn)[0]})
         for rank in quiet:
             stood = time.monotonic() - self.beats[rank][1]
             self.store.set(self.keys.status(rank), Status(SILENT, error=f"{stood:.0f}s").dumps())
             self.store.append(self.keys.finals, f"{rank},")
         return quiet
 
-    def _still(self, ranks: list[int], seconds: float) -> tuple[list[int], set[int]]:
-        """Read the heartbeats of ``ranks`` (one ``multi_get``; every key exists) and note them; those that stood
-        still for ``seconds`` since this rank first read their value, and those seen to beat since the last read."""
+    def _still(self, ranks: list[int], seconds: float, unborn: set[int]) -> tuple[list[int], set[int]]:
+        """Read the heartbeats of ``ranks`` (one ``multi_get``; every key exists but those of ``unborn``, read as 0)
+        and note them; those that stood still for ``seconds`` since this rank first read their value, and those seen
+        to beat since the last read."""
         now = time.monotonic()
         quiet, moved = [], set()
-        for rank, raw in zip(ranks, self.store.multi_get([self.keys.beat(r) for r in ranks]), strict=True):
-            value = int(bytes(raw))
+        born = [r for r in ranks if r not in unborn]
+        read = dict(zip(born, self.store.multi_get([self.keys.beat(r) for r in born]) if born else [], strict=True))
+        for rank in ranks:
+            value = int(bytes(read[rank])) if rank in read else 0
             seen = self.beats.get(rank)
             if seen is None or seen[0] != value:
                 self.beats[rank] = (value, now)

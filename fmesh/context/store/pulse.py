@@ -40,8 +40,8 @@ SETTLE_SECONDS = SILENT_SECONDS
 
 
 class Pulse:
-    """The heartbeat of one rank: :meth:`start` beats once (the key exists once it returns), then a daemon thread
-    beats every ``every`` seconds on a clone of ``store`` until :meth:`stop`."""
+    """The heartbeat of one rank: :meth:`start` beats once (the key exists once it returns; not where ``first`` is
+    False), then a daemon thread beats every ``every`` seconds on a clone of ``store`` until :meth:`stop`."""
 
     def __init__(self, store: dist.Store, key: str, every: float = PULSE_SECONDS) -> None:
         self.key, self.every = key, every
@@ -52,8 +52,9 @@ class Pulse:
             self.store = store
         self.thread = threading.Thread(target=self._run, name="fmesh-pulse", daemon=True)
 
-    def start(self) -> Pulse:
-        self.store.add(self.key, 1)
+    def start(self, first: bool = True) -> Pulse:
+        if first:  # without it, peers read no key as a heartbeat of 0 where they know this rank came (Board.present)
+            self.store.add(self.key, 1)
         self.thread.start()
         return self
 
