@@ -321,7 +321,7 @@ class Board:
             others = [r for r in others if r not in gone]
         never = set(absent(self.store, others, self.keys.beat))
         unborn = never if self.present else set()  # came (the start's meeting proved it), not beaten yet: 0
-        beating = [r for r in others if r not in never or r in unborn]
+        beating = others if self.present else [r for r in others if r not in never]
         if not beating:
             return []
         quiet, moved = self._still(beating, SILENT_SECONDS, unborn)
