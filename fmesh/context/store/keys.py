@@ -34,15 +34,15 @@ class MeetingKeys:
 
     @property
     def compared(self) -> str:
-        return f"{self.base}/{self.compared_name}"
+        return self.under(self.compared_name)
 
     @property
     def arrivals(self) -> str:
-        return f"{self.base}/{self.arrivals_name}"
+        return self.under(self.arrivals_name)
 
     @property
     def verdict(self) -> str:
-        return f"{self.base}/{self.verdict_name}"
+        return self.under(self.verdict_name)
 
     def under(self, *parts: object) -> str:
         """A key of the meeting's own (``members``, ``fate/3``, ...)."""
