@@ -415,7 +415,7 @@ def _python_cost_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[str, f
     ways = _latency_ways(contexts["default"], mesh, t, contexts)
     ways["fmesh default, t.requires_grad"] = functools.partial(contexts["default"].all_reduce, recorded, mesh, "dp")
     ways["fmesh off, t.requires_grad"] = functools.partial(contexts["off"].all_reduce, recorded, mesh, "dp")
-    batch = 100
+    batch = iterations["batch"]
     # This thread's CPU time: with no communication there is no waiting, so it is the Python cost alone, and other
     # work on the machine (which takes the CPU away from this process) does not count.
     got = _medians({label: _batched(fn, batch) for label, fn in ways.items()}, iterations["small"],
@@ -445,7 +445,9 @@ def checks_and_baselines(quick: bool) -> None:
           "`ctx.all_reduce(t, mesh, 'dp')` (check_tensors=True: new windows of calls met in the store, known ones "
           "checked every 64 calls off the caller's thread); every call = check_tensors='every-call' (a meeting in "
           "the store before every call); off = check_tensors=False.\n")
-    cost = fmesh.launch(functools.partial(_python_cost_rank, iterations={"small": 100 if quick else 1000}), 2,
+    # --quick: batches of 10 (the every-call mode meets in the store before each call: 10,000 meetings took 50 s)
+    cost_iterations = {"small": 100, "batch": 10} if quick else {"small": 1000, "batch": 100}
+    cost = fmesh.launch(functools.partial(_python_cost_rank, iterations=cost_iterations), 2,
                         timeout=900, context_options={"timeout": 120}, start_method="spawn")[0]
     print("| the Python cost per call: 1 KiB, the dp axis on torch's fake backend (no communication) | µs |")
     print("| --- | ---: |")
@@ -456,10 +458,10 @@ def checks_and_baselines(quick: bool) -> None:
     print(f"| fmesh default - bare c10d | {values['fmesh default'] - values['bare c10d']:.2f} |")
     print(f"| fmesh default, t.requires_grad - (bare c10d + clone) | "
           f"{values['fmesh default, t.requires_grad'] - values['bare c10d + clone']:.2f} |")
-    print("\n2 processes; each call timed in batches of 100 on the calling thread's CPU clock (no communication, so no "
-          "waiting: the Python cost alone, whatever else the machine runs), medians of the batches, every way "
-          "interleaved; the store and the members' check are real (a checkpoint's store operations run on the "
-          "watch's thread, not counted here).\n")
+    print(f"\n2 processes; each call timed in batches of {cost_iterations['batch']} on the calling thread's CPU clock "
+          "(no communication, so no waiting: the Python cost alone, whatever else the machine runs), medians of the "
+          "batches, every way interleaved; the store and the members' check are real (a checkpoint's store "
+          "operations run on the watch's thread, not counted here).\n")
 
 
 def _sp_block_rank(ctx: Any, iterations: dict[str, int], sizes: list[tuple[int, int]]) -> list[tuple[Any, ...]]:
