@@ -81,3 +81,27 @@ def test_the_pulse_beats_until_its_board_leaves() -> None:
     (pulse,) = board.pulse
     board.leave(aborted=False)
     assert not board.pulse and not pulse.thread.is_alive()  # its thread ended with the board
+
+
+def test_a_rank_that_came_to_the_start_and_stood_still_ends_the_meeting_naming_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start's watchers read the heartbeats of the ranks that came, by their place of arrival (whose value names
+    the rank): rank 2 came first and never beat again, rank 1 never came; rank 0, a watcher, raises ``RankLostError``
+    naming rank 2 (not rank 1: a rank that never came may be slow to start, and keeps the timeout)."""
+    import fmesh
+    from fmesh.context.store import arrivals, keys, rendezvous
+
+    monkeypatch.setattr(arrivals, "SILENT_SECONDS", 0.3)
+    store = dist.HashStore()
+    held = keys.starting("doc", 0)
+    store.add(held.arrivals, 1)  # rank 2 came first
+    store.add(keys.arrival_beat(held, 1), 3 + 2)  # its first beat: the world size, and its rank
+    beating: list = []
+    try:
+        with pytest.raises(fmesh.RankLostError, match=r"rank 2 is gone: its heartbeat stood still for \d+s \(the 1st"):
+            rendezvous.meet(store, rank=0, world_size=3, timeout=timedelta(seconds=patience(30)),
+                            numbered=lambda: held, beating=beating)
+    finally:
+        for pulse in beating:
+            pulse.stop()
+    assert int(store.get(keys.arrival_beat(held, 2))) % 3 == 0  # rank 0's own pulse beat its place (the 2nd)

@@ -138,7 +138,8 @@ class Board:
     # Every rank of the context is known to have come (the start's meeting proved it): a rank that posted no status
     # runs, so none posts that it does as it starts (a store operation per rank).
     present: bool = False
-    # This rank's heartbeat (started when the board opens, stopped when it leaves), shared by a recovery's ballots.
+    # This rank's heartbeat (started when the board opens, or handed over beating its key already: the start's;
+    # stopped when it leaves), shared by a recovery's ballots.
     pulse: list[Pulse] = attrs.field(factory=list, eq=False, repr=False)
     # The others' heartbeats as this rank last saw them: rank -> (counter, when it first read that value).
     beats: dict[int, tuple[int, float]] = attrs.field(factory=dict, eq=False, repr=False)
@@ -183,7 +184,10 @@ class Board:
             self.post(RUNNING)
         atexit.register(self.post_exit)
         # Where every rank is known to have come, a heartbeat not yet beaten reads as 0 (Board.silent): no first beat.
-        self.pulse.append(Pulse(self.store, self.keys.beat(self.rank)).start(first=not self.present))
+        if not self.pulse:
+            self.pulse.append(Pulse(self.store, self.keys.beat(self.rank)).start(first=not self.present))
+        elif not self.present:  # a pulse handed over (the start's, beating this board's key): its key exists now
+            self.store.add(self.keys.beat(self.rank), 1)
         return self
 
     def agree_options(self, mine: Mapping[str, str]) -> None:

@@ -9,8 +9,10 @@ members: :meth:`~fmesh.context.store.board.Board.silent`); one that stood still 
 watcher's own clock is gone, and the watcher posts it so (a final status, ``silent``), which ends every wait for it
 with an error naming it. The counter is compared with itself, never with a clock, so hosts whose clocks differ agree.
 
-A rank's pulse runs on a store connection of its own (its waits block on another), from the moment its context's
-board opens until it leaves it. A process frozen (SIGSTOP, a debugger) for :data:`SILENT_SECONDS` is called gone
+A rank's pulse runs on a store connection of its own (its waits block on another), from its arrival at the start's
+meeting (fmesh's ``env://`` rendezvous, where it beats the key of its place of arrival:
+:mod:`fmesh.context.store.arrivals`; its context's board then beats on with it), else from the moment its context's
+board opens, until the board leaves. A process frozen (SIGSTOP, a debugger) for :data:`SILENT_SECONDS` is called gone
 too: its peers cannot tell it from a dead one, and a frozen rank holds every collective of its groups.
 
 >>> import torch.distributed as dist
@@ -38,30 +40,61 @@ SILENT_SECONDS = 10.0
 # average of 15 on 2 cores, whose beats came seconds late).
 SETTLE_SECONDS = SILENT_SECONDS
 
-
 class Pulse:
     """The heartbeat of one rank: :meth:`start` beats once (the key exists once it returns; not where ``first`` is
-    False), then a daemon thread beats every ``every`` seconds on a clone of ``store`` until :meth:`stop`."""
+    False), then a daemon thread beats every ``every`` seconds on a clone of ``store`` until :meth:`stop`.
 
-    def __init__(self, store: dist.Store, key: str, every: float = PULSE_SECONDS) -> None:
-        self.key, self.every = key, every
+    Each beat adds ``step`` to the counter at ``key``, the first ``step + label``: a counter of a start's meeting,
+    keyed by the place of arrival, says whose it is (``label``, the rank, is its value modulo ``step``, the world
+    size: :mod:`fmesh.context.store.arrivals`). :meth:`retarget` moves the beats to another key (the start's pulse
+    goes on as its context's)."""
+
+    def __init__(self, store: dist.Store, key: str, every: float = PULSE_SECONDS, label: int = 0,
+                 step: int = 1) -> None:
+        self.every = every
         self.stopped = threading.Event()
         try:
-            self.store = store.clone()
+            own = store.clone()
         except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone (in-process): shared
-            self.store = store
+            own = store
+        # Where the beats go: the connection, the key, what a beat adds (one tuple: the thread reads it whole).
+        self.target: tuple[dist.Store, str, int] = (own, key, step)
+        self.label = label
         self.thread = threading.Thread(target=self._run, name="fmesh-pulse", daemon=True)
 
-    def start(self, first: bool = True) -> Pulse:
+    @property
+    def store(self) -> dist.Store:
+        """The pulse's own connection to the store."""
+        return self.target[0]
+
+    @property
+    def key(self) -> str:
+        return self.target[1]
+
+    def start(self, first: bool = True, soon: bool = False) -> Pulse:
+        """Start beating: ``first``, once before returning (the key exists then); ``soon``, at once on the pulse's
+        thread (the caller does not wait for it: a start's meeting, whose watchers read a key not beaten yet as 0)."""
         if first:  # without it, peers read no key as a heartbeat of 0 where they know this rank came (Board.present)
-            self.store.add(self.key, 1)
+            self.beat()
+        self.thread = threading.Thread(target=self._run, args=(soon and not first,), name="fmesh-pulse", daemon=True)
         self.thread.start()
         return self
 
-    def _run(self) -> None:
-        while not self.stopped.wait(self.every):
+    def retarget(self, store: dist.Store, key: str, step: int = 1) -> None:
+        """Beat ``key`` of ``store`` (a view of this pulse's own connection) from the next beat on, ``step`` a beat."""
+        self.target, self.label = (store, key, step), 0
+
+    def beat(self) -> None:
+        """One beat (what the thread does every ``every`` seconds)."""
+        store, key, step = self.target
+        store.add(key, step + self.label)
+        self.label = 0
+
+    def _run(self, now: bool = False) -> None:
+        while now or not self.stopped.wait(self.every):
+            now = False
             try:
-                self.store.add(self.key, 1)
+                self.beat()
             except Exception:  # the store is gone: the peers' own errors name its host
                 return
 
