@@ -32,7 +32,7 @@ from fmesh.context.store.connections import Connections
 from fmesh.context.store.keys import ENDED_LIST, Keys
 from fmesh.context.store.keys import ended as ended_key
 from fmesh.context.store.meeting import Meeting
-from fmesh.context.store.pulse import SILENT_SECONDS, Pulse
+from fmesh.context.store.pulse import ANSWER_SECONDS, SILENT_SECONDS, Pulse, tcp_address
 from fmesh.context.store.records import (
     CLOSED,
     EXITED,
@@ -49,7 +49,7 @@ from fmesh.context.store.records import (
     ranks_of,
 )
 from fmesh.context.store.wait import ABORT_NOTICE_SECONDS, FIRST_LOOK_SECONDS, Waiter
-from fmesh.errors import RankLostError
+from fmesh.errors import RankLostError, StoreUnresponsiveError
 
 EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits to post that it exited
 AGREED_POSTED = 4  # how many of the groups a rank agreed on last it posts when it closes
@@ -61,10 +61,8 @@ def store_address(store: dist.Store) -> str:
     >>> store_address(dist.HashStore())
     ''
     """
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    host, port = getattr(store, "host", None), getattr(store, "port", None)
-    return f"the store at {host}:{port}; " if host is not None and port is not None else ""
+    address = tcp_address(store)
+    return f"the store at {address[0]}:{address[1]}; " if address is not None else ""
 
 
 def read_list(store: dist.Store, key: str) -> set[int]:
@@ -152,7 +150,7 @@ class Board:
 
     @waiter.default
     def _waiter(self) -> Waiter:
-        return Waiter(self.store, self.rank, self.connections.halted, self.grace)
+        return Waiter(self.store, self.rank, self.connections.halted, self.grace, unanswered=self.store_silence)
 
     # ------------------------------------------------------------ this rank's status
 
@@ -371,9 +369,35 @@ class Board:
         marked = read_list(self.launcher_store, ENDED_LIST)
         return [rank for rank in ranks if rank in marked]
 
+    def store_silence(self, doing: str = "waiting on it") -> RankLostError | None:
+        """:class:`~fmesh.StoreUnresponsiveError` once this rank's heartbeat saw the store stop answering (its
+        connections to it are cut then: :mod:`fmesh.context.store.pulse`), a ``RankLostError`` once it saw this
+        process stopped past the bound (its peers called it gone), else None."""
+        for pulse in self.pulse:
+            if pulse.unanswered:
+                host = ("torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True) else
+                        "rank 0, unless it was made outside the ranks")
+                return StoreUnresponsiveError(
+                    f"on rank {self.rank}: {store_address(self.store) or 'the store; '}hosted by {host}, stopped "
+                    f"answering: no answer to this rank's heartbeat for {time.monotonic() - pulse.unanswered[0]:.0f}s "
+                    f"(more than {ANSWER_SECONDS:g}s), nor to a fresh connection, while {doing}. Its host is frozen "
+                    "(SIGSTOP, a debugger), starved, or its machine unreachable; this rank's connections to it are "
+                    "cut. No group can be made or recovered without it: restart the job (a store hosted outside the "
+                    "ranks survives a rank's freeze)")
+            if pulse.paused:
+                return RankLostError(
+                    f"on rank {self.rank}: this process did not run for {pulse.paused[0]:.0f}s (stopped by SIGSTOP or "
+                    "a debugger, or starved) while the store answered others: its peers called it gone (a heartbeat "
+                    f"silent for {SILENT_SECONDS:g}s) or, where it hosts the store, saw the store stop answering. See "
+                    "their errors; recover without this rank, or restart the job")
+        return None
+
     def store_gone(self, doing: str, error: BaseException) -> RankLostError:
-        """The error of a rank whose store connection broke (``error``) while ``doing``: its host is gone. Names the
-        store's address where it has one."""
+        """The error of a rank whose store connection broke (``error``) while ``doing``: its host is gone (or stopped
+        answering: :meth:`store_silence`). Names the store's address where it has one."""
+        silence = self.store_silence(doing)
+        if silence is not None:
+            return silence
         cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return RankLostError(
             f"on rank {self.rank}: the store is unreachable while {doing}: its host is gone (rank 0, unless "

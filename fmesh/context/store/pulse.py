@@ -15,6 +15,14 @@ meeting (fmesh's ``env://`` rendezvous, where it beats the key of its place of a
 board opens, until the board leaves. A process frozen (SIGSTOP, a debugger) for :data:`SILENT_SECONDS` is called gone
 too: its peers cannot tell it from a dead one, and a frozen rank holds every collective of its groups.
 
+The pulse also watches the store: a beat whose answer does not come within :data:`ANSWER_SECONDS` (its connection's
+reads are bounded so) means the store's host stopped answering (frozen by SIGSTOP or a debugger, starved, its machine
+unreachable), unless a fresh connection is answered within :data:`PROBE_SECONDS` (then this process was the one
+stopped). Either way the pulse notes it (:attr:`Pulse.unanswered`, :attr:`Pulse.paused`) and ends; where the host
+stopped answering it first cuts this process's connections to the store, so that every wait on it ends at once
+(the waits raise :class:`~fmesh.StoreUnresponsiveError`, :meth:`fmesh.context.store.board.Board.store_silence`),
+and no later operation reads an answer meant for an earlier one once the host is resumed.
+
 >>> import torch.distributed as dist
 >>> store = dist.HashStore(); pulse = Pulse(store, "beat/0").start()
 >>> int(store.get("beat/0")) >= 1
@@ -26,8 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import torch.distributed as dist
+
+from fmesh.context.store.connections import bound_replies, shut, sockets_to
 
 # How often a rank's pulse beats: the store's cost (one add a second per rank) against how soon a silence shows.
 PULSE_SECONDS = 1.0
@@ -39,6 +50,47 @@ SILENT_SECONDS = 10.0
 # its heartbeat before it calls it gone: a whole silence (3 s called a living rank gone on a machine with a load
 # average of 15 on 2 cores, whose beats came seconds late).
 SETTLE_SECONDS = SILENT_SECONDS
+# How long a beat waits for the store's answer before the pulse asks whether the store's host stopped answering: far
+# above any answer of a working store (milliseconds; seconds under the heaviest load measured), and short enough that
+# with a beat's period and PROBE_SECONDS a frozen host is named within the death bound (30 s).
+ANSWER_SECONDS = 15.0
+# How long a fresh connection may take to be answered, where a beat was not: answered, this process was stopped (or
+# starved), not the store's host.
+PROBE_SECONDS = 3.0
+
+
+def tcp_address(store: dist.Store) -> tuple[str, int] | None:
+    """The host and port of a TCP store (under any prefixes), or None.
+
+    >>> tcp_address(dist.HashStore()) is None
+    True
+    """
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return (str(store.host), int(store.port)) if isinstance(store, dist.TCPStore) else None
+
+
+def answers(store: dist.Store, seconds: float = PROBE_SECONDS) -> bool:
+    """Whether a fresh connection to ``store`` is answered within ``seconds`` (on a daemon thread: a connection to a
+    stopped host never returns, and is left behind).
+
+    >>> answers(dist.HashStore())
+    True
+    """
+    answered = threading.Event()
+
+    def probe() -> None:
+        with contextlib.suppress(Exception):
+            try:
+                fresh = store.clone()
+            except (NotImplementedError, AttributeError):  # an in-process store: it answers
+                fresh = store
+            fresh.check(["fmesh/probe"])
+            answered.set()
+
+    threading.Thread(target=probe, name="fmesh-store-probe", daemon=True).start()
+    return answered.wait(seconds)
+
 
 class Pulse:
     """The heartbeat of one rank: :meth:`start` beats once (the key exists once it returns; not where ``first`` is
@@ -53,10 +105,18 @@ class Pulse:
                  step: int = 1) -> None:
         self.every = every
         self.stopped = threading.Event()
+        self.origin, self.address = store, tcp_address(store)
+        before = sockets_to(*self.address) if self.address is not None else frozenset()
         try:
             own = store.clone()
         except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone (in-process): shared
             own = store
+        if self.address is not None and own is not store:  # its reads bounded: a beat unanswered fails
+            bound_replies(sockets_to(*self.address) - before, ANSWER_SECONDS)
+        # How long a beat went unanswered where the store's host stopped answering (then this process's connections to
+        # it were cut), or this process was stopped (a fresh connection was answered): set once, as the pulse ends.
+        self.unanswered: list[float] = []
+        self.paused: list[float] = []
         # Where the beats go: the connection, the key, what a beat adds (one tuple: the thread reads it whole).
         self.target: tuple[dist.Store, str, int] = (own, key, step)
         self.label = label
@@ -91,12 +151,33 @@ class Pulse:
         self.label = 0
 
     def _run(self, now: bool = False) -> None:
-        while now or not self.stopped.wait(self.every):
+        while True:
+            slept = time.monotonic()
+            if not now and self.stopped.wait(self.every):
+                return
+            overslept = time.monotonic() - slept - (0.0 if now else self.every)
             now = False
+            if overslept >= ANSWER_SECONDS:  # this process did not run (SIGSTOP, a debugger): its peers went on
+                self.paused.append(overslept)
+                return
+            began = time.monotonic()
             try:
                 self.beat()
-            except Exception:  # the store is gone: the peers' own errors name its host
+            except Exception:  # the store is gone (the peers' own errors name its host), or did not answer
+                waited = time.monotonic() - began
+                if self.address is not None and waited >= ANSWER_SECONDS * 0.9 and not self.stopped.is_set():
+                    self._unanswered(waited)
                 return
+
+    def _unanswered(self, waited: float) -> None:
+        """A beat went unanswered for ``waited`` seconds: this process was stopped (a fresh connection is answered), or
+        the store's host stopped answering (then every connection of this process to it is cut)."""
+        if answers(self.origin):
+            self.paused.append(waited)
+            return
+        assert self.address is not None
+        self.unanswered.append(time.monotonic() - waited)  # when the beat that went unanswered was sent
+        shut(sockets_to(*self.address))
 
     def stop(self) -> None:
         """End the beats (the thread ends at once, unless it is inside a store operation: then within ``every``)."""
