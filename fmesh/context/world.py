@@ -32,7 +32,7 @@ from fmesh.context.options import DEFAULT_TIMEOUT, normalize_backend
 from fmesh.context.store import keys, rendezvous
 from fmesh.context.store.arrivals import Silent, Vigil, silence
 from fmesh.context.store.board import Board, read_list
-from fmesh.context.store.pulse import SILENT_SECONDS, Pulse
+from fmesh.context.store.pulse import Pulse, pulse_seconds, silent_seconds
 from fmesh.context.store.rendezvous import START_LOOK_GAP_SECONDS
 from fmesh.errors import GroupTimeoutError, LaunchError, MeshMismatchError, RankLostError, RecoveryError
 from fmesh.layout.int_tuple import is_int
@@ -393,8 +393,10 @@ class World:
                         timeout=connecting,
                     )
                 except RuntimeError as error:  # a recovered world's caller names the ranks that ended (a RecoveryError)
+                    # A set-up that failed at once (not timed out) gives the watchers a silence to see who died.
+                    watch = silent_seconds(met.world_size) + START_LOOK_GAP_SECONDS if met is not None else 0.0
                     if met is not None and met.pulse is not None and (quiet := met.silent(
-                            0.0 if _set_up_timed_out(error) else SILENT_SECONDS + START_LOOK_GAP_SECONDS)):
+                            0.0 if _set_up_timed_out(error) else watch)):
                         raise rendezvous.silent_error(quiet, met.rank, "while torch set up the job's default "
                                                       f"group ({type(error).__name__})") from error
                     if generation or not _set_up_timed_out(error):
@@ -541,6 +543,7 @@ class World:
             self.pulse.retarget(own, keys.Keys(prefix).beat(self.rank))
             beating.append(self.pulse)
         board = Board(store, prefix, self.rank, creation_timeout, pulse=beating,
+                      beat_every=pulse_seconds(self.world_size),
                       launcher_store=_torch.root_store(store) if self.generation == 0 else None, present=agreed).open()
         try:
             if not agreed:

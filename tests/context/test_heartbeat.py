@@ -89,9 +89,9 @@ def test_a_rank_that_came_to_the_start_and_stood_still_ends_the_meeting_naming_i
     the rank): rank 2 came first and never beat again, rank 1 never came; rank 0, a watcher, raises ``RankLostError``
     naming rank 2 (not rank 1: a rank that never came may be slow to start, and keeps the timeout)."""
     import fmesh
-    from fmesh.context.store import arrivals, keys, rendezvous
+    from fmesh.context.store import keys, pulse, rendezvous
 
-    monkeypatch.setattr(arrivals, "SILENT_SECONDS", 0.3)
+    monkeypatch.setattr(pulse, "SILENT_SECONDS", 0.3)  # the silence of a beat a second (pulse.silent_seconds)
     store = dist.HashStore()
     held = keys.starting("doc", 0)
     store.add(held.arrivals, 1)  # rank 2 came first
@@ -105,3 +105,23 @@ def test_a_rank_that_came_to_the_start_and_stood_still_ends_the_meeting_naming_i
         for pulse in beating:
             pulse.stop()
     assert int(store.get(keys.arrival_beat(held, 2))) % 3 == 0  # rank 0's own pulse beat its place (the 2nd)
+
+
+def test_the_pulse_slows_with_the_world_so_the_stores_beat_load_stays_bounded() -> None:
+    """A beat a second per rank up to BEATS_PER_SECOND ranks, then less often: the store takes at most that many beats
+    a second from all the ranks together, whatever the world size, and the silence that calls a rank gone is as many
+    beats' worth as at a beat a second (so a death is named within 30 s up to 4,096 ranks)."""
+    from fmesh.context.store import pulse
+
+    for world in (1, 2, 1000, 4096, 4097, 16_384, 131_072, 2**31 - 1):
+        every = pulse.pulse_seconds(world)
+        assert every >= pulse.PULSE_SECONDS and world / every <= pulse.BEATS_PER_SECOND, (world, every)
+        assert pulse.silent_seconds(world) == pulse.SILENT_SECONDS * every / pulse.PULSE_SECONDS, world
+    assert pulse.pulse_seconds(4096) == pulse.PULSE_SECONDS and pulse.silent_seconds(4096) == pulse.SILENT_SECONDS
+    assert pulse.pulse_seconds(16_384) == 4.0 and pulse.silent_seconds(16_384) == 40.0
+    # a board of a world that large beats that often, and waits that long for a member's heartbeat to move
+    board = Board(dist.HashStore(), "hb", 0, timedelta(seconds=5), beat_every=pulse.pulse_seconds(16_384)).open()
+    try:
+        assert board.pulse[0].every == 4.0 and board.silence == 40.0
+    finally:
+        board.leave(aborted=False)

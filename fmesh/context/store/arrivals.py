@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from fmesh.context.store.board import absent
 from fmesh.context.store.keys import MeetingKeys, arrival_beat, arrival_silence
-from fmesh.context.store.pulse import SILENT_SECONDS
+from fmesh.context.store.pulse import silent_seconds
 from fmesh.context.store.wait import FIRST_LOOK_SECONDS
 
 SILENT = "silent"  # a verdict: the places of arrival that follow, in JSON, stood still (a heartbeat's silence)
@@ -102,7 +102,7 @@ class Arrivals:
             seen = self.beats.get(place)
             if seen is None or seen[0] != value:
                 self.beats[place] = (value, now)
-            elif now - seen[1] >= SILENT_SECONDS:
+            elif now - seen[1] >= silent_seconds(self.world_size):
                 quiet.append(place)
         if not quiet:
             return []

@@ -32,7 +32,7 @@ from fmesh.context.store.connections import Connections
 from fmesh.context.store.keys import ENDED_LIST, Keys
 from fmesh.context.store.keys import ended as ended_key
 from fmesh.context.store.meeting import Meeting
-from fmesh.context.store.pulse import ANSWER_SECONDS, SILENT_SECONDS, Pulse, tcp_address
+from fmesh.context.store.pulse import ANSWER_SECONDS, PULSE_SECONDS, SILENT_SECONDS, Pulse, tcp_address
 from fmesh.context.store.records import (
     CLOSED,
     EXITED,
@@ -139,6 +139,9 @@ class Board:
     # This rank's heartbeat (started when the board opens, or handed over beating its key already: the start's;
     # stopped when it leaves), shared by a recovery's ballots.
     pulse: list[Pulse] = attrs.field(factory=list, eq=False, repr=False)
+    # How often this rank's heartbeat beats (fmesh.context.store.pulse.pulse_seconds of the world's size): the
+    # others' too, so a silence is that many beats' worth (silence).
+    beat_every: float = PULSE_SECONDS
     # The others' heartbeats as this rank last saw them: rank -> (counter, when it first read that value).
     beats: dict[int, tuple[int, float]] = attrs.field(factory=dict, eq=False, repr=False)
     keys: Keys = attrs.field(init=False, eq=False, repr=False)
@@ -183,7 +186,8 @@ class Board:
         atexit.register(self.post_exit)
         # Where every rank is known to have come, a heartbeat not yet beaten reads as 0 (Board.silent): no first beat.
         if not self.pulse:
-            self.pulse.append(Pulse(self.store, self.keys.beat(self.rank)).start(first=not self.present))
+            self.pulse.append(Pulse(self.store, self.keys.beat(self.rank), self.beat_every).start(
+                first=not self.present))
         elif not self.present:  # a pulse handed over (the start's, beating this board's key): its key exists now
             self.store.add(self.keys.beat(self.rank), 1)
         return self
@@ -277,6 +281,16 @@ class Board:
         never_posted = Status(RUNNING if self.present else MISSING)
         return {rank: Status.loads(bytes(read[rank])) if rank in read else never_posted for rank in ranks}
 
+    @property
+    def silence(self) -> float:
+        """How long a member's heartbeat must stand still before this rank calls it gone: :data:`~fmesh.context.
+        store.pulse.SILENT_SECONDS` for a beat a second, as many beats' worth for a slower pulse (a large world's).
+
+        >>> Board(dist.HashStore(), "doc", 0, timedelta(seconds=1), beat_every=4.0).silence
+        40.0
+        """
+        return SILENT_SECONDS * self.beat_every / PULSE_SECONDS
+
     def current(self, statuses: dict[int, Status]) -> dict[int, Status]:
         """``statuses`` as they stand now: an agreement leaves its members' statuses at "waiting at K" (setting them
         back costs a store operation per member and agreement), so a rank waiting at a group whose verdict is written
@@ -326,7 +340,7 @@ class Board:
         beating = others if self.present else [r for r in others if r not in never]
         if not beating:
             return []
-        quiet, moved = self._still(beating, SILENT_SECONDS, unborn)
+        quiet, moved = self._still(beating, self.silence, unborn)
         # Those not seen to beat, whose value this rank has not seen stand for ``settle`` yet: watched until it has.
         young = [r for r in beating if r not in quiet and r not in moved
                  and time.monotonic() - self.beats[r][1] < settle]
@@ -388,7 +402,7 @@ class Board:
                 return RankLostError(
                     f"on rank {self.rank}: this process did not run for {pulse.paused[0]:.0f}s (stopped by SIGSTOP or "
                     "a debugger, or starved) while the store answered others: its peers called it gone (a heartbeat "
-                    f"silent for {SILENT_SECONDS:g}s) or, where it hosts the store, saw the store stop answering. See "
+                    f"silent for {self.silence:g}s) or, where it hosts the store, saw the store stop answering. See "
                     "their errors; recover without this rank, or restart the job")
         return None
 

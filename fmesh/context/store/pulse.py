@@ -50,6 +50,31 @@ SILENT_SECONDS = 10.0
 # its heartbeat before it calls it gone: a whole silence (3 s called a living rank gone on a machine with a load
 # average of 15 on 2 cores, whose beats came seconds late).
 SETTLE_SECONDS = SILENT_SECONDS
+# The most beats a second the store takes from all the ranks' heartbeats together: a rank beats every PULSE_SECONDS up
+# to this many ranks, then less often (pulse_seconds), so that the heartbeat's load on the store stays under about 4k
+# operations a second (a tenth of the capacity bench/scale.py measures), however large the world; the silence that
+# calls a rank gone grows with the period (silent_seconds), and so does the time from a death to its error.
+BEATS_PER_SECOND = 4096
+
+
+def pulse_seconds(world_size: int) -> float:
+    """How often each rank of a world of ``world_size`` beats: :data:`PULSE_SECONDS`, or less often past
+    :data:`BEATS_PER_SECOND` ranks, so that the store takes at most that many beats a second from them all.
+
+    >>> pulse_seconds(8), pulse_seconds(4096), pulse_seconds(16384), pulse_seconds(131072)
+    (1.0, 1.0, 4.0, 32.0)
+    """
+    return max(PULSE_SECONDS, world_size / BEATS_PER_SECOND)
+
+
+def silent_seconds(world_size: int) -> float:
+    """How long a watcher waits for a member's heartbeat to move, in a world of ``world_size``, before it calls the
+    member gone: :data:`SILENT_SECONDS` for a beat every second, as many beats' worth for a slower pulse.
+
+    >>> silent_seconds(1024), silent_seconds(16384)
+    (10.0, 40.0)
+    """
+    return SILENT_SECONDS * pulse_seconds(world_size) / PULSE_SECONDS
 # How long a beat waits for the store's answer before the pulse asks whether the store's host stopped answering: far
 # above any answer of a working store (milliseconds; seconds under the heaviest load measured), and short enough that
 # with a beat's period and PROBE_SECONDS a frozen host is named within the death bound (30 s).

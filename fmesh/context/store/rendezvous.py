@@ -58,7 +58,7 @@ from fmesh.context.store.keys import START_FAILED as FAILED
 from fmesh.context.store.keys import START_SEEN as SEEN
 from fmesh.context.store.keys import MeetingKeys, digest
 from fmesh.context.store.meeting import Meeting, watches
-from fmesh.context.store.pulse import Pulse
+from fmesh.context.store.pulse import Pulse, pulse_seconds
 from fmesh.context.store.records import MISMATCH, Verdict, options_differ
 from fmesh.context.store.wait import Waiter
 from fmesh.errors import GroupTimeoutError, LaunchError, MeshMismatchError, RankLostError
@@ -218,7 +218,7 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     # mismatch of the agendas, or of the Context options.
     arrived = meeting.arrive(ALL_CAME)
     if beating is not None:  # from its arrival: its first beat at once, on the pulse's thread
-        beating.append(Pulse(store, keys.arrival_beat(held, arrived), label=rank, step=world_size)
+        beating.append(Pulse(store, keys.arrival_beat(held, arrived), pulse_seconds(world_size), rank, world_size)
                        .start(first=False, soon=True))
     arrivals = Arrivals(store, held, world_size) if beating is not None and watches(arrived) else None
 
