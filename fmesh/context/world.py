@@ -538,9 +538,8 @@ class World:
         store = _torch.store_client(self.store())
         agreed = self.options_at_start == json.dumps(dict(options), sort_keys=True)  # in the start's meeting
         prefix, beating = keys.context_prefix(self.name, self.epoch), []
-        if self.pulse is not None:  # the start's heartbeat beats on as the board's, on its own connection
-            own = dist.PrefixStore(keys.DEFAULT_GROUP, self.pulse.store)  # the namespace of the default group's store
-            self.pulse.retarget(own, keys.Keys(prefix).beat(self.rank))
+        if self.pulse is not None:  # the start's heartbeat beats on as the board's (a connection to its store)
+            self.pulse.retarget(store, keys.Keys(prefix).beat(self.rank))
             beating.append(self.pulse)
         board = Board(store, prefix, self.rank, creation_timeout, pulse=beating,
                       beat_every=pulse_seconds(self.world_size),

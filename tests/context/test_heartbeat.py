@@ -125,3 +125,25 @@ def test_the_pulse_slows_with_the_world_so_the_stores_beat_load_stays_bounded() 
         assert board.pulse[0].every == 4.0 and board.silence == 40.0
     finally:
         board.leave(aborted=False)
+
+
+def beats_seen(ctx: object) -> tuple[int | None, int | None]:
+    """The other rank's heartbeat at its board's key, read twice, 2.5 s apart (None: not there)."""
+    board = ctx._board  # type: ignore[attr-defined]
+    key = board.keys.beat(1 - board.rank)
+    seen = []
+    for _ in range(2):
+        time.sleep(2.5)
+        seen.append(int(board.store.get(key)) if board.store.check([key]) else None)
+    return seen[0], seen[1]
+
+
+@pytest.mark.slow
+def test_the_starts_heartbeat_beats_on_at_the_boards_key() -> None:
+    """The pulse each rank starts as it arrives at the start's meeting goes on as its context's board's: a peer reads it
+    moving at the board's key (the pulse's connection is a clone of the board's store, in whatever namespaces torch
+    wrapped it: beats sent elsewhere would read as a heartbeat never beaten, and the rank called gone after 10 s)."""
+    import fmesh
+
+    for first, second in fmesh.launch(beats_seen, 2, timeout=patience(60, 2)):
+        assert first is not None and second is not None and second > first, (first, second)

@@ -131,13 +131,7 @@ class Pulse:
         self.every = every
         self.stopped = threading.Event()
         self.origin, self.address = store, tcp_address(store)
-        before = sockets_to(*self.address) if self.address is not None else frozenset()
-        try:
-            own = store.clone()
-        except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone (in-process): shared
-            own = store
-        if self.address is not None and own is not store:  # its reads bounded: a beat unanswered fails
-            bound_replies(sockets_to(*self.address) - before, ANSWER_SECONDS)
+        own = self._connect(store)
         # How long a beat went unanswered where the store's host stopped answering (then this process's connections to
         # it were cut), or this process was stopped (a fresh connection was answered): set once, as the pulse ends.
         self.unanswered: list[float] = []
@@ -165,9 +159,23 @@ class Pulse:
         self.thread.start()
         return self
 
+    def _connect(self, store: dist.Store) -> dist.Store:
+        """A connection of the pulse's own to ``store`` (its reads bounded by :data:`ANSWER_SECONDS`: a beat
+        unanswered fails), or ``store`` itself where it cannot be cloned (an in-process store)."""
+        before = sockets_to(*self.address) if self.address is not None else frozenset()
+        try:
+            own = store.clone()
+        except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone (in-process): shared
+            return store
+        if self.address is not None:
+            bound_replies(sockets_to(*self.address) - before, ANSWER_SECONDS)
+        return own
+
     def retarget(self, store: dist.Store, key: str, step: int = 1) -> None:
-        """Beat ``key`` of ``store`` (a view of this pulse's own connection) from the next beat on, ``step`` a beat."""
-        self.target, self.label = (store, key, step), 0
+        """Beat ``key`` of ``store`` from the next beat on, ``step`` a beat, on a connection of its own to it (a
+        clone: the same namespaces, whatever torch wrapped the store in), which replaces the pulse's."""
+        self.origin, self.address = store, tcp_address(store)
+        self.target, self.label = (self._connect(store), key, step), 0
 
     def beat(self) -> None:
         """One beat (what the thread does every ``every`` seconds)."""
