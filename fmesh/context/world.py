@@ -393,10 +393,11 @@ class World:
                         timeout=connecting,
                     )
                 except RuntimeError as error:  # a recovered world's caller names the ranks that ended (a RecoveryError)
-                    # A set-up that failed at once (not timed out) gives the watchers a silence to see who died.
-                    watch = silent_seconds(met.world_size) + START_LOOK_GAP_SECONDS if met is not None else 0.0
+                    # A set-up that failed at once (not timed out) gives the watchers a silence to see who died; one
+                    # that timed out (the watchers watched all along) a look's gap more.
+                    watch = silent_seconds(met.world_size) if met is not None else 0.0
                     if met is not None and met.pulse is not None and (quiet := met.silent(
-                            0.0 if _set_up_timed_out(error) else watch)):
+                            START_LOOK_GAP_SECONDS + (0.0 if _set_up_timed_out(error) else watch))):
                         raise rendezvous.silent_error(quiet, met.rank, "while torch set up the job's default "
                                                       f"group ({type(error).__name__})") from error
                     if generation or not _set_up_timed_out(error):

@@ -253,7 +253,8 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
         raise RankLostError(f"on rank {rank}: the store this job meets in is unreachable while its processes "
                             f"start (its host, rank 0 or torchrun's agent, is gone): {error}") from None
     if outcome == ALL_CAME and arrivals is not None and beating and watching is not None:
-        watching.append(Vigil(beating[0].store, held, world_size))
+        # A look every two beats' periods: each reads every rank's counter (one multi_get of world_size keys).
+        watching.append(Vigil(beating[0].store, held, world_size, every=2 * pulse_seconds(world_size)))
     if outcome is None:
         missing = _unclaimed(store, world_size)
         raise GroupTimeoutError(
