@@ -31,6 +31,7 @@ __all__ = [
     "RecoveryError",
     "RemoteTraceback",
     "SpmdTypeError",
+    "StoreUnresponsiveError",
     "TensorMismatchError",
     "UnpicklableObjectError",
     "UnsupportedTorchError",
@@ -91,6 +92,23 @@ class RankLostError(RuntimeError):
     Traceback (most recent call last):
     ...
     fmesh.RankLostError: on rank 0: rank 1 failed: ValueError: bad batch, instead of creating this group ...
+    """
+
+
+class StoreUnresponsiveError(RankLostError):
+    """The job's store stopped answering: its host (rank 0's process, or torchrun's agent) is frozen (SIGSTOP, a
+    debugger), starved, or its machine unreachable, past the bound a rank waits for an answer.
+
+    Raised on every rank whose heartbeat's store operation went unanswered for 15 s
+    (``fmesh.context.store.pulse.ANSWER_SECONDS``, and a fresh connection's for 3 s), in place of a wait as long as
+    the freeze: its connections to the store are cut then, so no wait of fmesh's (nor torch's) blocks on it longer.
+    It names the store's address and who hosts it. No group can be made or recovered without the store: restart the
+    job (a store hosted outside the ranks survives a rank's freeze).
+
+    >>> raise StoreUnresponsiveError("on rank 1: the store at node0:29500 (rank 0 hosts it) stopped answering")
+    Traceback (most recent call last):
+    ...
+    fmesh.errors.StoreUnresponsiveError: on rank 1: the store at node0:29500 (rank 0 hosts it) stopped answering
     """
 
 

@@ -25,7 +25,6 @@ import torch.distributed as dist
 from fmesh.context.options import GroupSettings
 from fmesh.context.store import recovery_vote
 from fmesh.context.store.board import Board
-from fmesh.context.store.pulse import SETTLE_SECONDS
 from fmesh.context.store.records import GONE_STATES
 from fmesh.context.store.recovery_vote import HeldGroup
 from fmesh.context.world import World
@@ -84,7 +83,7 @@ class RecoveryTries:
                 return sorted({*board.ended(ranks), *left})
 
             dead = known()
-            if failed and not dead and board.silent(ranks, settle=SETTLE_SECONDS):
+            if failed and not dead and board.silent(ranks, settle=board.silence):
                 dead = known()
             return dead
 

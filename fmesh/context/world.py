@@ -18,6 +18,7 @@ import gc
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -29,7 +30,10 @@ import torch.distributed as dist
 from fmesh.context import _torch, slurm
 from fmesh.context.options import DEFAULT_TIMEOUT, normalize_backend
 from fmesh.context.store import keys, rendezvous
+from fmesh.context.store.arrivals import Silent, Vigil, silence
 from fmesh.context.store.board import Board, read_list
+from fmesh.context.store.pulse import Pulse, pulse_seconds, silent_seconds
+from fmesh.context.store.rendezvous import START_LOOK_GAP_SECONDS
 from fmesh.errors import GroupTimeoutError, LaunchError, MeshMismatchError, RankLostError, RecoveryError
 from fmesh.layout.int_tuple import is_int
 
@@ -149,6 +153,29 @@ class Met:
     world_size: int
     epoch: int
     meeting: keys.MeetingKeys
+    # This rank's heartbeat, from its arrival at the meeting (its context's board beats on with it).
+    pulse: Pulse | None = attrs.field(default=None, eq=False, repr=False)
+    # A watcher's watch of the others' heartbeats while torch sets up the default group (stopped once it is).
+    vigil: Vigil | None = attrs.field(default=None, eq=False, repr=False)
+
+    def stop_watching(self) -> None:
+        """End the watch of the others' heartbeats (the start is over)."""
+        if self.vigil is not None:
+            self.vigil.stop()
+
+    def silent(self, waited: float) -> list[Silent]:
+        """The ranks that came and whose heartbeats a watcher saw stand still since (:func:`~fmesh.context.store.
+        arrivals.silence`), looked for each second for up to ``waited`` seconds (a set-up that failed at once gives
+        the watchers a heartbeat's silence to see it)."""
+        deadline = time.monotonic() + waited
+        while True:
+            with contextlib.suppress(Exception):  # the store may be gone: the set-up's own error says so
+                quiet = silence(self.store, self.meeting)
+                if quiet or time.monotonic() >= deadline:
+                    return quiet
+            if time.monotonic() >= deadline:
+                return []
+            time.sleep(1.0)
 
 
 def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None, timeout: timedelta,
@@ -157,7 +184,8 @@ def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None, t
     ``options``; the meeting is numbered by the epoch of the Context ``name`` it starts (one ``add``, which numbers
     that Context too). A rank that fails while the others wait for it (any error but the ones the rendezvous reports
     itself) posts its error first, so that they stop waiting at once; a rank whose process the launcher saw end
-    (:func:`launcher_ended`) ends the wait too."""
+    (:func:`launcher_ended`) ends the wait too, and so does a rank that came whose heartbeat (started as it arrived:
+    :attr:`Met.pulse`) stood still."""
     try:
         store, rank, world_size = rendezvous.open_store(environ, rank, world_size, timeout)
     except ValueError as error:
@@ -167,6 +195,8 @@ def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None, t
         rendezvous.report_bad_environment(environ, error, host=False)
         raise
     epochs: list[int] = []
+    beating: list[Pulse] = []
+    watching: list[Vigil] = []
 
     def numbered() -> keys.MeetingKeys:  # the Context's epoch, counted where its later contexts count theirs
         epochs.append(int(dist.PrefixStore(keys.DEFAULT_GROUP, store).add(keys.contexts_made(name, rank), 1)) - 1)
@@ -175,14 +205,27 @@ def _met(environ: Mapping[str, str], rank: int | None, world_size: int | None, t
     try:
         meeting = rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout,
                                   hosts=rendezvous.hosts_store(environ, rank), agenda=agenda, options=options,
-                                  gone=launcher_ended(store, world_size), numbered=numbered)
+                                  gone=launcher_ended(store, world_size), numbered=numbered, beating=beating,
+                                  watching=watching)
     except (ValueError, LaunchError, RankLostError, GroupTimeoutError, MeshMismatchError):  # reported, or another's
+        _stop(beating, watching)
         raise
     except Exception as error:
+        _stop(beating, watching)
         with contextlib.suppress(Exception):  # the report is a courtesy: this process's own error matters more
             rendezvous.post_failure(store, {k: environ[k] for k in rendezvous.ENVIRONMENT if k in environ}, error)
         raise
-    return Met(store, rank, world_size, epochs[0], meeting)
+    return Met(store, rank, world_size, epochs[0], meeting, beating[0] if beating else None,
+               watching[0] if watching else None)
+
+
+def _stop(pulses: Sequence[Pulse | None], watching: Sequence[Vigil] = ()) -> None:
+    """End the heartbeats of a start that failed (and a watcher's watch of the others')."""
+    for pulse in pulses:
+        if pulse is not None:
+            pulse.stop()
+    for vigil in watching:
+        vigil.stop()
 
 
 def launcher_ended(store: dist.Store, world_size: int) -> Callable[[], list[int]]:
@@ -193,7 +236,7 @@ def launcher_ended(store: dist.Store, world_size: int) -> Callable[[], list[int]
 
 
 def _connected(rank: int, world_size: int, timeout: timedelta, gone: Callable[[], list[int]],
-               after: tuple[dist.Store, keys.MeetingKeys] | None = None) -> None:
+               after: tuple[dist.Store, keys.MeetingKeys] | None = None, beats: bool = False) -> None:
     """Return once every rank's default group has connected: each counts itself in after the meeting the ranks held
     just before (``after``: its store and keys; the start's, or a recovery's), two store operations per rank
     (:func:`~fmesh.context.store.rendezvous.count_connected`), or, where no meeting of fmesh's started the world (a
@@ -201,11 +244,12 @@ def _connected(rank: int, world_size: int, timeout: timedelta, gone: Callable[[]
     it a rank that finished connecting and left at once (its program done, or failed) cut a peer still connecting
     to it, which then failed inside torch's set-up with the backend's raw error: the default group's start race.
     Not where the default group connects nothing as it starts (NCCL without a bound device makes its communicator
-    at the first collective): nothing races then."""
+    at the first collective): nothing races then. ``beats``: the ranks beat at the places of arrival of the meeting
+    ``after`` (the start's), and the watchers name one that stands still."""
     if str(dist.get_backend()) == "nccl" and _torch.bound_device() is None:
         return
     if after is not None:
-        rendezvous.count_connected(*after, rank=rank, world_size=world_size, timeout=timeout, gone=gone)
+        rendezvous.count_connected(*after, rank=rank, world_size=world_size, timeout=timeout, gone=gone, beats=beats)
         return
     store = dist.PrefixStore(keys.CONNECTED, _torch.default_store())
     rendezvous.meet(store, rank=rank, world_size=world_size, timeout=timeout, gone=gone)
@@ -272,6 +316,9 @@ class World:
     # The Context options the ranks agreed on in that meeting (JSON), or "" where none ran: its context agrees on
     # none again, and each of its ranks is known to have come (its status board need not say so).
     options_at_start: str = ""
+    # This rank's heartbeat since it came to the start's meeting (fmesh's env:// rendezvous), which its context's
+    # board beats on with (:meth:`board`); None where no such meeting ran.
+    pulse: Pulse | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def namespace(self) -> str:
@@ -333,35 +380,51 @@ class World:
             # setter runs fmesh but lazy groups, and connects under the collectives' timeout).
             if _torch.timeout_settable():
                 connect_timeout = min(connect_timeout or timeout, connect_bound(world_size))
-        if owns:
-            connecting = timeout if connect_timeout is None else min(timeout, connect_timeout)
-            try:
-                dist.init_process_group(
-                    backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"),
-                    init_method=init_method,
-                    rank=-1 if rank is None else rank,
-                    world_size=-1 if world_size is None else world_size,
-                    store=store,
-                    timeout=connecting,
+        try:
+            if owns:
+                connecting = timeout if connect_timeout is None else min(timeout, connect_timeout)
+                try:
+                    dist.init_process_group(
+                        backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+                        init_method=init_method,
+                        rank=-1 if rank is None else rank,
+                        world_size=-1 if world_size is None else world_size,
+                        store=store,
+                        timeout=connecting,
+                    )
+                except RuntimeError as error:  # a recovered world's caller names the ranks that ended (a RecoveryError)
+                    # A set-up that failed at once (not timed out) gives the watchers a silence to see who died; one
+                    # that timed out (the watchers watched all along) a look's gap more.
+                    watch = silent_seconds(met.world_size) if met is not None else 0.0
+                    if met is not None and met.pulse is not None and (quiet := met.silent(
+                            START_LOOK_GAP_SECONDS + (0.0 if _set_up_timed_out(error) else watch))):
+                        raise rendezvous.silent_error(quiet, met.rank, "while torch set up the job's default "
+                                                      f"group ({type(error).__name__})") from error
+                    if generation or not _set_up_timed_out(error):
+                        raise
+                    cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                    raise GroupTimeoutError(
+                        f"on rank {rank}: torch's set-up of the job's default group did not complete within "
+                        f"{connecting.total_seconds():g}s ({type(error).__name__}: {cause}): a rank died inside it, "
+                        f"or this machine is too loaded to connect {world_size} processes in that time. See the other "
+                        "ranks' errors first; raise creation_timeout if the machine is only slow") from error
+                if connecting < timeout and backend != "fake":
+                    _torch.set_group_timeout(None, timeout)
+                if backend != "fake" and dist.get_world_size() > 1:
+                    _connected(dist.get_rank(), dist.get_world_size(), connecting,
+                               gone or launcher_ended(_torch.default_store(), dist.get_world_size()), after,
+                               beats=met is not None and met.pulse is not None)
+            if met is not None:
+                met.stop_watching()
+            elif world_size is not None and world_size != dist.get_world_size():
+                raise ValueError(
+                    f"world_size={world_size}, but the default group already has {dist.get_world_size()} ranks"
                 )
-            except RuntimeError as error:  # a recovered world's caller names the ranks that ended (a RecoveryError)
-                if generation or not _set_up_timed_out(error):
-                    raise
-                cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                raise GroupTimeoutError(
-                    f"on rank {rank}: torch's set-up of the job's default group did not complete within "
-                    f"{connecting.total_seconds():g}s ({type(error).__name__}: {cause}): a rank died inside it, or "
-                    f"this machine is too loaded to connect {world_size} processes in that time. See the other ranks' "
-                    "errors first; raise creation_timeout if the machine is only slow") from error
-            if connecting < timeout and backend != "fake":
-                _torch.set_group_timeout(None, timeout)
-            if backend != "fake" and dist.get_world_size() > 1:
-                _connected(dist.get_rank(), dist.get_world_size(), connecting,
-                           gone or launcher_ended(_torch.default_store(), dist.get_world_size()), after)
-        elif world_size is not None and world_size != dist.get_world_size():
-            raise ValueError(
-                f"world_size={world_size}, but the default group already has {dist.get_world_size()} ranks"
-            )
+        except BaseException:
+            if met is not None:
+                met.stop_watching()
+                _stop([met.pulse])
+            raise
         backend = backend or str(dist.get_backend())
         size = int(dist.get_world_size())
         epoch = met.epoch if met is not None else 0  # counted as the start's meeting was numbered
@@ -381,6 +444,7 @@ class World:
             generation=generation,
             agreed_at_start=agreed,
             options_at_start=json.dumps(dict(options), sort_keys=True) if options is not None else "",
+            pulse=met.pulse if met is not None else None,
         )
 
     @classmethod
@@ -474,7 +538,12 @@ class World:
             return None
         store = _torch.store_client(self.store())
         agreed = self.options_at_start == json.dumps(dict(options), sort_keys=True)  # in the start's meeting
-        board = Board(store, keys.context_prefix(self.name, self.epoch), self.rank, creation_timeout,
+        prefix, beating = keys.context_prefix(self.name, self.epoch), []
+        if self.pulse is not None:  # the start's heartbeat beats on as the board's (a connection to its store)
+            self.pulse.retarget(store, keys.Keys(prefix).beat(self.rank))
+            beating.append(self.pulse)
+        board = Board(store, prefix, self.rank, creation_timeout, pulse=beating,
+                      beat_every=pulse_seconds(self.world_size),
                       launcher_store=_torch.root_store(store) if self.generation == 0 else None, present=agreed).open()
         try:
             if not agreed:
@@ -494,6 +563,8 @@ class World:
         """End the default group if this world initialised it: destroy it, or abort it (no waiting).
         Whether it ended one (then the caller collects garbage, so the C++ group goes while the interpreter
         is alive)."""
+        if self.pulse is not None:  # a board that took it stopped it already (a start whose context never made one)
+            self.pulse.stop()
         if not (self.owns_default_group and dist.is_initialized()):
             return False
         if abort:

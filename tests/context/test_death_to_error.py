@@ -116,3 +116,73 @@ def test_a_rank_killed_anywhere_is_named_within_30_s_with_the_default_timeouts(
         assert at - killed < within(BOUND), (rank, at - killed, message)
         if world == 4:  # recovered without both: the two survivors sum to 2
             assert kind == "RecoveryError" and total == 2.0, (rank, results[rank])
+
+
+def dying_at_start(where: str, marks: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the launched ranks (forked: they inherit the patches), rank 2 comes first to the start's meeting and is
+    killed there (``start meeting``: it arrived, and waits for the others, who come a second later: it is not the
+    last to arrive, whose arrival ends the wait), or is killed as torch sets up the default group after the meeting
+    (``torch's set-up``). Each rank writes down when its start raised."""
+    import torch.distributed as dist
+
+    from fmesh.context import world as world_module
+    from fmesh.context.store import rendezvous
+
+    def victim() -> bool:
+        return os.environ.get("RANK") == str(VICTIM)
+
+    claim = rendezvous._claim
+
+    def claim_late(*args: Any) -> None:
+        if where == "start meeting" and not victim():
+            time.sleep(1.0)
+        claim(*args)
+
+    class Dying(rendezvous.Waiter):  # type: ignore[misc]
+        def wait_for(self, key: str, *args: Any, **kwargs: Any) -> bytes | None:
+            if victim() and where == "start meeting" and not key.endswith("/connected/all"):
+                time.sleep(0.5)  # it came: its heartbeat beat
+                killed_here(marks)()
+            return super().wait_for(key, *args, **kwargs)  # type: ignore[no-any-return]
+
+    set_up = dist.init_process_group
+
+    def dying_set_up(*args: Any, **kwargs: Any) -> None:
+        if victim() and where == "torch's set-up":
+            killed_here(marks)()
+        set_up(*args, **kwargs)
+
+    start = world_module.World.start.__func__  # type: ignore[attr-defined]
+
+    def start_noting(cls: Any, **kwargs: Any) -> Any:
+        try:
+            return start(cls, **kwargs)
+        except BaseException:
+            (marks / f"raised-{os.environ.get('RANK')}").write_text(repr(time.time()))
+            raise
+
+    monkeypatch.setattr(rendezvous, "_claim", claim_late)
+    monkeypatch.setattr(rendezvous, "Waiter", Dying)
+    monkeypatch.setattr(world_module.World, "start", classmethod(start_noting))
+    monkeypatch.setattr(dist, "init_process_group", dying_set_up)
+
+
+@pytest.mark.parametrize("where", ["start meeting", "torch's set-up"])
+def test_a_rank_killed_in_the_start_after_it_came_is_named_within_30_s(
+        where: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    # No launcher's marks of the dead, as under torchrun: only the heartbeats the ranks beat from their arrival tell.
+    monkeypatch.setattr(importlib.import_module("fmesh.context.launch"), "mark_ended", lambda *args: None)
+    dying_at_start(where, tmp_path, monkeypatch)
+    world = 3
+    results = fmesh.launch(lambda ctx: ctx.rank, world, timeout=patience(150, world), return_exceptions=True,
+                           context_options={"timeout": 600, "creation_timeout": 120}, on_rank_loss="continue")
+    killed = float((tmp_path / "killed").read_text())
+    for rank in sorted(set(range(world)) - {VICTIM}):
+        error = results[rank]
+        assert isinstance(error, fmesh.RankLostError), (rank, results)
+        assert faults.blamed(str(error)) == {VICTIM}, (rank, str(error))
+        at = float((tmp_path / f"raised-{rank}").read_text())
+        assert at - killed < within(BOUND), (rank, at - killed, str(error))
+        print(f"{where}: rank {rank} raised {at - killed:.1f}s after the death: {error}")

@@ -81,3 +81,69 @@ def test_the_pulse_beats_until_its_board_leaves() -> None:
     (pulse,) = board.pulse
     board.leave(aborted=False)
     assert not board.pulse and not pulse.thread.is_alive()  # its thread ended with the board
+
+
+def test_a_rank_that_came_to_the_start_and_stood_still_ends_the_meeting_naming_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start's watchers read the heartbeats of the ranks that came, by their place of arrival (whose value names
+    the rank): rank 2 came first and never beat again, rank 1 never came; rank 0, a watcher, raises ``RankLostError``
+    naming rank 2 (not rank 1: a rank that never came may be slow to start, and keeps the timeout)."""
+    import fmesh
+    from fmesh.context.store import keys, pulse, rendezvous
+
+    monkeypatch.setattr(pulse, "SILENT_SECONDS", 0.3)  # the silence of a beat a second (pulse.silent_seconds)
+    store = dist.HashStore()
+    held = keys.starting("doc", 0)
+    store.add(held.arrivals, 1)  # rank 2 came first
+    store.add(keys.arrival_beat(held, 1), 3 + 2)  # its first beat: the world size, and its rank
+    beating: list = []
+    try:
+        with pytest.raises(fmesh.RankLostError, match=r"rank 2 is gone: its heartbeat stood still for \d+s \(the 1st"):
+            rendezvous.meet(store, rank=0, world_size=3, timeout=timedelta(seconds=patience(30)),
+                            numbered=lambda: held, beating=beating)
+    finally:
+        for pulse in beating:
+            pulse.stop()
+    assert int(store.get(keys.arrival_beat(held, 2))) % 3 == 0  # rank 0's own pulse beat its place (the 2nd)
+
+
+def test_the_pulse_slows_with_the_world_so_the_stores_beat_load_stays_bounded() -> None:
+    """A beat a second per rank up to BEATS_PER_SECOND ranks, then less often: the store takes at most that many beats
+    a second from all the ranks together, whatever the world size, and the silence that calls a rank gone is as many
+    beats' worth as at a beat a second (so a death is named within 30 s up to 4,096 ranks)."""
+    from fmesh.context.store import pulse
+
+    for world in (1, 2, 1000, 4096, 4097, 16_384, 131_072, 2**31 - 1):
+        every = pulse.pulse_seconds(world)
+        assert every >= pulse.PULSE_SECONDS and world / every <= pulse.BEATS_PER_SECOND, (world, every)
+        assert pulse.silent_seconds(world) == pulse.SILENT_SECONDS * every / pulse.PULSE_SECONDS, world
+    assert pulse.pulse_seconds(4096) == pulse.PULSE_SECONDS and pulse.silent_seconds(4096) == pulse.SILENT_SECONDS
+    assert pulse.pulse_seconds(16_384) == 4.0 and pulse.silent_seconds(16_384) == 40.0
+    # a board of a world that large beats that often, and waits that long for a member's heartbeat to move
+    board = Board(dist.HashStore(), "hb", 0, timedelta(seconds=5), beat_every=pulse.pulse_seconds(16_384)).open()
+    try:
+        assert board.pulse[0].every == 4.0 and board.silence == 40.0
+    finally:
+        board.leave(aborted=False)
+
+
+def beats_seen(ctx: object) -> tuple[int | None, int | None]:
+    """The other rank's heartbeat at its board's key, read twice, 2.5 s apart (None: not there)."""
+    board = ctx._board  # type: ignore[attr-defined]
+    key = board.keys.beat(1 - board.rank)
+    seen = []
+    for _ in range(2):
+        time.sleep(2.5)
+        seen.append(int(board.store.get(key)) if board.store.check([key]) else None)
+    return seen[0], seen[1]
+
+
+@pytest.mark.slow
+def test_the_starts_heartbeat_beats_on_at_the_boards_key() -> None:
+    """The pulse each rank starts as it arrives at the start's meeting goes on as its context's board's: a peer reads it
+    moving at the board's key (the pulse's connection is a clone of the board's store, in whatever namespaces torch
+    wrapped it: beats sent elsewhere would read as a heartbeat never beaten, and the rank called gone after 10 s)."""
+    import fmesh
+
+    for first, second in fmesh.launch(beats_seen, 2, timeout=patience(60, 2)):
+        assert first is not None and second is not None and second > first, (first, second)

@@ -8,6 +8,7 @@ asserted here.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import multiprocessing
@@ -257,6 +258,65 @@ def test_when_the_store_host_dies_no_survivor_names_itself() -> None:
         assert recovery[0] == "RecoveryError" and recovery[1] < within(2), (rank, recovery)  # at once (0.0 s measured)
         assert "the store they meet in is unreachable" in recovery[2], (rank, recovery)
         assert "host the store outside the ranks" in recovery[2], (rank, recovery)
+
+
+def store_host_freezes(rank: int, port: int, out: Any) -> None:
+    """Rank 0 hosts the store and stops itself (SIGSTOP) once its context started; ranks 1 and 2 wait for it at their
+    first collective's check of their calls, with the default timeouts (creation 2 minutes). Each puts (rank, error
+    kind, message, when) in ``out``; rank 0 first puts when it stopped, and its own outcome once resumed (SIGCONT)."""
+    os.environ.update(OMP_NUM_THREADS="1")
+    # The members' check of their calls meets in the store before each collective: there ranks 1 and 2 wait for rank 0.
+    ctx = Context(backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3, check_tensors=True)
+    mesh = fmesh.make_mesh((3,), ("dp",))
+    if rank == 0:
+        out.put(("stopped", os.getpid(), time.time()))
+        time.sleep(1.0)  # the queue's thread sends it (the stop is a second after the time put: a bound kept)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    try:
+        ctx.all_reduce(torch.ones(1), mesh, "dp")
+        out.put((rank, "ok", "", time.time()))
+    except Exception as error:
+        out.put((rank, type(error).__name__, str(error), time.time()))
+    out.close()
+    out.join_thread()  # sent before the process ends
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_a_frozen_store_host_is_named_within_30_s_and_told_so_when_resumed() -> None:
+    """A store whose host is frozen (SIGSTOP) past the bound: each rank waiting on it raises StoreUnresponsiveError
+    naming the store's address and its host within the death bound (30 s), instead of waiting the creation timeout
+    (2 minutes) for a GroupTimeoutError naming nobody; the host, resumed, is told that it did not run for that long."""
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    port = free_port()
+    procs = [context.Process(target=store_host_freezes, args=(rank, port, out)) for rank in range(3)]
+    for proc in procs:
+        proc.start()
+    try:
+        tag, pid, stopped = out.get(timeout=patience(60, 3))
+        assert tag == "stopped", (tag, pid, stopped)
+        waiting = dict((rank, rest) for rank, *rest in (out.get(timeout=patience(60, 3)) for _ in range(2)))
+        for rank, (kind, message, at) in waiting.items():
+            assert kind == "StoreUnresponsiveError", (rank, kind, message)
+            assert f"the store at 127.0.0.1:{port}; hosted by rank 0" in message, (rank, message)
+            assert "stopped answering" in message, (rank, message)
+            assert at - stopped < within(30), (rank, at - stopped, message)
+        os.kill(pid, signal.SIGCONT)
+        rank, kind, message, _ = out.get(timeout=patience(30, 3))
+        assert (rank, kind) == (0, "RankLostError") and "this process did not run for" in message, (rank, message)
+        print(f"ranks 1 and 2 raised {[round(at - stopped, 1) for _, _, at in waiting.values()]}s after the freeze: "
+              f"{waiting[1][1]}; rank 0, resumed: {message}")
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+            proc.join(timeout=patience(10, 3))
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        out.close()
+        out.join_thread()
 
 
 # --------------------------------------------------------------------------------------------- numbering

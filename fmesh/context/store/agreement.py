@@ -41,7 +41,6 @@ from fmesh.context.store.board import AGREED_POSTED, Board
 from fmesh.context.store.diagnosis import Look
 from fmesh.context.store.keys import digest
 from fmesh.context.store.meeting import Meeting, watches
-from fmesh.context.store.pulse import SETTLE_SECONDS
 from fmesh.context.store.records import ENDED, FAILING, MISMATCH, OK, TIMEOUT, WAITING, Verdict
 from fmesh.context.store.wait import ABORT_NOTICE_SECONDS
 from fmesh.errors import ContextClosedError, GroupTimeoutError, MeshMismatchError, RankLostError
@@ -158,7 +157,7 @@ def connect_failed(board: Board, members: Sequence[int], what: str, error: Excep
             if cause is None and not ended and _timed_out(error) and not settled:
                 # Nobody said why: a member that died while connecting posted nothing; its heartbeat tells.
                 settled = True
-                if board.silent(others, settle=SETTLE_SECONDS):
+                if board.silent(others, settle=board.silence):
                     continue
             if cause is not None or ended or time.monotonic() >= deadline or _timed_out(error):
                 break

@@ -32,7 +32,7 @@ from fmesh.context.store.connections import Connections
 from fmesh.context.store.keys import ENDED_LIST, Keys
 from fmesh.context.store.keys import ended as ended_key
 from fmesh.context.store.meeting import Meeting
-from fmesh.context.store.pulse import SILENT_SECONDS, Pulse
+from fmesh.context.store.pulse import ANSWER_SECONDS, PULSE_SECONDS, SILENT_SECONDS, Pulse, tcp_address
 from fmesh.context.store.records import (
     CLOSED,
     EXITED,
@@ -49,7 +49,7 @@ from fmesh.context.store.records import (
     ranks_of,
 )
 from fmesh.context.store.wait import ABORT_NOTICE_SECONDS, FIRST_LOOK_SECONDS, Waiter
-from fmesh.errors import RankLostError
+from fmesh.errors import RankLostError, StoreUnresponsiveError
 
 EXIT_POST_TIMEOUT = timedelta(seconds=5)  # the longest a process's exit waits to post that it exited
 AGREED_POSTED = 4  # how many of the groups a rank agreed on last it posts when it closes
@@ -61,10 +61,8 @@ def store_address(store: dist.Store) -> str:
     >>> store_address(dist.HashStore())
     ''
     """
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    host, port = getattr(store, "host", None), getattr(store, "port", None)
-    return f"the store at {host}:{port}; " if host is not None and port is not None else ""
+    address = tcp_address(store)
+    return f"the store at {address[0]}:{address[1]}; " if address is not None else ""
 
 
 def read_list(store: dist.Store, key: str) -> set[int]:
@@ -138,8 +136,12 @@ class Board:
     # Every rank of the context is known to have come (the start's meeting proved it): a rank that posted no status
     # runs, so none posts that it does as it starts (a store operation per rank).
     present: bool = False
-    # This rank's heartbeat (started when the board opens, stopped when it leaves), shared by a recovery's ballots.
+    # This rank's heartbeat (started when the board opens, or handed over beating its key already: the start's;
+    # stopped when it leaves), shared by a recovery's ballots.
     pulse: list[Pulse] = attrs.field(factory=list, eq=False, repr=False)
+    # How often this rank's heartbeat beats (fmesh.context.store.pulse.pulse_seconds of the world's size): the
+    # others' too, so a silence is that many beats' worth (silence).
+    beat_every: float = PULSE_SECONDS
     # The others' heartbeats as this rank last saw them: rank -> (counter, when it first read that value).
     beats: dict[int, tuple[int, float]] = attrs.field(factory=dict, eq=False, repr=False)
     keys: Keys = attrs.field(init=False, eq=False, repr=False)
@@ -151,7 +153,7 @@ class Board:
 
     @waiter.default
     def _waiter(self) -> Waiter:
-        return Waiter(self.store, self.rank, self.connections.halted, self.grace)
+        return Waiter(self.store, self.rank, self.connections.halted, self.grace, unanswered=self.store_silence)
 
     # ------------------------------------------------------------ this rank's status
 
@@ -183,7 +185,11 @@ class Board:
             self.post(RUNNING)
         atexit.register(self.post_exit)
         # Where every rank is known to have come, a heartbeat not yet beaten reads as 0 (Board.silent): no first beat.
-        self.pulse.append(Pulse(self.store, self.keys.beat(self.rank)).start(first=not self.present))
+        if not self.pulse:
+            self.pulse.append(Pulse(self.store, self.keys.beat(self.rank), self.beat_every).start(
+                first=not self.present))
+        elif not self.present:  # a pulse handed over (the start's, beating this board's key): its key exists now
+            self.store.add(self.keys.beat(self.rank), 1)
         return self
 
     def agree_options(self, mine: Mapping[str, str]) -> None:
@@ -275,6 +281,16 @@ class Board:
         never_posted = Status(RUNNING if self.present else MISSING)
         return {rank: Status.loads(bytes(read[rank])) if rank in read else never_posted for rank in ranks}
 
+    @property
+    def silence(self) -> float:
+        """How long a member's heartbeat must stand still before this rank calls it gone: :data:`~fmesh.context.
+        store.pulse.SILENT_SECONDS` for a beat a second, as many beats' worth for a slower pulse (a large world's).
+
+        >>> Board(dist.HashStore(), "doc", 0, timedelta(seconds=1), beat_every=4.0).silence
+        40.0
+        """
+        return SILENT_SECONDS * self.beat_every / PULSE_SECONDS
+
     def current(self, statuses: dict[int, Status]) -> dict[int, Status]:
         """``statuses`` as they stand now: an agreement leaves its members' statuses at "waiting at K" (setting them
         back costs a store operation per member and agreement), so a rank waiting at a group whose verdict is written
@@ -324,7 +340,7 @@ class Board:
         beating = others if self.present else [r for r in others if r not in never]
         if not beating:
             return []
-        quiet, moved = self._still(beating, SILENT_SECONDS, unborn)
+        quiet, moved = self._still(beating, self.silence, unborn)
         # Those not seen to beat, whose value this rank has not seen stand for ``settle`` yet: watched until it has.
         young = [r for r in beating if r not in quiet and r not in moved
                  and time.monotonic() - self.beats[r][1] < settle]
@@ -367,9 +383,35 @@ class Board:
         marked = read_list(self.launcher_store, ENDED_LIST)
         return [rank for rank in ranks if rank in marked]
 
+    def store_silence(self, doing: str = "waiting on it") -> RankLostError | None:
+        """:class:`~fmesh.StoreUnresponsiveError` once this rank's heartbeat saw the store stop answering (its
+        connections to it are cut then: :mod:`fmesh.context.store.pulse`), a ``RankLostError`` once it saw this
+        process stopped past the bound (its peers called it gone), else None."""
+        for pulse in self.pulse:
+            if pulse.unanswered:
+                host = ("torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True) else
+                        "rank 0, unless it was made outside the ranks")
+                return StoreUnresponsiveError(
+                    f"on rank {self.rank}: {store_address(self.store) or 'the store; '}hosted by {host}, stopped "
+                    f"answering: no answer to this rank's heartbeat for {time.monotonic() - pulse.unanswered[0]:.0f}s "
+                    f"(more than {ANSWER_SECONDS:g}s), nor to a fresh connection, while {doing}. Its host is frozen "
+                    "(SIGSTOP, a debugger), starved, or its machine unreachable; this rank's connections to it are "
+                    "cut. No group can be made or recovered without it: restart the job (a store hosted outside the "
+                    "ranks survives a rank's freeze)")
+            if pulse.paused:
+                return RankLostError(
+                    f"on rank {self.rank}: this process did not run for {pulse.paused[0]:.0f}s (stopped by SIGSTOP or "
+                    "a debugger, or starved) while the store answered others: its peers called it gone (a heartbeat "
+                    f"silent for {self.silence:g}s) or, where it hosts the store, saw the store stop answering. See "
+                    "their errors; recover without this rank, or restart the job")
+        return None
+
     def store_gone(self, doing: str, error: BaseException) -> RankLostError:
-        """The error of a rank whose store connection broke (``error``) while ``doing``: its host is gone. Names the
-        store's address where it has one."""
+        """The error of a rank whose store connection broke (``error``) while ``doing``: its host is gone (or stopped
+        answering: :meth:`store_silence`). Names the store's address where it has one."""
+        silence = self.store_silence(doing)
+        if silence is not None:
+            return silence
         cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return RankLostError(
             f"on rank {self.rank}: the store is unreachable while {doing}: its host is gone (rank 0, unless "

@@ -24,6 +24,7 @@ import os
 import resource
 import socket
 import stat
+import struct
 import threading
 import warnings
 
@@ -81,6 +82,60 @@ def shut(sockets: frozenset[Socket]) -> None:
             try:
                 if not duplicate.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                     duplicate.shutdown(socket.SHUT_RDWR)
+            finally:
+                duplicate.close()
+
+
+def peer_of(fd: int) -> tuple[str, int] | None:
+    """The address and port a connected socket ``fd`` of this process reaches (IPv4 mapped into IPv6 shown as
+    IPv4), or None (not a connected stream socket).
+
+    >>> peer_of(-1) is None
+    True
+    """
+    try:
+        duplicate = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    try:
+        if duplicate.type != socket.SOCK_STREAM or duplicate.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        address, port = duplicate.getpeername()[:2]
+        return str(address).removeprefix("::ffff:"), int(port)
+    except OSError:
+        return None
+    finally:
+        duplicate.close()
+
+
+def sockets_to(host: str, port: int) -> frozenset[Socket]:
+    """The connected sockets of this process that reach ``host:port`` (a store's clients).
+
+    >>> sockets_to("127.0.0.1", 1)
+    frozenset()
+    """
+    try:
+        addresses = {str(info[4][0]).removeprefix("::ffff:") for info in socket.getaddrinfo(host, port)}
+    except (OSError, UnicodeError):
+        return frozenset()
+    return frozenset((fd, inode) for fd, inode in open_sockets()
+                     if (peer := peer_of(fd)) is not None and peer[1] == port and peer[0] in addresses)
+
+
+def bound_replies(sockets: frozenset[Socket], seconds: float) -> None:
+    """Make a read on each of ``sockets`` that waits ``seconds`` for a byte fail (``SO_RCVTIMEO``), and a write too;
+    never raises. A store client blocked on a host that stopped answering fails then, instead of waiting as long as
+    the host stays stopped (torch's client timeout bounds only its waits for keys)."""
+    whole = int(seconds)
+    value = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+    for fd, inode in sockets:
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_ino != inode:
+                continue
+            duplicate = socket.socket(fileno=os.dup(fd))
+            try:
+                duplicate.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+                duplicate.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
             finally:
                 duplicate.close()
 

@@ -102,6 +102,22 @@ def connected(meeting: MeetingKeys) -> MeetingKeys:
     return MeetingKeys(meeting.under("connected"), verdict_name="all")
 
 
+def arrival_beat(meeting: MeetingKeys, place: int) -> str:
+    """The heartbeat of the rank that came ``place``-th to the start ``meeting``, from its arrival until its context's
+    board beats its own (:mod:`fmesh.context.store.arrivals`): its value modulo the world size is that rank.
+
+    >>> arrival_beat(starting("fmesh", 0), 3)
+    'fmesh/start/fmesh/0/beat/3'
+    """
+    return meeting.under("beat", place)
+
+
+def arrival_silence(meeting: MeetingKeys) -> str:
+    """Where a watcher of the start ``meeting`` posts the ranks that came and stood still while torch set up the
+    default group (:class:`~fmesh.context.store.arrivals.Vigil`)."""
+    return meeting.under("silent")
+
+
 CONNECTED = "fmesh/connected"  # the rendezvous of the connected ranks where no start of fmesh's numbered one
 DEFAULT_GROUP = "default_pg"  # the namespace of the default group's store: the one torch's env:// rendezvous gives it
 

@@ -9,9 +9,19 @@ members: :meth:`~fmesh.context.store.board.Board.silent`); one that stood still 
 watcher's own clock is gone, and the watcher posts it so (a final status, ``silent``), which ends every wait for it
 with an error naming it. The counter is compared with itself, never with a clock, so hosts whose clocks differ agree.
 
-A rank's pulse runs on a store connection of its own (its waits block on another), from the moment its context's
-board opens until it leaves it. A process frozen (SIGSTOP, a debugger) for :data:`SILENT_SECONDS` is called gone
+A rank's pulse runs on a store connection of its own (its waits block on another), from its arrival at the start's
+meeting (fmesh's ``env://`` rendezvous, where it beats the key of its place of arrival:
+:mod:`fmesh.context.store.arrivals`; its context's board then beats on with it), else from the moment its context's
+board opens, until the board leaves. A process frozen (SIGSTOP, a debugger) for :data:`SILENT_SECONDS` is called gone
 too: its peers cannot tell it from a dead one, and a frozen rank holds every collective of its groups.
+
+The pulse also watches the store: a beat whose answer does not come within :data:`ANSWER_SECONDS` (its connection's
+reads are bounded so) means the store's host stopped answering (frozen by SIGSTOP or a debugger, starved, its machine
+unreachable), unless a fresh connection is answered within :data:`PROBE_SECONDS` (then this process was the one
+stopped). Either way the pulse notes it (:attr:`Pulse.unanswered`, :attr:`Pulse.paused`) and ends; where the host
+stopped answering it first cuts this process's connections to the store, so that every wait on it ends at once
+(the waits raise :class:`~fmesh.StoreUnresponsiveError`, :meth:`fmesh.context.store.board.Board.store_silence`),
+and no later operation reads an answer meant for an earlier one once the host is resumed.
 
 >>> import torch.distributed as dist
 >>> store = dist.HashStore(); pulse = Pulse(store, "beat/0").start()
@@ -24,8 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import torch.distributed as dist
+
+from fmesh.context.store.connections import bound_replies, shut, sockets_to
 
 # How often a rank's pulse beats: the store's cost (one add a second per rank) against how soon a silence shows.
 PULSE_SECONDS = 1.0
@@ -37,33 +50,167 @@ SILENT_SECONDS = 10.0
 # its heartbeat before it calls it gone: a whole silence (3 s called a living rank gone on a machine with a load
 # average of 15 on 2 cores, whose beats came seconds late).
 SETTLE_SECONDS = SILENT_SECONDS
+# The most beats a second the store takes from all the ranks' heartbeats together: a rank beats every PULSE_SECONDS up
+# to this many ranks, then less often (pulse_seconds), so that the heartbeat's load on the store stays under about 4k
+# operations a second (a tenth of the capacity bench/scale.py measures), however large the world; the silence that
+# calls a rank gone grows with the period (silent_seconds), and so does the time from a death to its error.
+BEATS_PER_SECOND = 4096
+
+
+def pulse_seconds(world_size: int) -> float:
+    """How often each rank of a world of ``world_size`` beats: :data:`PULSE_SECONDS`, or less often past
+    :data:`BEATS_PER_SECOND` ranks, so that the store takes at most that many beats a second from them all.
+
+    >>> pulse_seconds(8), pulse_seconds(4096), pulse_seconds(16384), pulse_seconds(131072)
+    (1.0, 1.0, 4.0, 32.0)
+    """
+    return max(PULSE_SECONDS, world_size / BEATS_PER_SECOND)
+
+
+def silent_seconds(world_size: int) -> float:
+    """How long a watcher waits for a member's heartbeat to move, in a world of ``world_size``, before it calls the
+    member gone: :data:`SILENT_SECONDS` for a beat every second, as many beats' worth for a slower pulse.
+
+    >>> silent_seconds(1024), silent_seconds(16384)
+    (10.0, 40.0)
+    """
+    return SILENT_SECONDS * pulse_seconds(world_size) / PULSE_SECONDS
+# How long a beat waits for the store's answer before the pulse asks whether the store's host stopped answering: far
+# above any answer of a working store (milliseconds; seconds under the heaviest load measured), and short enough that
+# with a beat's period and PROBE_SECONDS a frozen host is named within the death bound (30 s).
+ANSWER_SECONDS = 15.0
+# How long a fresh connection may take to be answered, where a beat was not: answered, this process was stopped (or
+# starved), not the store's host.
+PROBE_SECONDS = 3.0
+
+
+def tcp_address(store: dist.Store) -> tuple[str, int] | None:
+    """The host and port of a TCP store (under any prefixes), or None.
+
+    >>> tcp_address(dist.HashStore()) is None
+    True
+    """
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return (str(store.host), int(store.port)) if isinstance(store, dist.TCPStore) else None
+
+
+def answers(store: dist.Store, seconds: float = PROBE_SECONDS) -> bool:
+    """Whether a fresh connection to ``store`` is answered within ``seconds`` (on a daemon thread: a connection to a
+    stopped host never returns, and is left behind).
+
+    >>> answers(dist.HashStore())
+    True
+    """
+    answered = threading.Event()
+
+    def probe() -> None:
+        with contextlib.suppress(Exception):
+            try:
+                fresh = store.clone()
+            except (NotImplementedError, AttributeError):  # an in-process store: it answers
+                fresh = store
+            fresh.check(["fmesh/probe"])
+            answered.set()
+
+    threading.Thread(target=probe, name="fmesh-store-probe", daemon=True).start()
+    return answered.wait(seconds)
 
 
 class Pulse:
     """The heartbeat of one rank: :meth:`start` beats once (the key exists once it returns; not where ``first`` is
-    False), then a daemon thread beats every ``every`` seconds on a clone of ``store`` until :meth:`stop`."""
+    False), then a daemon thread beats every ``every`` seconds on a clone of ``store`` until :meth:`stop`.
 
-    def __init__(self, store: dist.Store, key: str, every: float = PULSE_SECONDS) -> None:
-        self.key, self.every = key, every
+    Each beat adds ``step`` to the counter at ``key``, the first ``step + label``: a counter of a start's meeting,
+    keyed by the place of arrival, says whose it is (``label``, the rank, is its value modulo ``step``, the world
+    size: :mod:`fmesh.context.store.arrivals`). :meth:`retarget` moves the beats to another key (the start's pulse
+    goes on as its context's)."""
+
+    def __init__(self, store: dist.Store, key: str, every: float = PULSE_SECONDS, label: int = 0,
+                 step: int = 1) -> None:
+        self.every = every
         self.stopped = threading.Event()
-        try:
-            self.store = store.clone()
-        except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone (in-process): shared
-            self.store = store
+        self.origin, self.address = store, tcp_address(store)
+        own = self._connect(store)
+        # How long a beat went unanswered where the store's host stopped answering (then this process's connections to
+        # it were cut), or this process was stopped (a fresh connection was answered): set once, as the pulse ends.
+        self.unanswered: list[float] = []
+        self.paused: list[float] = []
+        # Where the beats go: the connection, the key, what a beat adds (one tuple: the thread reads it whole).
+        self.target: tuple[dist.Store, str, int] = (own, key, step)
+        self.label = label
         self.thread = threading.Thread(target=self._run, name="fmesh-pulse", daemon=True)
 
-    def start(self, first: bool = True) -> Pulse:
+    @property
+    def store(self) -> dist.Store:
+        """The pulse's own connection to the store."""
+        return self.target[0]
+
+    @property
+    def key(self) -> str:
+        return self.target[1]
+
+    def start(self, first: bool = True, soon: bool = False) -> Pulse:
+        """Start beating: ``first``, once before returning (the key exists then); ``soon``, at once on the pulse's
+        thread (the caller does not wait for it: a start's meeting, whose watchers read a key not beaten yet as 0)."""
         if first:  # without it, peers read no key as a heartbeat of 0 where they know this rank came (Board.present)
-            self.store.add(self.key, 1)
+            self.beat()
+        self.thread = threading.Thread(target=self._run, args=(soon and not first,), name="fmesh-pulse", daemon=True)
         self.thread.start()
         return self
 
-    def _run(self) -> None:
-        while not self.stopped.wait(self.every):
-            try:
-                self.store.add(self.key, 1)
-            except Exception:  # the store is gone: the peers' own errors name its host
+    def _connect(self, store: dist.Store) -> dist.Store:
+        """A connection of the pulse's own to ``store`` (its reads bounded by :data:`ANSWER_SECONDS`: a beat
+        unanswered fails), or ``store`` itself where it cannot be cloned (an in-process store)."""
+        before = sockets_to(*self.address) if self.address is not None else frozenset()
+        try:
+            own = store.clone()
+        except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone (in-process): shared
+            return store
+        if self.address is not None:
+            bound_replies(sockets_to(*self.address) - before, ANSWER_SECONDS)
+        return own
+
+    def retarget(self, store: dist.Store, key: str, step: int = 1) -> None:
+        """Beat ``key`` of ``store`` from the next beat on, ``step`` a beat, on a connection of its own to it (a
+        clone: the same namespaces, whatever torch wrapped the store in), which replaces the pulse's."""
+        self.origin, self.address = store, tcp_address(store)
+        self.target, self.label = (self._connect(store), key, step), 0
+
+    def beat(self) -> None:
+        """One beat (what the thread does every ``every`` seconds)."""
+        store, key, step = self.target
+        store.add(key, step + self.label)
+        self.label = 0
+
+    def _run(self, now: bool = False) -> None:
+        while True:
+            slept = time.monotonic()
+            if not now and self.stopped.wait(self.every):
                 return
+            overslept = time.monotonic() - slept - (0.0 if now else self.every)
+            now = False
+            if overslept >= ANSWER_SECONDS:  # this process did not run (SIGSTOP, a debugger): its peers went on
+                self.paused.append(overslept)
+                return
+            began = time.monotonic()
+            try:
+                self.beat()
+            except Exception:  # the store is gone (the peers' own errors name its host), or did not answer
+                waited = time.monotonic() - began
+                if self.address is not None and waited >= ANSWER_SECONDS * 0.9 and not self.stopped.is_set():
+                    self._unanswered(waited)
+                return
+
+    def _unanswered(self, waited: float) -> None:
+        """A beat went unanswered for ``waited`` seconds: this process was stopped (a fresh connection is answered), or
+        the store's host stopped answering (then every connection of this process to it is cut)."""
+        if answers(self.origin):
+            self.paused.append(waited)
+            return
+        assert self.address is not None
+        self.unanswered.append(time.monotonic() - waited)  # when the beat that went unanswered was sent
+        shut(sockets_to(*self.address))
 
     def stop(self) -> None:
         """End the beats (the thread ends at once, unless it is inside a store operation: then within ``every``)."""

@@ -52,11 +52,13 @@ import attrs
 import torch.distributed as dist
 
 from fmesh.context.store import keys
+from fmesh.context.store.arrivals import Arrivals, Silent, Vigil, silence, silenced, silent_in
 from fmesh.context.store.board import absent
 from fmesh.context.store.keys import START_FAILED as FAILED
 from fmesh.context.store.keys import START_SEEN as SEEN
 from fmesh.context.store.keys import MeetingKeys, digest
 from fmesh.context.store.meeting import Meeting, watches
+from fmesh.context.store.pulse import Pulse, pulse_seconds
 from fmesh.context.store.records import MISMATCH, Verdict, options_differ
 from fmesh.context.store.wait import Waiter
 from fmesh.errors import GroupTimeoutError, LaunchError, MeshMismatchError, RankLostError
@@ -64,6 +66,9 @@ from fmesh.errors import GroupTimeoutError, LaunchError, MeshMismatchError, Rank
 ALL_CAME = "1"  # an outcome: every rank came
 REPORTED = "failed"  # an outcome: a rank reported that it cannot start (under keys.START_FAILED)
 ENDED = "ended"  # an outcome: the ranks that follow, in JSON, ended before coming (``gone``)
+# The longest pause between two looks of a start's watchers: 4 s, so that a rank killed after it came is named within
+# about 4 + 10 + 4 s (a look, a heartbeat's silence, the look that sees it), under the death bound of 30 s.
+START_LOOK_GAP_SECONDS = 4.0
 DIFFERENT_OPTIONS = "options"  # an outcome: a rank's Context options differ from the first rank's (the message says)
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 REPORT_CONNECT_SECONDS = 3.0  # how long a bad rank tries to reach the store to report (then it only raises)
@@ -160,7 +165,8 @@ def _client(address: str, port: int, world_size: int | None, timeout: timedelta,
 
 def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, hosts: bool = False,
          gone: Callable[[], list[int]] | None = None, agenda: str = "", options: Mapping[str, str] | None = None,
-         numbered: Callable[[], MeetingKeys] | None = None) -> MeetingKeys:
+         numbered: Callable[[], MeetingKeys] | None = None, beating: list[Pulse] | None = None,
+         watching: list[Vigil] | None = None) -> MeetingKeys:
     """Wait until all ``world_size`` ranks have come to ``store`` (steps 1-4 above); the keys of the meeting held.
 
     :class:`~fmesh.RankLostError` as soon as a rank reports a bad launcher environment (naming what it read), or
@@ -177,6 +183,12 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     ends the meeting, and every rank raises ``ValueError`` naming both ranks and each field that differs.
     ``numbered``: the keys of this meeting, taken once the rank claimed its place (step 1: a Context numbers its
     start by its epoch, :func:`~fmesh.context.store.keys.starting`); by default the rank's next start.
+    ``beating``: where a rank's heartbeat starts as it arrives (its :class:`~fmesh.context.store.pulse.Pulse` is
+    appended there; the caller stops it, or hands it to its context's board), and the watchers read those of the
+    ranks that came (:mod:`fmesh.context.store.arrivals`): one that stands still ends the meeting with
+    :class:`~fmesh.RankLostError` naming it. Every rank of a meeting passes it, or none. ``watching``: where a
+    watcher appends its :class:`~fmesh.context.store.arrivals.Vigil`, which goes on watching those heartbeats after
+    the meeting, while torch sets up the default group (the caller stops it).
 
     >>> store = dist.HashStore()
     >>> meet(store, rank=0, world_size=1, timeout=timedelta(seconds=5), agenda="Mesh(dp=1)").verdict
@@ -205,6 +217,10 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     # The one key every outcome writes: "1" (all came), "failed" (a rank reported), "ended" and the ranks, or a
     # mismatch of the agendas, or of the Context options.
     arrived = meeting.arrive(ALL_CAME)
+    if beating is not None:  # from its arrival: its first beat at once, on the pulse's thread
+        beating.append(Pulse(store, keys.arrival_beat(held, arrived), pulse_seconds(world_size), rank, world_size)
+                       .start(first=False, soon=True))
+    arrivals = Arrivals(store, held, world_size) if beating is not None and watches(arrived) else None
 
     def look() -> bool:  # the first two to arrive watch for a rank that reports it cannot start, or that ended
         if store.check([FAILED]):
@@ -213,12 +229,15 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
         ended = gone() if gone is not None else []
         if ended:
             meeting.decide(f"{ENDED} {json.dumps(ended)}")
-        return bool(ended)
+            return True
+        return arrivals is not None and _silenced(meeting, arrivals, meeting.arrived)
 
     try:
         came = meeting.wait(Waiter(store, rank, first_look=WATCH_SECONDS), timeout.total_seconds(),
-                            look if watches(arrived) else None, "waiting for the job's processes to start")
+                            look if watches(arrived) else None, "waiting for the job's processes to start",
+                            START_LOOK_GAP_SECONDS)
         outcome = came.decode() if came is not None else None
+        _raise_silent(outcome, rank, "before the job's default group could form")
         if outcome == REPORTED or (outcome is None and store.check([FAILED])):
             raise _reported(store, rank, world_size, hosts)
         if outcome is not None and outcome.startswith(DIFFERENT_OPTIONS):
@@ -233,6 +252,9 @@ def meet(store: dist.Store, *, rank: int, world_size: int, timeout: timedelta, h
     except dist.DistError as error:  # its host is gone: it failed to start, or died
         raise RankLostError(f"on rank {rank}: the store this job meets in is unreachable while its processes "
                             f"start (its host, rank 0 or torchrun's agent, is gone): {error}") from None
+    if outcome == ALL_CAME and arrivals is not None and beating and watching is not None:
+        # A look every two beats' periods: each reads every rank's counter (one multi_get of world_size keys).
+        watching.append(Vigil(beating[0].store, held, world_size, every=2 * pulse_seconds(world_size)))
     if outcome is None:
         missing = _unclaimed(store, world_size)
         raise GroupTimeoutError(
@@ -253,36 +275,69 @@ def _options_differ(rank: int, mine: Mapping[str, str], first: Mapping[str, obje
             "groups a collective runs on and what goes over the wire); pass the same to every rank") if differ else ""
 
 
+def _silenced(meeting: Meeting, arrivals: Arrivals, arrived: Callable[[], int]) -> bool:
+    """A watcher's look at the heartbeats of the ranks that came (``arrived()`` of them): where some stood still, the
+    meeting's verdict names them (:data:`SILENT`), and the look ends the wait."""
+    quiet = arrivals.silent(arrived)
+    if quiet:
+        meeting.decide(silenced(quiet))
+    return bool(quiet)
+
+
+def _raise_silent(outcome: str | None, rank: int, when: str) -> None:
+    """:class:`~fmesh.RankLostError` where the verdict ``outcome`` says ranks that came stood still."""
+    quiet = silent_in(outcome)
+    if quiet:
+        raise silent_error(quiet, rank, when)
+
+
+def silent_error(quiet: list[Silent], rank: int, when: str) -> RankLostError:
+    """The error of ``rank`` where the ranks that came ``quiet`` stood still (``when``: what they could not do).
+
+    >>> str(silent_error([Silent(1, 2, 11.0)], 0, "before the default group formed"))[:64]
+    'on rank 0: rank 2 is gone: its heartbeat stood still for 11s (th'
+    """
+    return RankLostError(f"on rank {rank}: {'; '.join(place.describe() for place in quiet)} (its process was killed, "
+                        f"crashed, or is frozen) after it came to the job's start, {when}; see its log first")
+
+
 def count_connected(store: dist.Store, meeting: MeetingKeys, *, rank: int, world_size: int, timeout: timedelta,
-                    gone: Callable[[], list[int]] | None = None) -> None:
+                    gone: Callable[[], list[int]] | None = None, beats: bool = False) -> None:
     """Return once all ``world_size`` ranks, having met in ``meeting`` (:func:`meet`), connected their default group:
     each counts itself in (one ``add``; the last writes the verdict) and blocks once on the verdict, two store
     operations per rank. :class:`~fmesh.RankLostError` as soon as ``gone()`` (asked by the first two to count
-    themselves, as they watch) names ranks whose processes ended, :class:`~fmesh.GroupTimeoutError` after
-    ``timeout``.
+    themselves, as they watch) names ranks whose processes ended, or (``beats``: the ranks beat their heartbeats at
+    the meeting's places of arrival, :func:`meet`'s ``beating``) one's heartbeat stood still,
+    :class:`~fmesh.GroupTimeoutError` after ``timeout``.
 
     >>> count_connected(dist.HashStore(), keys.start(1), rank=0, world_size=1, timeout=timedelta(seconds=5))
     """
     counted = Meeting(store, keys.connected(meeting), world_size)
     place = counted.arrive(ALL_CAME)
+    arrivals = Arrivals(store, meeting, world_size) if beats and watches(place) else None
 
-    def look() -> bool:  # the first two watch for a rank whose process ended
+    def look() -> bool:  # the first two watch for a rank whose process ended, or whose heartbeat stood still
         ended = gone() if gone is not None else []
         if ended:
             counted.decide(f"{ENDED} {json.dumps(ended)}")
-        return bool(ended)
+            return True
+        return arrivals is not None and _silenced(counted, arrivals, lambda: world_size)  # every rank came
 
     try:
         came = counted.wait(Waiter(store, rank, first_look=WATCH_SECONDS), timeout.total_seconds(),
-                            look if watches(place) else None, "waiting for the job's processes to connect")
+                            look if watches(place) else None, "waiting for the job's processes to connect",
+                            START_LOOK_GAP_SECONDS)
     except dist.DistError as error:  # its host is gone
         raise RankLostError(f"on rank {rank}: the store this job meets in is unreachable while its processes "
                             f"connect (its host, rank 0 or torchrun's agent, is gone): {error}") from None
     outcome = came.decode() if came is not None else None
+    _raise_silent(outcome, rank, "before the job's default group connected")
     if outcome is not None and outcome.startswith(ENDED):
         raise RankLostError(f"on rank {rank}: the processes of ranks {outcome.removeprefix(ENDED).strip()} ended "
                             "before the job's default group connected (the launcher saw them end); see their logs "
                             "first")
+    if outcome is None and beats and (quiet := silence(store, meeting)):  # a watcher's vigil saw one stand still
+        raise silent_error(quiet, rank, "before the job's default group connected")
     if outcome is None:
         raise GroupTimeoutError(f"on rank {rank}: only {counted.arrived()} of the job's {world_size} processes "
                                 f"connected their default group within {timeout.total_seconds():g}s; see the "

@@ -43,12 +43,20 @@ class Waiter:
     first_look: float = FIRST_LOOK_SECONDS
     # This rank's second store connection, for blocking waits (:meth:`waiting_store`): made at the first wait.
     second: list[dist.Store] = attrs.field(factory=list, eq=False, repr=False)
+    # Why the store can no longer be waited on (its host stopped answering, seen by this rank's heartbeat), or None.
+    unanswered: Callable[[], BaseException | None] | None = attrs.field(default=None, eq=False, repr=False)
 
     def check_halted(self, doing: str) -> None:
         """``ContextClosedError`` once the context was aborted (``ctx.abort()``, from any thread or a signal
         handler)."""
         if self.halted.is_set():
             raise ContextClosedError(f"on rank {self.rank}: this context was aborted (ctx.abort()) while {doing}")
+
+    def check_store(self) -> None:
+        """The error of a store that stopped answering (:attr:`unanswered`), once this rank's heartbeat saw it."""
+        error = self.unanswered() if self.unanswered is not None else None
+        if error is not None:
+            raise error
 
     def waiting_store(self) -> dist.Store:
         """This rank's second connection to the store, for blocking waits (made at the first, then kept)."""
@@ -99,6 +107,7 @@ class Waiter:
         while not came.wait(min(ABORT_NOTICE_SECONDS, max(0.0, look_at - time.monotonic()))
                             if look is not None else ABORT_NOTICE_SECONDS):
             self.check_halted(doing)
+            self.check_store()
             if look is not None and time.monotonic() >= look_at:
                 if look():
                     break
@@ -106,6 +115,7 @@ class Waiter:
                 look_at = time.monotonic() + look_every
         came.wait(ABORT_NOTICE_SECONDS)  # a look that ended the wait wrote the key: the blocked thread returns now
         self.check_halted(doing)  # aborted as the key came (between two polls): the abort wins, not the key
+        self.check_store()  # its connections were cut: the wait ended for that, and nothing more can be read
         if outcome and outcome[0] is not None:
             return outcome[0]
         # The blocked thread timed out, or has not returned yet from a key a look wrote: read it here.
