@@ -11,7 +11,9 @@ the store (:mod:`fmesh.context.store.roll_call`), and the ranks that do not answ
 with an error of fmesh's own passes it on (a mesh mismatch on one rank is a mismatch on all); a backend error after
 the group's timeout is :class:`~fmesh.GroupTimeoutError`; one with members gone is
 :class:`~fmesh.RankLostError`; with every member present, a ``RuntimeError`` quoting what each member saw
-(a bad tensor on one rank is named there; its healthy peers are not blamed). The first survivor to fail
+(a bad tensor on one rank is named there; its healthy peers are not blamed). One verdict per failed group: the first
+survivor to conclude writes its conclusion to the store (:class:`~fmesh.context.store.records.Conclusion`), and every
+other survivor of that group raises it too, however the board looked when it read it. The first survivor to fail
 cuts the group's connections (:mod:`fmesh.context.store.connections`), so members still blocked in it fail
 at once and answer the roll call. A group that failed is aborted: using it again is
 :class:`~fmesh.RankLostError` at once; in a context aborted meanwhile, :class:`~fmesh.ContextClosedError`.
