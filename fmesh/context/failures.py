@@ -11,7 +11,9 @@ the store (:mod:`fmesh.context.store.roll_call`), and the ranks that do not answ
 with an error of fmesh's own passes it on (a mesh mismatch on one rank is a mismatch on all); a backend error after
 the group's timeout is :class:`~fmesh.GroupTimeoutError`; one with members gone is
 :class:`~fmesh.RankLostError`; with every member present, a ``RuntimeError`` quoting what each member saw
-(a bad tensor on one rank is named there; its healthy peers are not blamed). The first survivor to fail
+(a bad tensor on one rank is named there; its healthy peers are not blamed). One verdict per failed group: the first
+survivor to conclude writes its conclusion to the store (:class:`~fmesh.context.store.records.Conclusion`), and every
+other survivor of that group raises it too, however the board looked when it read it. The first survivor to fail
 cuts the group's connections (:mod:`fmesh.context.store.connections`), so members still blocked in it fail
 at once and answer the roll call. A group that failed is aborted: using it again is
 :class:`~fmesh.RankLostError` at once; in a context aborted meanwhile, :class:`~fmesh.ContextClosedError`.
@@ -33,7 +35,7 @@ import torch.distributed as dist
 from fmesh.context import _torch
 from fmesh.context.groups import Target, usable
 from fmesh.context.store.board import Board
-from fmesh.context.store.records import FAILED, FAILING, GONE_STATES, RECOVERING, Status
+from fmesh.context.store.records import FAILED, FAILING, GONE_STATES, RECOVERING, Conclusion, Status
 from fmesh.context.store.recovery_vote import recovering as recovering_ranks
 from fmesh.context.store.roll_call import answers as roll_answers
 from fmesh.context.store.roll_call import roll_call
@@ -74,6 +76,9 @@ LOCAL_REFUSALS: tuple[str, ...] = (
 # How long a member that refused a collective on itself waits for the others to refuse it too (they do at once when
 # every rank runs the same program on the same kind of tensor) before it takes them for blocked in the collective.
 REFUSAL_GRACE_SECONDS = 2.0
+# The errors a failed collective's survivors conclude, besides fmesh's RuntimeError that every member answered.
+EXPLAINED: tuple[type[Exception], ...] = (RankLostError, GroupTimeoutError, MeshMismatchError, TensorMismatchError)
+CONCLUDED = frozenset(kind.__name__ for kind in (*EXPLAINED, RuntimeError))
 _REFUSED = re.compile("|".join(f"(?:{pattern})" for pattern in LOCAL_REFUSALS))
 # What a backend says when a peer is gone, in a collective fmesh did not run (FSDP's, DTensor's, a raw dist call):
 # gloo's transport (gloo/transport/tcp/pair.cc: a closed or reset connection, a read or write error, its timeout),
@@ -175,11 +180,11 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         if timed_out:
             raise GroupTimeoutError(f"{what} along {where} timed out after {timeout.total_seconds():g}s") from error
         raise error
+    # One roll call per group, whatever call each member was caught in (the members' tensor check and the data
+    # collective after it, or two calls in a row): a group fails once (it is cut and aborted, or left to a recovery's
+    # shrink), so its digest names its roll call. A failure of the world names its own (guarded).
+    label = f"group-{target.spec.digest()}" if target is not None else f"{what}-world"
     try:
-        # One roll call per group, whatever call each member was caught in (the members' tensor check and the data
-        # collective after it, or two calls in a row): a group fails once (it is cut and aborted, or left to a
-        # recovery's shrink), so its digest names its roll call. A failure of the world names its own (guarded).
-        label = f"group-{target.spec.digest()}" if target is not None else f"{what}-world"
         missing = roll_call(board, label, ranks, ROLL_CALL_SECONDS, f"{type(error).__name__}: {error}")
         statuses = board.current(board.statuses(missing))
         answers = {} if missing else roll_answers(board, label, ranks)
@@ -187,6 +192,45 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
         raise
     except dist.DistError:  # the store is gone too: its host is likely what died; this rank is not what is missing
         missing, statuses, answers = [m for m in ranks if m != board.rank], {}, {}
+    mine = conclude(board, missing, statuses, answers, timed_out, timeout, error)
+    explained = raised(shared(board, label, mine), board.rank, f"{what} along {where}", error)
+    board.failed(explained)
+    raise explained from error
+
+
+def shared(board: Board, label: str, mine: Conclusion) -> Conclusion:
+    """The one conclusion of the survivors of the failed group of roll call ``label``: the first written (one
+    ``compare_set``), or ``mine`` where this rank is the first, or the store is gone. Each survivor reads the board
+    at its own moment (a silent member's status changes, the launcher marks it, one survivor's collective had waited
+    out the timeout, another's had not), so each would conclude on its own what the moment showed it: one recovering,
+    another closing on a different error, blaming different ranks."""
+    try:
+        written = Conclusion.loads(board.store.compare_set(board.keys.conclusion(label), "", mine.dumps()))
+    except dist.DistError:
+        return mine
+    return written if written.kind in CONCLUDED else mine
+
+
+def raised(conclusion: Conclusion, rank: int, call: str, error: Exception) -> Exception:
+    """The error ``conclusion`` says rank ``rank`` raises for its ``call`` (what along where), which failed with
+    ``error`` on it.
+
+    >>> raised(Conclusion("RankLostError", "failed: ranks [2] of the group are gone", True, 0), 1, "all_reduce along "
+    ...        "dp", RuntimeError("Connection closed by peer"))  # doctest: +NORMALIZE_WHITESPACE
+    RankLostError('on rank 1: all_reduce along dp failed: ranks [2] of the group are gone (the backend said: Connection
+    closed by peer; rank 0 concluded this first, and every member of the group raises it)')
+    """
+    kind: type[Exception] = next(k for k in (*EXPLAINED, RuntimeError) if k.__name__ == conclusion.kind)
+    first = "" if conclusion.by == rank else (f"rank {conclusion.by} concluded this first, and every member of the "
+                                              "group raises it")
+    said = "; ".join(part for part in (f"the backend said: {error}" if conclusion.quotes else "", first) if part)
+    return kind(f"on rank {rank}: {call} {conclusion.text}" + (f" ({said})" if said else ""))
+
+
+def conclude(board: Board, missing: list[int], statuses: dict[int, Status], answers: dict[int, str],
+             timed_out: bool, timeout: timedelta, error: Exception) -> Conclusion:
+    """What this rank concludes from its roll call (``missing``: the members that did not answer; ``statuses``:
+    theirs; ``answers``: every member's, where all answered): see the module docstring."""
     doing = "; ".join(statuses[m].describe(m) if m in statuses else f"rank {m}: the store is unreachable, "
                       "its host is gone (rank 0, unless torchrun's agent hosts it)" for m in missing[:8])
     ended: list[int] = []
@@ -203,55 +247,50 @@ def failed(what: str, target: Target | None, ranks: tuple[int, ...], timeout: ti
     mismatch = next((m for m in missing if statuses.get(m, NO_STATUS).kind in ("MeshMismatchError",
                                                                             "TensorMismatchError")), None)
     refused = next((m for m in missing if statuses.get(m, NO_STATUS).refused), None)
-    explained: Exception
+    by = board.rank
     if refused is not None:
-        explained = TensorMismatchError(
-            f"on rank {board.rank}: {what} along {where} could not complete: rank {refused} refused it on itself, "
-            f"before sending any of it ({statuses[refused].error}), while this rank's tensor went. Expected "
-            f"every member to pass a tensor the backend takes, of the same shape and dtype; see rank {refused}'s "
-            "error first")
-    elif mismatch is not None:
-        about, kind = (("a mesh", MeshMismatchError) if statuses[mismatch].kind == "MeshMismatchError" else
-                       ("the calls made on this group", TensorMismatchError))
-        explained = kind(f"on rank {board.rank}: {what} along {where} could not complete because rank {mismatch} "
-                         f"disagrees about {about}: {statuses[mismatch].error}")
-    elif recovering:  # alive: they came to recover without ranks lost elsewhere, and wait for this rank to come
+        return Conclusion("TensorMismatchError", (
+            f"could not complete: rank {refused} refused it on itself, before sending any of it "
+            f"({statuses[refused].error}), while the others' tensors went. Expected every member to pass a tensor the "
+            f"backend takes, of the same shape and dtype; see rank {refused}'s error first"), by=by)
+    if mismatch is not None:
+        about, kind = (("a mesh", "MeshMismatchError") if statuses[mismatch].kind == "MeshMismatchError" else
+                       ("the calls made on this group", "TensorMismatchError"))
+        return Conclusion(kind, f"could not complete because rank {mismatch} disagrees about {about}: "
+                                f"{statuses[mismatch].error}", by=by)
+    if recovering:  # alive: they came to recover without ranks lost elsewhere, and wait for this rank to come
         lost = statuses[recovering[0]].lost_text
         together: list[int] = recovering
         with contextlib.suppress(Exception):
             together = [r for r in recovering_ranks(board) if r != board.rank] or recovering
-        explained = RankLostError(
-            f"on rank {board.rank}: {what} along {where} failed: ranks {lost} are lost, and ranks {together} are "
-            f"recovering without them ({statuses[recovering[0]].describe(recovering[0])}), so they cut the "
-            f"groups they share with this rank. Expected every survivor to recover: call ctx.recover({lost}) on this "
-            "rank too (they wait for it up to the creation timeout)")
-    elif timed_out:
-        explained = GroupTimeoutError(
-            f"on rank {board.rank}: {what} along {where} timed out after {timeout.total_seconds():g}s; ranks "
-            f"{missing} did not answer a roll call: {doing or 'all answered, so one is stuck elsewhere'}. Expected "
-            "every member to run this collective; check the order of collectives on the ranks named here")
-    elif known_gone:
+        return Conclusion("RankLostError", (
+            f"failed: ranks {lost} are lost, and ranks {together} are recovering without them "
+            f"({statuses[recovering[0]].describe(recovering[0])}), so they cut the groups they share with this rank. "
+            f"Expected every survivor to recover: call ctx.recover({lost}) on this rank too (they wait for it up to "
+            "the creation timeout)"), by=by)
+    if timed_out:
+        return Conclusion("GroupTimeoutError", (
+            f"timed out after {timeout.total_seconds():g}s; ranks {missing} did not answer a roll call: "
+            f"{doing or 'all answered, so one is stuck elsewhere'}. Expected every member to run this collective; "
+            "check the order of collectives on the ranks named here"), by=by)
+    if known_gone:
         alive = (f"; ranks {blocked} did not answer a roll call within {ROLL_CALL_SECONDS:g}s but are not known to be "
                  "gone (still blocked in a collective, or slow)") if blocked else ""
-        explained = RankLostError(
-            f"on rank {board.rank}: {what} along {where} failed: ranks {known_gone} of the group are gone "
-            f"({doing}){alive}. Expected every member alive; see the logs of ranks {known_gone}, then restart the "
-            f"job or recover without them (the backend said: {error})")
-    elif missing:
+        return Conclusion("RankLostError", (
+            f"failed: ranks {known_gone} of the group are gone ({doing}){alive}. Expected every member alive; see the "
+            f"logs of ranks {known_gone}, then restart the job or recover without them"), quotes=True, by=by)
+    if missing:
         gone = [m for m in missing if statuses.get(m, NO_STATUS).state != FAILED]
-        explained = RankLostError(
-            f"on rank {board.rank}: {what} along {where} failed: ranks {missing} of the group did not answer a "
-            f"roll call within {ROLL_CALL_SECONDS:g}s: they are gone, or still blocked in this collective ({doing}). "
-            f"Expected every member alive; see the logs of ranks {gone or missing}, then restart the job "
-            f"(the backend said: {error})")
-    else:  # every member is there, none is lost: each one's own error, so the one that went wrong shows
-        told = "; ".join(f"rank {m}: {answer[:300]}" for m, answer in list(answers.items())[:8])
-        explained = RuntimeError(
-            f"on rank {board.rank}: {what} along {where} failed on its members, and every member answered a roll "
-            f"call, so none is lost. What each saw: {told}. The error that is not a closed connection is the cause "
-            "(check that every member passes a tensor of the same dtype and shape)")
-    board.failed(explained)
-    raise explained from error
+        return Conclusion("RankLostError", (
+            f"failed: ranks {missing} of the group did not answer a roll call within {ROLL_CALL_SECONDS:g}s: they are "
+            f"gone, or still blocked in this collective ({doing}). Expected every member alive; see the logs of ranks "
+            f"{gone or missing}, then restart the job"), quotes=True, by=by)
+    # every member is there, none is lost: each one's own error, so the one that went wrong shows
+    told = "; ".join(f"rank {m}: {answer[:300]}" for m, answer in list(answers.items())[:8])
+    return Conclusion("RuntimeError", (
+        f"failed on its members, and every member answered a roll call, so none is lost. What each saw: {told}. The "
+        "error that is not a closed connection is the cause (check that every member passes a tensor of the same "
+        "dtype and shape)"), by=by)
 
 
 def peer_failed(error: BaseException) -> bool:

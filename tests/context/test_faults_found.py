@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -367,6 +368,32 @@ def test_torch_set_up_of_the_first_world_out_of_time_is_a_named_error(monkeypatc
     assert "torch's set-up of the job's default group did not complete within 3s" in str(results[0]), results[0]
 
 
+@pytest.mark.parametrize("seed", [152, 735, 566, 576, 837])
+def test_a_seed_that_ran_out_of_its_creation_timeout_under_load_keeps_every_promise(seed: int) -> None:
+    """Campaign seeds of the 1,000 (worlds 2-8) on one verdict per failed group, with a load average of 11 to 80 on 2
+    cores (other jobs beside 4 streams): each ran out of the campaign's 8 s creation timeout (the default is 2
+    minutes), met by processes held off the CPU. 152: rank 1 raised at its first members' check (tp group [1, 3, 5,
+    7]); rank 3, waiting there for it, learnt of it more than 8 s later, so rank 2, waiting for rank 3 at the dp group
+    [2, 3], timed out creating it (GroupTimeoutError: not a loss, so it did not recover, and the others' vote named it
+    as not come). 735: rank 3 came to the survivors' vote more than 8 s after the others. 566: the world's agreement
+    waited 10 s for ranks 3 and 7 (rank 7 stopped 2.4 s). 576 and 837, before their fault: the members of a group
+    agreed but did not all connect within 8 s. Each passes alone (152: fault to first error, 1 s); the campaign now
+    stretches its contexts' creation timeout by the machine's load, as it does their collective timeout and its
+    bounds."""
+    verdict = faults.run(faults.draw(seed))
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.xfail(reason="open: one survivor names the loss past the bound in 2 runs of 5", strict=False)
+def test_a_rank_that_raised_at_its_first_check_is_named_within_the_bound_with_no_launcher_marks() -> None:
+    """Campaign seed 647 of the 1,000 (7 ranks, no launcher marks): rank 2 raised at its first members' check of the
+    group of all 7. Every survivor recovers into the right world blaming rank 2 alone, but in 2 runs of 5 (one alone on
+    a quiet machine: 80 s) rank 6 raised RankLostError ("rank 2 failed ... after agreeing to create the group") 75 s
+    after the fault, past the 41 to 62 s bound; 12 to 22 s in the others. Still open."""
+    verdict = faults.run(faults.draw(647))
+    assert verdict.ok, str(verdict)
+
+
 def test_a_rank_whose_own_set_up_raised_leaves_at_once_in_a_recovery() -> None:
     """Campaign seed 852 of the 1,000 (8 ranks): rank 4 raised inside torch's set-up of the recovered world. It watched
     its peers' heartbeats 10 s before raising (its own error is no timeout: nobody to look for), so the launcher
@@ -374,3 +401,96 @@ def test_a_rank_whose_own_set_up_raised_leaves_at_once_in_a_recovery() -> None:
     first fault. Now it leaves at once and the others name it."""
     verdict = faults.run(faults.draw(852))
     assert verdict.ok, str(verdict)
+
+
+# ------------------------------------------------------------------------------------------ one verdict per group
+
+
+def survivors_conclude(monkeypatch: pytest.MonkeyPatch, started: dict[int, float],
+                       between: Any = None) -> dict[int, tuple[str, str]]:
+    """Ranks 0 and 1 of the group [0, 1, 2] see their all_reduce fail (a closed connection); rank 2 never answers their
+    roll call (it is in another's, status ``failing``; the roll call shortened to 1 s). ``started``: how long ago each
+    survivor's collective began; ``between(store)``: done once rank 0 has raised, before rank 1, held until then, reads
+    the board. What each raised."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from support import in_threads
+
+    from fmesh.context import failures
+    from fmesh.context.groups import Target
+    from fmesh.context.options import GroupSettings
+    from fmesh.context.store.board import Board
+    from fmesh.context.store.records import FAILING
+
+    store, mesh = dist.HashStore(), fmesh.make_mesh((3,), ("dp",))
+    spec = GroupSettings.of(None, 60, backend="gloo").spec(("dp",), (0, 1, 2))
+    Board(store, "t", 2, timedelta(seconds=30)).post(FAILING, what="all_reduce")
+    monkeypatch.setattr(failures, "ROLL_CALL_SECONDS", 1.0)
+    first_raised = threading.Event()
+    roll_call = failures.roll_call
+
+    def held(board: Board, *args: Any, **kwargs: Any) -> list[int]:
+        missing = roll_call(board, *args, **kwargs)
+        if board.rank == 1 and between is not None:
+            assert first_raised.wait(patience(30))
+        return missing
+
+    monkeypatch.setattr(failures, "roll_call", held)
+    said: dict[int, tuple[str, str]] = {}
+
+    def fails(rank: int) -> None:
+        board = Board(store, "t", rank, timedelta(seconds=30))
+        try:
+            failures.failed("all_reduce", Target(mesh, ("dp",), (0, 1, 2), spec, member=rank), (0, 1, 2),
+                            timedelta(seconds=60), time.monotonic() - started[rank],
+                            RuntimeError("Connection closed by peer"), board)
+        except Exception as error:
+            said[rank] = type(error).__name__, str(error)
+        if rank == 0 and between is not None:
+            between(store)
+            first_raised.set()
+
+    in_threads(fails, [0, 1], timeout=patience(60))
+    return said
+
+
+def same_conclusion(said: dict[int, tuple[str, str]]) -> None:
+    """Ranks 0 and 1 raised the same error, blaming the same ranks."""
+    (kind0, message0), (kind1, message1) = said[0], said[1]
+    assert kind0 == kind1, said
+    assert faults.blamed(message0) == faults.blamed(message1), said
+    concluded = [re.sub(r" \((the backend said|rank \d+ concluded this first).*$", "", message.split(": ", 1)[1])
+                 for message in (message0, message1)]
+    assert concluded[0] == concluded[1], said
+
+
+def test_survivors_of_one_failed_group_raise_one_error_though_one_waited_out_the_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0's all_reduce had waited the group's whole timeout (60 s) when it failed, rank 1's had just begun: both
+    found rank 2 silent. Rank 0 raised GroupTimeoutError, rank 1 RankLostError, and a program that recovers on a loss
+    recovered on rank 1 alone (the vote then waited for rank 0 until the creation timeout). Now the first to conclude
+    writes the group's verdict and the other raises it too."""
+    said = survivors_conclude(monkeypatch, {0: 60.0, 1: 0.0})
+    same_conclusion(said)
+    assert all(set(re.findall(r"ranks \[([\d, ]+)\]", message)) == {"2"} for _, message in said.values()), said
+
+
+def test_survivors_of_one_failed_group_raise_one_error_though_they_read_the_board_at_different_moments(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 2, silent in the roll call, came to recover (ctx.recover([3]), a loss elsewhere) after rank 0 had read its
+    status and before rank 1 did: rank 0 named rank 2 as not answering, rank 1 said rank 3 is lost and rank 2 recovers
+    without it (call ctx.recover([3])): two survivors of one failed collective, told different ranks are gone. Now
+    both raise the first conclusion."""
+    from datetime import timedelta
+
+    from fmesh.context.store.board import Board
+    from fmesh.context.store.records import RECOVERING
+
+    def recovers(store: Any) -> None:
+        Board(store, "t", 2, timedelta(seconds=30)).post(RECOVERING, lost=(3,))
+
+    said = survivors_conclude(monkeypatch, {0: 0.0, 1: 0.0}, recovers)
+    same_conclusion(said)
+    assert said[1][0] == "RankLostError" and "rank 0 concluded this first" in said[1][1], said

@@ -175,6 +175,10 @@ class Keys:
         """The roll call ``label``: each member's answer under it (:meth:`answer`), the list of those who answered."""
         return MeetingKeys(f"{self.prefix}/roll/{label}", arrivals_name="count")
 
+    def conclusion(self, label: str) -> str:
+        """What the survivors of the failed group of roll call ``label`` conclude: the first to conclude writes it."""
+        return self.roll_call(label).under("conclusion")
+
     def answer(self, label: str, rank: int) -> str:
         return self.roll_call(label).under(rank)
 

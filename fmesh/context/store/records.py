@@ -1,7 +1,8 @@
 """What the members of a Context write to the store and read back, as typed records: a rank's :class:`Status` (what it
 is doing: running, waiting at a group, failed, closed, ...) and a meeting's :class:`Verdict` (how it ended: ``ok``, a
 mismatch, a member lost, a timeout, ...), with the recovery's own outcome (:class:`RecoveryOutcome`) and the lost set
-its first survivor fixes (:class:`LossClaim`). Each record is written in the same bytes as the JSON or text it
+its first survivor fixes (:class:`LossClaim`), and what the survivors of a failed group conclude
+(:class:`Conclusion`). Each record is written in the same bytes as the JSON or text it
 replaced, so a store's traffic is what it was; an unreadable one reads as an ``unknown`` status (a rank that posts
 garbage is not trusted to be waiting anywhere).
 
@@ -236,6 +237,36 @@ class RecoveryOutcome:
             return cls(gone=tuple(int(r) for r in value["gone"]), doing=str(value.get("doing", "")),
                        timeout=bool(value.get("timeout")))
         return cls(rank=value.get("rank"), lost=value.get("lost"), alive=bool(value.get("alive")))
+
+
+@attrs.frozen
+class Conclusion:
+    """What the survivors of one failed group conclude, written once by the first to conclude and adopted by every
+    other (:func:`fmesh.context.failures.failed`): the error's class name (``kind``), its message past "on rank R:
+    WHAT along WHERE" (``text``), whether it quotes each rank's backend error after it (``quotes``), and the rank that
+    concluded (``by``). One verdict per failed group: survivors that read the board at different moments (a member's
+    status changed, the launcher marked it, one's collective had waited out the timeout) raise the same error.
+
+    >>> Conclusion.loads(Conclusion("RankLostError", "failed: ranks [2] of the group are gone", True, 0).dumps())
+    Conclusion(kind='RankLostError', text='failed: ranks [2] of the group are gone', quotes=True, by=0)
+    """
+
+    kind: str
+    text: str
+    quotes: bool = False
+    by: int = -1
+
+    def dumps(self) -> str:
+        return json.dumps({"kind": self.kind, "text": self.text, "quotes": self.quotes, "by": self.by})
+
+    @classmethod
+    def loads(cls, raw: bytes | str) -> Conclusion:
+        """The conclusion in ``raw``; ``kind`` empty where it cannot be read (the reader concludes on its own)."""
+        try:
+            value = json.loads(raw)
+            return cls(str(value["kind"]), str(value["text"]), bool(value.get("quotes")), int(value.get("by", -1)))
+        except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+            return cls("", "")
 
 
 def ranks_of(raw: bytes) -> set[int]:
