@@ -147,3 +147,28 @@ def test_the_starts_heartbeat_beats_on_at_the_boards_key() -> None:
 
     for first, second in fmesh.launch(beats_seen, 2, timeout=patience(60, 2)):
         assert first is not None and second is not None and second > first, (first, second)
+
+
+def test_a_pulse_whose_connection_is_cut_beats_on_on_a_fresh_one() -> None:
+    # A living rank whose own beat failed (its connection cut with a failed group's sockets, or a read timed out on a
+    # starved machine) stopped beating for good, and its peers called it gone 10 s later: a wrong blame (seen once
+    # in the death-to-error test under a load of 40, rank 1 naming the living rank 0).
+    from fmesh.context.store.connections import shut, sockets_to
+    from fmesh.context.store.pulse import Pulse
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    before = sockets_to("127.0.0.1", server.port)
+    pulse = Pulse(server, "beat/0", every=0.05)
+    own = sockets_to("127.0.0.1", server.port) - before
+    assert own, "the pulse has a connection of its own"
+    pulse.start()
+    try:
+        shut(own)
+        cut_at = int(server.get("beat/0"))
+        deadline = time.monotonic() + patience(10)
+        while time.monotonic() < deadline and int(server.get("beat/0")) < cut_at + 5:
+            time.sleep(0.05)
+        assert int(server.get("beat/0")) >= cut_at + 5, (cut_at, int(server.get("beat/0")))
+        assert pulse.thread.is_alive() and not pulse.unanswered and not pulse.paused
+    finally:
+        pulse.stop()

@@ -16,12 +16,14 @@ board opens, until the board leaves. A process frozen (SIGSTOP, a debugger) for 
 too: its peers cannot tell it from a dead one, and a frozen rank holds every collective of its groups.
 
 The pulse also watches the store: a beat whose answer does not come within :data:`ANSWER_SECONDS` (its connection's
-reads are bounded so) means the store's host stopped answering (frozen by SIGSTOP or a debugger, starved, its machine
-unreachable), unless a fresh connection is answered within :data:`PROBE_SECONDS` (then this process was the one
-stopped). Either way the pulse notes it (:attr:`Pulse.unanswered`, :attr:`Pulse.paused`) and ends; where the host
-stopped answering it first cuts this process's connections to the store, so that every wait on it ends at once
-(the waits raise :class:`~fmesh.StoreUnresponsiveError`, :meth:`fmesh.context.store.board.Board.store_silence`),
-and no later operation reads an answer meant for an earlier one once the host is resumed.
+reads are bounded so) means the store's host stopped answering (frozen by SIGSTOP or a debugger, starved, its
+machine unreachable), unless a fresh connection is answered within :data:`PROBE_SECONDS` (then this process was the
+one stopped, or the beat's own connection failed: the pulse beats on, on a fresh one). A host that stopped answering
+the pulse notes (:attr:`Pulse.unanswered`) and ends, as it does where its own process did not run
+(:attr:`Pulse.paused`); the first cuts this process's connections to the store, so that every wait on it ends at
+once (the waits raise :class:`~fmesh.StoreUnresponsiveError`,
+:meth:`fmesh.context.store.board.Board.store_silence`), and no later operation reads an answer meant for an earlier
+one once the host is resumed.
 
 >>> import torch.distributed as dist
 >>> store = dist.HashStore(); pulse = Pulse(store, "beat/0").start()
@@ -196,21 +198,25 @@ class Pulse:
             began = time.monotonic()
             try:
                 self.beat()
-            except Exception:  # the store is gone (the peers' own errors name its host), or did not answer
-                waited = time.monotonic() - began
-                if self.address is not None and waited >= ANSWER_SECONDS * 0.9 and not self.stopped.is_set():
-                    self._unanswered(waited)
-                return
+            except Exception:
+                if self.stopped.is_set() or not self._beats_on(time.monotonic() - began):
+                    return
 
-    def _unanswered(self, waited: float) -> None:
-        """A beat went unanswered for ``waited`` seconds: this process was stopped (a fresh connection is answered), or
-        the store's host stopped answering (then every connection of this process to it is cut)."""
-        if answers(self.origin):
-            self.paused.append(waited)
-            return
-        assert self.address is not None
-        self.unanswered.append(time.monotonic() - waited)  # when the beat that went unanswered was sent
-        shut(sockets_to(*self.address))
+    def _beats_on(self, waited: float) -> bool:
+        """After a beat that failed having waited ``waited`` seconds: whether the pulse beats on, on a fresh
+        connection (the failed one may read a late answer as the next one's). It does unless the store's host stopped
+        answering (a beat unanswered, and a fresh connection too: then every connection of this process to it is cut)
+        or the store is gone (no fresh connection): a living rank whose beats stopped for a connection of its own
+        (cut, or slow to answer on a starved machine) would be called gone by its peers."""
+        if self.address is not None and waited >= ANSWER_SECONDS * 0.9 and not answers(self.origin):
+            self.unanswered.append(time.monotonic() - waited)  # when the beat that went unanswered was sent
+            shut(sockets_to(*self.address))
+            return False
+        try:
+            self.target = (self._connect(self.origin), *self.target[1:])
+        except Exception:  # the store is gone: the peers' own errors name its host
+            return False
+        return True
 
     def stop(self) -> None:
         """End the beats (the thread ends at once, unless it is inside a store operation: then within ``every``)."""
