@@ -217,19 +217,27 @@ def describe(dims: fmesh.ParallelDims, args: argparse.Namespace) -> dict[str, An
     return {"degrees": dict(dims.degrees), "world_size": dims.world_size, "model": args_model(args)}
 
 
+def checked_checkpoint(directory: pathlib.Path, dims: fmesh.ParallelDims, args: argparse.Namespace,
+                       reshard: bool) -> dict[str, Any]:
+    """The checkpoint's metadata, once it is known to fit this run (a ``UsageError`` otherwise): read before the
+    model is built, so every rank refuses it at the same moment (rank 0, which reports it, leaves last)."""
+    meta_path = directory / "fmesh.json"
+    if not meta_path.exists():
+        raise UsageError(f"--resume: no checkpoint in {directory} (missing {meta_path.name})")
+    meta: dict[str, Any] = json.loads(meta_path.read_text())
+    saved, now = (meta["mesh"], describe(dims, args)) if not reshard else (meta["mesh"]["model"], args_model(args))
+    if saved != now:
+        raise UsageError(f"checkpoint in {directory} was saved with {meta['mesh']}, "
+                         f"but this run has {describe(dims, args)}; resume with the same degrees and model")
+    return meta
+
+
 def load_checkpoint(directory: pathlib.Path, dims: fmesh.ParallelDims, args: argparse.Namespace,
                     model: nn.Module, optimizer: torch.optim.Optimizer, reshard: bool = False) -> int:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    meta_path = directory / "fmesh.json"
-    if not meta_path.exists():
-        raise UsageError(f"--resume: no checkpoint in {directory} (missing {meta_path.name})")
-    meta = json.loads(meta_path.read_text())
-    saved, now = (meta["mesh"], describe(dims, args)) if not reshard else (meta["mesh"]["model"], args_model(args))
-    if saved != now:
-        raise UsageError(f"checkpoint in {directory} was saved with {meta['mesh']}, "
-                         f"but this run has {describe(dims, args)}; resume with the same degrees and model")
+    meta = checked_checkpoint(directory, dims, args, reshard)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=str(directory / "state"))
@@ -258,14 +266,16 @@ def train(args: argparse.Namespace, ctx: fmesh.Context) -> list[float]:
     if ctx.rank == 0 and not (args.resume and args.lose_rank is not None):  # a recovered job printed its degrees
         print(format_plan(build_plan(ctx.world_size, int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)),
                                      dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp)))
+    resharding = args.lose_rank is not None or args.elastic
+    if args.elastic and (args.checkpoint_dir / "fmesh.json").exists():
+        args.resume = True
+    if args.resume:  # refused here, before the model is built: every rank at once (built first, they drifted apart)
+        checked_checkpoint(args.checkpoint_dir, dims, args, resharding)
     torch.manual_seed(args.seed)
     model = LanguageModel(256, args.dim, args.heads, args.layers, args.seq_len).to(ctx.device)
     shard_model(model, ctx, dims, mixed_precision=args.bf16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     start = 0
-    resharding = args.lose_rank is not None or args.elastic
-    if args.elastic and (args.checkpoint_dir / "fmesh.json").exists():
-        args.resume = True
     if args.resume:
         start = load_checkpoint(args.checkpoint_dir, dims, args, model, optimizer, reshard=resharding)
         if ctx.rank == 0:
