@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import sys
 import time
 import warnings
@@ -240,7 +241,7 @@ def load_checkpoint(directory: pathlib.Path, dims: fmesh.ParallelDims, args: arg
     meta = checked_checkpoint(directory, dims, args, reshard)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=str(directory / "state"))
+    dcp.load(state, checkpoint_id=str(directory / meta.get("state", "state")))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return int(meta["step"])
 
@@ -250,11 +251,21 @@ def save_checkpoint(directory: pathlib.Path, step: int, ctx: fmesh.Context, dims
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    # Each step's state in a directory of its own, and fmesh.json, which names it, replaced whole once every rank
+    # saved: a job killed while it saves resumes from the last checkpoint complete (one directory written over at
+    # each step was found half-written by a resume, EOFError, when a node was killed during the next save).
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(directory / "state"))
+    state = f"state-{step}"
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(directory / state))
     ctx.barrier()
     if ctx.rank == 0:
-        (directory / "fmesh.json").write_text(json.dumps({"step": step, "mesh": describe(dims, args)}))
+        meta_path = directory / "fmesh.json"
+        previous = json.loads(meta_path.read_text()).get("state") if meta_path.exists() else None
+        written = directory / "fmesh.json.tmp"
+        written.write_text(json.dumps({"step": step, "mesh": describe(dims, args), "state": state}))
+        os.replace(written, meta_path)
+        if previous and previous != state:
+            shutil.rmtree(directory / previous, ignore_errors=True)
     ctx.barrier()
 
 

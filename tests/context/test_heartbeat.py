@@ -172,3 +172,26 @@ def test_a_pulse_whose_connection_is_cut_beats_on_on_a_fresh_one() -> None:
         assert pulse.thread.is_alive() and not pulse.unanswered and not pulse.paused
     finally:
         pulse.stop()
+
+
+def test_a_watcher_that_did_not_run_calls_nobody_silent_until_its_own_pulse_has_woken(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A store host resumed after a freeze looked at its peers' heartbeats before its own pulse had woken to say that
+    # this process did not run: it named a peer gone (the one whose pulse had ended on the frozen store) instead.
+    monkeypatch.setattr(board_module, "SILENT_SECONDS", 0.3)
+    store = dist.HashStore()
+    watcher, still = boards(store, 2)
+    watcher.open()
+    try:
+        pulse = watcher.pulse[0]
+        pulse.every = 3600.0  # the thread wakes once more, at its current period's end, then not in this test
+        time.sleep(1.5)
+        store.add(still.keys.beat(1), 1)
+        assert watcher.silent([1]) == []  # the first look notes the counter
+        time.sleep(0.5)
+        pulse.woke = time.monotonic() - 2 * 3600  # as if this process had been stopped for two periods
+        assert watcher.silent([1]) == []
+        pulse.woke = time.monotonic()
+        assert watcher.silent([1]) == [1]
+    finally:
+        watcher.leave(aborted=False)

@@ -81,6 +81,9 @@ def silent_seconds(world_size: int) -> float:
 # above any answer of a working store (milliseconds; seconds under the heaviest load measured), and short enough that
 # with a beat's period and PROBE_SECONDS a frozen host is named within the death bound (30 s).
 ANSWER_SECONDS = 15.0
+# How late the pulse's thread may wake before a watcher of this process takes itself for the one that did not run
+# (Pulse.stalled): far above a thread's lag on a busy machine, far below a silence.
+STALL_SECONDS = 5.0
 # How long a fresh connection may take to be answered, where a beat was not: answered, this process was stopped (or
 # starved), not the store's host.
 PROBE_SECONDS = 3.0
@@ -141,6 +144,7 @@ class Pulse:
         # Where the beats go: the connection, the key, what a beat adds (one tuple: the thread reads it whole).
         self.target: tuple[dist.Store, str, int] = (own, key, step)
         self.label = label
+        self.woke = time.monotonic()  # when the pulse's thread last woke to beat (Pulse.stalled)
         self.thread = threading.Thread(target=self._run, name="fmesh-pulse", daemon=True)
 
     @property
@@ -190,7 +194,8 @@ class Pulse:
             slept = time.monotonic()
             if not now and self.stopped.wait(self.every):
                 return
-            overslept = time.monotonic() - slept - (0.0 if now else self.every)
+            self.woke = time.monotonic()
+            overslept = self.woke - slept - (0.0 if now else self.every)
             now = False
             if overslept >= ANSWER_SECONDS:  # this process did not run (SIGSTOP, a debugger): its peers went on
                 self.paused.append(overslept)
@@ -217,6 +222,16 @@ class Pulse:
         except Exception:  # the store is gone: the peers' own errors name its host
             return False
         return True
+
+    def stalled(self) -> bool:
+        """Whether the pulse's thread, still beating, has not woken for a period and :data:`STALL_SECONDS`: this
+        process did not run meanwhile (stopped, or starved), so its clock saw silences it may have caused itself.
+
+        >>> Pulse(dist.HashStore(), "beat/0").stalled()
+        False
+        """
+        return (self.thread.is_alive() and not self.stopped.is_set()
+                and time.monotonic() - self.woke > self.every + STALL_SECONDS)
 
     def stop(self) -> None:
         """End the beats (the thread ends at once, unless it is inside a store operation: then within ``every``)."""
