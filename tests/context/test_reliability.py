@@ -224,13 +224,7 @@ def survivors_of(target: Callable[[int, int, Any], None]) -> dict[int, Any]:
     try:
         return dict(out.get(timeout=patience(40, 3)) for _ in range(2))
     finally:
-        for proc in procs:
-            proc.join(timeout=patience(10, 3))
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        out.close()
-        out.join_thread()
+        reap(procs, out)
 
 
 def store_host_dies(rank: int, port: int, out: Any) -> None:
@@ -259,6 +253,21 @@ def test_when_the_store_host_dies_no_survivor_names_itself() -> None:
         assert "the store they meet in is unreachable" in recovery[2], (rank, recovery)
         assert "host the store outside the ranks" in recovery[2], (rank, recovery)
 
+
+
+def reap(procs: list[Any], out: Any, resume: bool = False) -> None:
+    """End a scenario's processes (``resume``: SIGCONT first, for one that may still be stopped): each joined, or
+    killed once its patience ran out; then the queue they reported on is closed."""
+    for proc in procs:
+        if resume:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+        proc.join(timeout=patience(10, 3))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    out.close()
+    out.join_thread()
 
 def store_host_freezes(rank: int, port: int, out: Any) -> None:
     """Rank 0 hosts the store and stops itself (SIGSTOP) once its context started; ranks 1 and 2 wait for it at their
@@ -308,15 +317,7 @@ def test_a_frozen_store_host_is_named_within_30_s_and_told_so_when_resumed() -> 
         print(f"ranks 1 and 2 raised {[round(at - stopped, 1) for _, _, at in waiting.values()]}s after the freeze: "
               f"{waiting[1][1]}; rank 0, resumed: {message}")
     finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGCONT)
-            proc.join(timeout=patience(10, 3))
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        out.close()
-        out.join_thread()
+        reap(procs, out, resume=True)
 
 
 # --------------------------------------------------------------------------------------------- numbering
