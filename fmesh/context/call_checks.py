@@ -386,10 +386,14 @@ class CallChecks:
         return TensorMismatchError(f"{what}: {told}")
 
     def _raise_found(self) -> None:
-        """Raise what the watch found at a checkpoint, after cutting that group."""
-        checkpoint, error = self.found.pop()
-        self._cut(checkpoint.route, checkpoint.board, error, refused=False)
-        raise error
+        """Raise what the watch found at a checkpoint, after cutting that group; not where the group was cut since
+        (a member that found the difference first cut it, and the collective this rank was blocked in then told it
+        why: a group fails once, and a later call, on any group, is not that failure's)."""
+        while self.found:
+            checkpoint, error = self.found.pop()
+            if usable(checkpoint.route.group, checkpoint.board):
+                self._cut(checkpoint.route, checkpoint.board, error, refused=False)
+                raise error
 
     # ------------------------------------------------------------------ shared
 
