@@ -47,8 +47,8 @@ from support import patience
 import fmesh
 from fmesh import errors
 from fmesh.context import call_checks, creation, failures
-from fmesh.context.store import pulse, recovery_vote, rendezvous, wait
-from fmesh.context.world import World
+from fmesh.context.store import agreement, pulse, recovery_vote, rendezvous, wait
+from fmesh.context.world import World, connect_bound
 
 KINDS = ("kill", "raise", "stop", "delay")
 DEADLY = ("kill", "raise")  # the victim leaves the job; a stopped or delayed one comes back
@@ -356,6 +356,15 @@ def bound(trial: Trial, created: float = 0.0) -> float:
     return max(created, patience(creation_timeout(trial), trial.world)) + patience(5 + held + 10, trial.world)
 
 
+def set_up_bound(trial: Trial, limit: float, created: float = 0.0) -> float:
+    """How long after the first fault a survivor told of it by torch's set-up of a group may take to raise:
+    ``limit``, and the longest that set-up waits: the connect timeout (fmesh's ``connect_bound``, or the creation
+    timeout where shorter) for each peer, one after another, stretched by the load."""
+    connect = min(max(created, patience(creation_timeout(trial), trial.world)),
+                  patience(connect_bound(trial.world).total_seconds(), trial.world))
+    return limit + trial.world * connect
+
+
 def creation_timeout(trial: Trial) -> float:
     """The creation timeout of ``trial``'s contexts on a quiet machine (:func:`run` stretches it by the load, as
     :func:`bound` does): :data:`CREATION_TIMEOUT`; with no launcher marks, longer than a heartbeat's watch (a silence
@@ -395,10 +404,8 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
     struck = tuple(f for f in trial.faults if (directory / f"fault-{f.rank}-{f.point}").exists())
     first = min((float((directory / f"fault-{f.rank}-{f.point}").read_text()) for f in struck), default=None)
     limit = bound(trial, created)
+    slowest = limit  # the bound of the survivor allowed the longest: the run's end waits for it
     violations: list[str] = []
-    if first is not None and ended - first > limit + 10:  # a rank's error, its recovery and its last steps
-        violations.append(f"the run ended {ended - first:.1f}s after the first fault, past the {limit:.0f}s bound "
-                          "(and 10 s to recover and run on)")
     outcomes: list[str] = []
     worlds = {}
     named: float | None = None
@@ -415,14 +422,19 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
         violations += result["wrong"]
         if first is not None and result["errors"]:
             named = max(named or 0.0, result["errors"][0][2] - first)
+        # A survivor that torch's set-up of a group told of the loss (agreement.INSIDE_SET_UP) is bound by that
+        # set-up: gloo waits the connect timeout for each peer that never connects, one after another.
+        mine = set_up_bound(trial, limit, created) if any(
+            agreement.INSIDE_SET_UP in message for _, message, _ in result["errors"]) else limit
+        slowest = max(slowest, mine)
         for kind, message, at in result["errors"]:
             wrong_blame = blamed(message) - dead
             if wrong_blame:
                 violations.append(f"rank {rank}: {kind} names living ranks {sorted(wrong_blame)} as gone: {message}")
             if first is None:
                 violations.append(f"rank {rank}: {kind} with no fault struck: {message[:300]}")
-            elif at - first > limit:
-                violations.append(f"rank {rank}: {kind} {at - first:.1f}s after the fault, past the {limit:.0f}s "
+            elif at - first > mine:
+                violations.append(f"rank {rank}: {kind} {at - first:.1f}s after the fault, past the {mine:.0f}s "
                                   f"bound: {message[:300]}")
         if result["recovered"] is not None:
             worlds[rank] = tuple(result["recovered"])
@@ -434,6 +446,9 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
             violations.append(f"rank {rank}: a fault that ends no rank ({trial.faults[0]}) ended it: {last}")
         elif dead and result["recovered"] is None:  # the store is the launcher's: every loss can be recovered from
             violations.append(f"rank {rank} survived ranks {sorted(dead)} but did not recover: {last}")
+    if first is not None and ended - first > slowest + 10:  # a rank's error, its recovery and its last steps
+        violations.append(f"the run ended {ended - first:.1f}s after the first fault, past the {slowest:.0f}s bound "
+                          "(and 10 s to recover and run on)")
     expected = tuple(r for r in range(trial.world) if r not in dead)
     for rank, world in worlds.items():
         if world != expected:

@@ -23,6 +23,7 @@ from fmesh.context.store.agreement import agree, connect_failed
 from fmesh.context.store.board import Board
 from fmesh.context.store.connections import open_sockets
 from fmesh.context.store.keys import digest
+from fmesh.context.store.records import RUNNING
 from fmesh.context.world import World, connect_bound
 from fmesh.mesh import Mesh
 
@@ -99,6 +100,8 @@ class GroupMaker:
             raise explained from error
         if group is not None:
             board.connections.note(group.group_name, open_sockets() - before)
+        # Set up: a peer waiting for this rank no longer reads it as inside torch's set-up (Board.current).
+        board.post_quietly(RUNNING, after=what)
         if board.connections.halted.is_set():
             if group is not None:
                 board.connections.sever(group.group_name)

@@ -542,8 +542,9 @@ class World:
         if self.pulse is not None:  # the start's heartbeat beats on as the board's (a connection to its store)
             self.pulse.retarget(store, keys.Keys(prefix).beat(self.rank))
             beating.append(self.pulse)
+        connect = min(creation_timeout, connect_bound(self.world_size)).total_seconds()
         board = Board(store, prefix, self.rank, creation_timeout, pulse=beating,
-                      beat_every=pulse_seconds(self.world_size),
+                      beat_every=pulse_seconds(self.world_size), set_up_seconds=self.world_size * connect,
                       launcher_store=_torch.root_store(store) if self.generation == 0 else None, present=agreed).open()
         try:
             if not agreed:

@@ -261,3 +261,28 @@ def test_statuses_and_ended_ranks_cost_a_few_operations_whatever_the_number_of_r
     assert statuses[700] == Status(MISSING) and statuses[3] == Status(RUNNING)
     assert store.ops <= 2 * 11 + 2, store.ops  # halving: about two checks per level for the one missing rank
     assert agreement.ended(ranks) == [5, 900] and launcher.ops == 1  # one read, not a check per rank
+
+
+def test_a_member_alive_inside_torchs_set_up_of_another_group_is_waited_for_past_the_creation_timeout() -> None:
+    """Campaign seed 152 (8 ranks, under load): rank 3 was inside gloo's set-up of the group [1, 3, 5, 7] when rank
+    1 failed; gloo waited the connect timeout for each peer that never connected, and rank 2, waiting for rank 3 at
+    the group [2, 3], timed out (GroupTimeoutError: no loss, so no recovery). A member alive inside torch's set-up
+    of a group is on its way: the agreement waits for it up to ``Board.set_up_seconds`` past the creation timeout."""
+    store, creation = dist.HashStore(), 1.0
+    late = Board(store, "test", 1, timedelta(seconds=creation))
+    late.post("waiting", at="other", what="group other")
+    store.set(late.keys.agreement("other").verdict, "ok")  # agreed: rank 1 went on into torch's set-up of it
+    outcome: dict[int, Any] = {}
+
+    def member(rank: int) -> None:
+        if rank == 1:  # its set-up fails past rank 0's creation timeout; then it comes
+            time.sleep(3 * creation)
+        board = Board(store, "test", rank, timedelta(seconds=creation), grace=0.2, set_up_seconds=patience(60))
+        try:
+            agree(board, "g", [0, 1], "Mesh(dp=2)", "group g")
+            outcome[rank] = None
+        except Exception as error:
+            outcome[rank] = error
+
+    in_threads(member, [0, 1])
+    assert outcome == {0: None, 1: None}, outcome

@@ -132,3 +132,43 @@ def test_split_brain_recovery_ends_in_recovery_error_on_every_rank(run: int) -> 
         # at once where both halves come together (milliseconds measured); a half that comes later waits out the
         # 2 s grace the other gives it (ALIVE_GRACE_SECONDS); never the creation timeout
         assert result[2] < ALIVE_GRACE_SECONDS + within(3), (rank, result)
+
+
+@pytest.mark.parametrize("inside_set_up", [True, False])
+def test_a_survivor_inside_torchs_set_up_at_the_creation_timeout_is_waited_for(inside_set_up: bool) -> None:
+    """Campaign seed 735 (5 ranks, under load): rank 3 was inside gloo's set-up of the group of all five when rank 0
+    died there; gloo waited the connect timeout for each peer whose own set-up had failed as rank 0's connections
+    closed, so rank 3 came to the survivors' vote after the creation timeout, and every survivor raised RecoveryError.
+    The vote now waits, past the creation timeout, for a survivor alive inside torch's set-up; one that is busy
+    elsewhere is still named at the timeout."""
+    store, creation = tcp_store(), 1.0
+    late = Board(store, "set-up", 1, timedelta(seconds=creation))
+    set_up = patience(60)  # how long torch's set-up of a group may take (Board.set_up_seconds)
+    late.post("waiting", at="k", what="dp (0, 1, 2)")
+    if inside_set_up:  # the members agreed: rank 1 went on into torch's set-up of the group
+        store.set(late.keys.agreement("k").verdict, "ok")
+    Board(store, "set-up", 0, timedelta(seconds=creation)).post("running")
+    outcomes: dict[int, Any] = {}
+    first_done = threading.Event()
+
+    def recover(rank: int) -> None:
+        if rank == 1:  # comes past rank 0's creation timeout (after rank 0's outcome, where it has one)
+            first_done.wait(patience(60) if not inside_set_up else 3 * creation)
+        agreement = Board(store.clone(), "set-up", rank, timedelta(seconds=creation),  # type: ignore[attr-defined]
+                          set_up_seconds=set_up)
+        try:
+            outcomes[rank] = agree_on_loss(agreement, [0, 1], [2], [])
+        except fmesh.RecoveryError as error:
+            outcomes[rank] = error
+        finally:
+            agreement.waiter.release()  # its connection for blocking waits, as a recovery's try ends it
+        if rank == 0:
+            first_done.set()
+
+    in_threads(recover, [0, 1], timeout=120)
+    if inside_set_up:
+        assert outcomes == {0: {}, 1: {}}, outcomes  # both recovered
+    else:
+        assert isinstance(outcomes[0], fmesh.RecoveryError), outcomes
+        assert "survivors [1] did not come to recover without [2] within 1s (rank 1 waits to create dp (0, 1, 2))" in \
+            str(outcomes[0]), outcomes

@@ -104,6 +104,11 @@ def settle(board: Board, key: str, members: Sequence[int], description: str, wha
         with contextlib.suppress(Exception):
             board.withdraw(key)
         raise
+    if came is None and board.set_up_seconds > 0:  # a member alive inside torch's set-up of another group is coming
+        statuses = board.statuses(members)
+        if board.setting_up([m for m in members if not statuses[m].waits_at(key)]):
+            came = meeting.wait(board.waiter, board.set_up_seconds, looking.look if watcher else None,
+                                f"waiting to create {what}")
     if came is None:
         _write_timeout(board, meeting, key, members, what, started)  # unless an outcome came meanwhile
     verdict = Verdict.loads(came if came is not None else meeting.verdict())
@@ -138,6 +143,12 @@ def _write_timeout(board: Board, meeting: Meeting, key: str, members: Sequence[i
         "creation_timeout if ranks reach it minutes apart")).dumps())
 
 
+# How a member that learnt of a loss inside torch's set-up of a group says so: the backend's connect told it, and
+# gloo's waits the connect timeout for each peer that never connects, one after another (a peer whose own set-up
+# failed when the lost rank's connections closed), so this can come long after the loss.
+INSIDE_SET_UP = "told by torch's set-up of it (which waits the connect timeout for each peer that does not connect)"
+
+
 def connect_failed(board: Board, members: Sequence[int], what: str, error: Exception) -> Exception:
     """What it means that connecting an agreed group failed with ``error``: a member that failed or closed
     meanwhile (it had arrived, then raised, exited its context or ran out of descriptors) is named with
@@ -168,14 +179,15 @@ def connect_failed(board: Board, members: Sequence[int], what: str, error: Excep
     if cause is not None and statuses[cause].final:
         kind = MeshMismatchError if statuses[cause].kind == "MeshMismatchError" else RankLostError
         return kind(f"on rank {board.rank}: {statuses[cause].describe(cause)}, after agreeing to create "
-                    f"{what}, a group it is a member of. See that rank's error first")
+                    f"{what}, a group it is a member of, {INSIDE_SET_UP}. See that rank's error first")
     if ended:
         return RankLostError(f"on rank {board.rank}: connecting {what} failed: the launcher saw the processes of ranks "
-                             f"{ended} end after they agreed to create it ({error}). See their logs first")
+                             f"{ended} end after they agreed to create it, {INSIDE_SET_UP} ({error}). See their logs "
+                             "first")
     if cause is not None:
         return RankLostError(f"on rank {board.rank}: connecting {what} failed: {statuses[cause].describe(cause)}, "
-                             "so it cut its groups while this rank still connected this one (a member of that "
-                             f"collective failed or is lost: see rank {cause}'s error first; {error})")
+                             f"so it cut its groups while this rank still connected this one, {INSIDE_SET_UP} (a "
+                             f"member of that collective failed or is lost: see rank {cause}'s error first; {error})")
     if _timed_out(error):
         now = board.current({m: statuses[m] for m in others[:8]})
         doing = "; ".join(status.describe(m) for m, status in now.items())

@@ -41,6 +41,7 @@ from fmesh.context.store.records import (
     LOST,
     MISSING,
     RUNNING,
+    SETTING_UP,
     SILENT,
     WAITING,
     Status,
@@ -142,6 +143,10 @@ class Board:
     # How often this rank's heartbeat beats (fmesh.context.store.pulse.pulse_seconds of the world's size): the
     # others' too, so a silence is that many beats' worth (silence).
     beat_every: float = PULSE_SECONDS
+    # How long torch's set-up of a group may hold a member after a loss (gloo waits the connect timeout for each peer
+    # that never connects, one after another): a wait for a member alive inside one goes on that much past the
+    # creation timeout (setting_up).
+    set_up_seconds: float = 0.0
     # The others' heartbeats as this rank last saw them: rank -> (counter, when it first read that value).
     beats: dict[int, tuple[int, float]] = attrs.field(factory=dict, eq=False, repr=False)
     keys: Keys = attrs.field(init=False, eq=False, repr=False)
@@ -292,21 +297,35 @@ class Board:
         return SILENT_SECONDS * self.beat_every / PULSE_SECONDS
 
     def current(self, statuses: dict[int, Status]) -> dict[int, Status]:
-        """``statuses`` as they stand now: an agreement leaves its members' statuses at "waiting at K" (setting them
-        back costs a store operation per member and agreement), so a rank waiting at a group whose verdict is written
-        went on past it: ``running``, after it. One ``check`` per group named; only the slow paths that describe
-        ranks call this.
+        """``statuses`` as they stand now: a rank posts ``running`` once torch has set up the group it agreed on,
+        so one still "waiting at K" where K's verdict is written went on past the agreement and is inside torch's
+        set-up of the group (:data:`~fmesh.context.store.records.SETTING_UP`). One ``check`` per group named; only
+        the slow paths that describe ranks call this.
 
         >>> store = dist.HashStore(); board = Board(store, "doc", 0, timedelta(seconds=1))
         >>> store.set("doc/agree/k/done", "ok")
         >>> board.current({3: Status("waiting", at="k", what="tp (2, 3)")})[3].describe(3)
-        'rank 3 is not creating a group, having created tp (2, 3) (busy elsewhere, or it took another path)'
+        "rank 3 is inside torch's set-up of tp (2, 3), connecting its members (it agreed to create it)"
         """
         waiting_at = {status.at for status in statuses.values() if status.state == WAITING and status.at}
         past = {key for key in waiting_at if self.store.check([self.keys.agreement(key).verdict])}
-        return {rank: Status(RUNNING, after=status.what or "?")
+        return {rank: Status(SETTING_UP, what=status.what or "?")
                 if status.state == WAITING and status.at in past else status
                 for rank, status in statuses.items()}
+
+    def setting_up(self, ranks: Sequence[int]) -> list[int]:
+        """Those of ``ranks`` alive inside torch's set-up of a group they agreed on (:meth:`current`; a heartbeat
+        not silent): on their way, once the backend's connect has waited out the peers that never connect. A few
+        store operations; only a wait past its timeout calls this.
+
+        >>> store = dist.HashStore(); board = Board(store, "doc", 0, timedelta(seconds=1))
+        >>> store.set("doc/agree/k/done", "ok"); Board(store, "doc", 3, timedelta(seconds=1)).post("waiting", at="k")
+        >>> board.setting_up([3])
+        [3]
+        """
+        inside = [rank for rank, status in self.current(self.statuses(ranks)).items() if status.state == SETTING_UP]
+        silent = set(self.silent(inside)) if inside else set()
+        return [rank for rank in inside if rank not in silent]
 
     def silent(self, ranks: Sequence[int], settle: float = 0.0) -> list[int]:
         """Those of ``ranks`` (not this rank, nor one whose status says it is gone already) whose heartbeat this

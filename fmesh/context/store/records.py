@@ -37,6 +37,10 @@ RECOVERING = "recovering"
 # A collective failed on this rank, which is calling the roll of its group to explain it (it raises then, and posts
 # ``failed``): not blocked, so a recovery does not cut its groups to free it.
 FAILING = "failing"
+# It agreed to create a group (``what``) and is inside torch's set-up of it, connecting its members (read, never
+# posted: its status still says it waits at that agreement, whose verdict is written). Alive and busy for as long as
+# the backend's connect takes: gloo waits each peer that does not connect for the connect timeout, one after another.
+SETTING_UP = "setting up"
 MISSING = "missing"  # it never posted a status (read, never posted)
 UNKNOWN = "unknown"  # what it posted cannot be read (read, never posted)
 FINAL_STATES = (FAILED, CLOSED, EXITED, SILENT)  # a member in one of these will never come: a wait for it ends at once
@@ -148,6 +152,9 @@ class Status:
                     f"ctx.recover({self.lost_text}))")
         if self.state == FAILING:
             return f"rank {rank} saw {self.what or 'a collective'} fail and calls the roll of its group"
+        if self.state == SETTING_UP:
+            return (f"rank {rank} is inside torch's set-up of {self.what or '?'}, connecting its members (it agreed "
+                    "to create it)")
         if self.state == RUNNING:
             after = f", having created {self.after}" if self.after else ""
             return f"rank {rank} is not creating a group{after} (busy elsewhere, or it took another path)"

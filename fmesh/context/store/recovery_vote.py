@@ -109,10 +109,11 @@ def agree_on_loss(board: Board, survivors: Sequence[int], lost: Sequence[int],
     :class:`~fmesh.RecoveryError` as soon as one posts other lost ranks (naming both sets), or a rank called
     lost shows it is alive (it comes to recover too: the ranks split into two worlds, each calling the other
     lost), or a survivor's process ended or it closed its context (its status, or the launcher's mark), or one
-    has not come within the creation timeout. Two survivor sets never both go on: the last survivor to come
-    *fences* each lost rank out (``compare_set`` of its ``fate`` key, which the rank itself claims when it comes)
-    before writing ``ok``, after giving a lost rank not known to be gone :data:`ALIVE_GRACE_SECONDS` to show it is
-    alive; a fenced rank that comes later is refused.
+    has not come within the creation timeout (or, one alive inside torch's set-up of a group then, within
+    ``board.set_up_seconds`` more: how long that set-up may take to fail, peer by peer). Two survivor sets never both go
+    on: the last survivor to come *fences* each lost rank out (``compare_set`` of its ``fate`` key, which the rank
+    itself claims when it comes) before writing ``ok``, after giving a lost rank not known to be gone
+    :data:`ALIVE_GRACE_SECONDS` to show it is alive; a fenced rank that comes later is refused.
 
     A survivor that has not come may be blocked in a collective with one that has (on a ``(dp, tp)`` mesh rank 3
     dies, rank 2 recovers, rank 0 waits for rank 2 in a dp all_reduce): past :data:`SEVER_GRACE_SECONDS`, each
@@ -172,6 +173,8 @@ def _agree_on_loss(board: Board, survivors: Sequence[int], lost: Sequence[int], 
 
     came = meeting.wait(board.waiter, board.creation_timeout.total_seconds(), look,
                         doing="agreeing on the ranks lost")
+    if came is None and board.set_up_seconds > 0 and board.setting_up(_not_come(board, survivors)):
+        came = meeting.wait(board.waiter, board.set_up_seconds, look, doing="agreeing on the ranks lost")
     if came is None:  # the timeout, unless an outcome came meanwhile
         missing = _not_come(board, survivors)
         doing = "; ".join(s.describe(m) for m, s in board.current(board.statuses(missing[:8])).items())
