@@ -21,8 +21,9 @@ from fmesh.context import _torch
 from fmesh.context.options import GroupSettings, GroupSpec
 from fmesh.context.store.agreement import agree, connect_failed
 from fmesh.context.store.board import Board
-from fmesh.context.store.connections import open_sockets
+from fmesh.context.store.connections import apart_from_store, open_sockets
 from fmesh.context.store.keys import digest
+from fmesh.context.store.pulse import tcp_address
 from fmesh.context.store.records import RUNNING
 from fmesh.context.world import World, connect_bound
 from fmesh.mesh import Mesh
@@ -99,7 +100,9 @@ class GroupMaker:
                 raise
             raise explained from error
         if group is not None:
-            board.connections.note(group.group_name, open_sockets() - before)
+            address = tcp_address(board.store)
+            board.connections.note(group.group_name, apart_from_store(open_sockets() - before,
+                                                                      None if address is None else address[1]))
         # Set up: a peer waiting for this rank no longer reads it as inside torch's set-up (Board.current).
         board.post_quietly(RUNNING, after=what)
         if board.connections.halted.is_set():

@@ -4,6 +4,7 @@ it posts the silent member's final status on its behalf, which names it."""
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 
@@ -195,3 +196,41 @@ def test_a_watcher_that_did_not_run_calls_nobody_silent_until_its_own_pulse_has_
         assert watcher.silent([1]) == [1]
     finally:
         watcher.leave(aborted=False)
+
+
+def test_the_pulse_bounds_the_reads_of_its_own_connection_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pulse bounded the reads of every connection to the store that appeared while it made its own: one another
+    # thread made at that moment (a wait's, whose blocking read lasts up to the creation timeout) then failed after
+    # 15 s, as if the store's host had stopped answering.
+    import socket
+    import struct
+
+    from fmesh.context.store import pulse as pulse_module
+    from fmesh.context.store.connections import sockets_to
+    from fmesh.context.store.pulse import Pulse
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+    class Crowded:
+        """The store, where another thread connects to it just as the pulse makes its first connection."""
+
+        def __init__(self) -> None:
+            self.others: list[dist.Store] = []
+
+        def clone(self) -> dist.Store:
+            if not self.others:
+                self.others.append(server.clone())
+            return server.clone()
+
+    def bounded(fd: int) -> bool:
+        with socket.socket(fileno=os.dup(fd)) as duplicate:
+            return struct.unpack("ll", duplicate.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)) != (0, 0)
+
+    monkeypatch.setattr(pulse_module, "tcp_address", lambda store: ("127.0.0.1", server.port))
+    before = sockets_to("127.0.0.1", server.port)
+    crowded = Crowded()
+    pulse = Pulse(crowded, "beat/0")  # type: ignore[arg-type]
+    appeared = sockets_to("127.0.0.1", server.port) - before
+    assert len(appeared) == 2, appeared  # the other thread's connection, and the pulse's own
+    assert sorted(bounded(fd) for fd, _ in appeared) == [False, True], appeared
+    pulse.stop()

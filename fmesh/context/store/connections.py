@@ -52,6 +52,42 @@ def open_sockets() -> frozenset[Socket]:
     return frozenset(found)
 
 
+def local_port(fd: int) -> int | None:
+    """The port a socket ``fd`` of this process is bound to, or None (not an internet socket).
+
+    >>> local_port(-1) is None
+    True
+    """
+    try:
+        duplicate = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    try:
+        if duplicate.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        return int(duplicate.getsockname()[1])
+    except OSError:
+        return None
+    finally:
+        duplicate.close()
+
+
+def apart_from_store(sockets: frozenset[Socket], port: int | None) -> frozenset[Socket]:
+    """Those of ``sockets`` that are not a store's connections at ``port``: neither a client's (it reaches that
+    port) nor, in the process that hosts the store, a server's (it is bound to it). What appeared while a group
+    was created holds the connections other threads opened to the store meanwhile (a heartbeat's, a wait's), and,
+    where this process hosts the store, those its server accepted from other ranks: cutting the group must leave
+    them alone.
+
+    >>> apart_from_store(frozenset(), 29500)
+    frozenset()
+    """
+    if port is None:
+        return sockets
+    return frozenset((fd, inode) for fd, inode in sockets
+                     if local_port(fd) != port and ((peer := peer_of(fd)) is None or peer[1] != port))
+
+
 def descriptor_budget() -> tuple[int, int]:
     """``(open, limit)``: file descriptors open in this process, and its soft limit (``ulimit -n``).
 

@@ -84,6 +84,9 @@ ANSWER_SECONDS = 15.0
 # How late the pulse's thread may wake before a watcher of this process takes itself for the one that did not run
 # (Pulse.stalled): far above a thread's lag on a busy machine, far below a silence.
 STALL_SECONDS = 5.0
+# How many times the pulse makes its connection again where another thread connected to the store while it did
+# (Pulse._connect): two threads of one process rarely connect at the same moment twice in a row.
+CONNECT_TRIES = 5
 # How long a fresh connection may take to be answered, where a beat was not: answered, this process was stopped (or
 # starved), not the store's host.
 PROBE_SECONDS = 3.0
@@ -167,15 +170,23 @@ class Pulse:
 
     def _connect(self, store: dist.Store) -> dist.Store:
         """A connection of the pulse's own to ``store`` (its reads bounded by :data:`ANSWER_SECONDS`: a beat
-        unanswered fails), or ``store`` itself where it cannot be cloned (an in-process store)."""
-        before = sockets_to(*self.address) if self.address is not None else frozenset()
-        try:
-            own = store.clone()
-        except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone (in-process): shared
-            return store
-        if self.address is not None:
-            bound_replies(sockets_to(*self.address) - before, ANSWER_SECONDS)
-        return own
+        unanswered fails), or ``store`` itself where it cannot be cloned (an in-process store). Its socket is the
+        one that appeared while it was made; where another thread connected to the store meanwhile (two appeared),
+        it is made again, so that no other connection's reads are bounded: a wait's blocking read outlasts them."""
+        for _ in range(CONNECT_TRIES):
+            before = sockets_to(*self.address) if self.address is not None else frozenset()
+            try:
+                own = store.clone()
+            except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone (in-process): shared
+                return store
+            if self.address is None:
+                return own
+            appeared = sockets_to(*self.address) - before
+            if len(appeared) == 1:
+                bound_replies(appeared, ANSWER_SECONDS)
+                return own
+            del own  # closes its socket
+        return store.clone()  # unbounded: its beats wait as long as the store's host does
 
     def retarget(self, store: dist.Store, key: str, step: int = 1) -> None:
         """Beat ``key`` of ``store`` from the next beat on, ``step`` a beat, on a connection of its own to it (a
