@@ -234,3 +234,28 @@ def test_the_pulse_bounds_the_reads_of_its_own_connection_only(monkeypatch: pyte
     assert len(appeared) == 2, appeared  # the other thread's connection, and the pulse's own
     assert sorted(bounded(fd) for fd, _ in appeared) == [False, True], appeared
     pulse.stop()
+
+
+def test_a_pulse_whose_store_is_gone_stops_and_never_beats_on_its_owners_connection() -> None:
+    # A pulse that could not make a fresh connection (the store's host gone) took the store for one that cannot be
+    # cloned and beat on the connection it was given, which its owner uses from another thread: a TCPStore client
+    # serves one thread at a time, and two survivors of a dead store host aborted (SIGABRT) as their contexts ended.
+    from datetime import timedelta
+
+    from fmesh.context.store.pulse import Pulse
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=1))
+    pulse = Pulse(client, "beat/0", every=0.05).start()
+    try:
+        deadline = time.monotonic() + patience(10)
+        while time.monotonic() < deadline and int(server.get("beat/0")) < 3:
+            time.sleep(0.05)
+        del server  # the store's host is gone
+        deadline = time.monotonic() + patience(30)
+        while time.monotonic() < deadline and pulse.thread.is_alive():
+            time.sleep(0.1)
+        assert not pulse.thread.is_alive(), "the pulse beats on, on its owner's connection"
+        assert pulse.target[0] is not client
+    finally:
+        pulse.stop()

@@ -177,6 +177,8 @@ class Pulse:
             before = sockets_to(*self.address) if self.address is not None else frozenset()
             try:
                 own = store.clone()
+            except dist.DistError:  # the store is gone: never the caller's own connection, used from another thread
+                raise
             except (RuntimeError, NotImplementedError, AttributeError):  # a store without clone (in-process): shared
                 return store
             if self.address is None:
