@@ -241,27 +241,36 @@ def test_in_steady_state_a_call_that_differs_is_named_on_every_rank_before_it_is
     assert "rank 1 refused it on itself" in usual["error"][1] and THE_ODD_CALL[kind] in usual["error"][1], usual
 
 
-def swapped_phases(ctx: Context) -> dict[str, Any]:
-    """Two phases of the same shapes, training (sum, sum) and evaluation (max, max); rank 1 starts evaluating one step
-    early. Every window either rank makes is one both made before: only the checkpoint can tell."""
-    mesh = fmesh.make_mesh((2,), ("dp",))
-    seen: dict[str, Any] = {"calls": 0}
+def run_phases(ctx: Context, mesh: fmesh.Mesh) -> tuple[int, Exception | None]:
+    """Two phases of the same shapes, training (sum, sum) and evaluation (max, max), 16 of them; rank 1 starts
+    evaluating one step early. How many calls went through, and what the next one raised."""
+    calls = 0
     try:
         for phase in range(16):
             for step in range(10):
                 early = phase == 4 and step == 9 and ctx.rank == 1
-                op = "max" if phase % 2 or early else "sum"
                 for _ in range(2):
-                    ctx.all_reduce(torch.ones(4), mesh, op=op)
-                    seen["calls"] += 1
-        seen["error"] = ("no error", "")
+                    ctx.all_reduce(torch.ones(4), mesh, op="max" if phase % 2 or early else "sum")
+                    calls += 1
     except Exception as error:
-        seen["error"] = (type(error).__name__, str(error))
+        return calls, error
+    return calls, None
+
+
+def after(ctx: Context, mesh: fmesh.Mesh) -> Any:
+    """What a call on the group gives after the phases: its sum, or the name of what it raised."""
     try:
-        seen["after"] = ctx.all_reduce(torch.ones(2), mesh).tolist()
+        return ctx.all_reduce(torch.ones(2), mesh).tolist()
     except Exception as error:
-        seen["after"] = type(error).__name__
-    return seen
+        return type(error).__name__
+
+
+def swapped_phases(ctx: Context) -> dict[str, Any]:
+    """:func:`run_phases`: every window either rank makes is one both made before, so only the checkpoint can tell."""
+    mesh = fmesh.make_mesh((2,), ("dp",))
+    calls, error = run_phases(ctx, mesh)
+    return {"calls": calls, "error": ("no error", "") if error is None else (type(error).__name__, str(error)),
+            "after": after(ctx, mesh)}
 
 
 @pytest.mark.slow
@@ -333,24 +342,11 @@ def watch_told_after_its_collective(ctx: Context) -> dict[str, Any]:
 
     CallChecks.compare = staged  # type: ignore[method-assign]  # this forked process only
     mesh = fmesh.make_mesh((2,), ("dp",))
-    seen: dict[str, Any] = {"calls": 0}
-    try:
-        for phase in range(16):
-            for step in range(10):
-                early = phase == 4 and step == 9 and ctx.rank == 1
-                for _ in range(2):
-                    ctx.all_reduce(torch.ones(4), mesh, op="max" if phase % 2 or early else "sum")
-                    seen["calls"] += 1
-    except Exception as error:
-        seen["error"] = type(error).__name__
+    calls, error = run_phases(ctx, mesh)
     collective_failed.set()
     assert compared.wait(patience(60)), "the watch never compared"
     time.sleep(0.2)  # the watch files what it found right after comparing
-    try:
-        seen["after"] = ctx.all_reduce(torch.ones(2), mesh).tolist()
-    except Exception as error:
-        seen["after"] = type(error).__name__
-    return seen
+    return {"calls": calls, "error": None if error is None else type(error).__name__, "after": after(ctx, mesh)}
 
 
 @pytest.mark.slow

@@ -27,6 +27,8 @@ import stat
 import struct
 import threading
 import warnings
+from collections.abc import Callable
+from typing import TypeVar
 
 from fmesh.errors import FileDescriptorLimitError, FileDescriptorWarning
 
@@ -35,6 +37,7 @@ RESERVE = 32  # descriptors left for the program itself (files, logs, the store)
 _FD_DIR = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
 
 Socket = tuple[int, int]  # (file descriptor, inode)
+T = TypeVar("T")
 
 
 def open_sockets() -> frozenset[Socket]:
@@ -52,24 +55,30 @@ def open_sockets() -> frozenset[Socket]:
     return frozenset(found)
 
 
-def local_port(fd: int) -> int | None:
-    """The port a socket ``fd`` of this process is bound to, or None (not an internet socket).
-
-    >>> local_port(-1) is None
-    True
-    """
+def _read_socket(fd: int, read: Callable[[socket.socket], T]) -> T | None:
+    """``read`` of an internet stream socket made over a duplicate of ``fd`` (this process's own stays as it is);
+    None where ``fd`` is no such socket, or the read fails."""
     try:
         duplicate = socket.socket(fileno=os.dup(fd))
     except OSError:
         return None
     try:
-        if duplicate.family not in (socket.AF_INET, socket.AF_INET6):
+        if duplicate.type != socket.SOCK_STREAM or duplicate.family not in (socket.AF_INET, socket.AF_INET6):
             return None
-        return int(duplicate.getsockname()[1])
+        return read(duplicate)
     except OSError:
         return None
     finally:
         duplicate.close()
+
+
+def local_port(fd: int) -> int | None:
+    """The port a socket ``fd`` of this process is bound to, or None (not an internet stream socket).
+
+    >>> local_port(-1) is None
+    True
+    """
+    return _read_socket(fd, lambda duplicate: int(duplicate.getsockname()[1]))
 
 
 def apart_from_store(sockets: frozenset[Socket], port: int | None) -> frozenset[Socket]:
@@ -129,19 +138,11 @@ def peer_of(fd: int) -> tuple[str, int] | None:
     >>> peer_of(-1) is None
     True
     """
-    try:
-        duplicate = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return None
-    try:
-        if duplicate.type != socket.SOCK_STREAM or duplicate.family not in (socket.AF_INET, socket.AF_INET6):
-            return None
+    def peer(duplicate: socket.socket) -> tuple[str, int]:
         address, port = duplicate.getpeername()[:2]
         return str(address).removeprefix("::ffff:"), int(port)
-    except OSError:
-        return None
-    finally:
-        duplicate.close()
+
+    return _read_socket(fd, peer)
 
 
 def sockets_to(host: str, port: int) -> frozenset[Socket]:
