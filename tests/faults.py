@@ -48,7 +48,7 @@ import fmesh
 from fmesh import errors
 from fmesh.context import call_checks, creation, failures
 from fmesh.context.store import agreement, pulse, recovery_vote, rendezvous, wait
-from fmesh.context.world import World, connect_bound
+from fmesh.context.world import SET_UP_PEERS, World, connect_bound
 
 KINDS = ("kill", "raise", "stop", "delay")
 DEADLY = ("kill", "raise")  # the victim leaves the job; a stopped or delayed one comes back
@@ -358,11 +358,12 @@ def bound(trial: Trial, created: float = 0.0) -> float:
 
 def set_up_bound(trial: Trial, limit: float, created: float = 0.0) -> float:
     """How long after the first fault a survivor told of it by torch's set-up of a group may take to raise:
-    ``limit``, and the longest that set-up waits: the connect timeout (fmesh's ``connect_bound``, or the creation
-    timeout where shorter) for each peer, one after another, stretched by the load."""
+    ``limit``, and the longest the others wait for that set-up: the connect timeout (fmesh's ``connect_bound``, or
+    the creation timeout where shorter) for each peer, one after another (``SET_UP_PEERS`` at most), stretched by the
+    load."""
     connect = min(max(created, patience(creation_timeout(trial), trial.world)),
                   patience(connect_bound(trial.world).total_seconds(), trial.world))
-    return limit + trial.world * connect
+    return limit + min(trial.world, SET_UP_PEERS) * connect
 
 
 def creation_timeout(trial: Trial) -> float:

@@ -45,6 +45,11 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 NEW_WORLD_CONNECT = timedelta(seconds=15)
 # How much longer a world of many ranks may take to connect, per rank (gloo connects every pair): 15 s up to 1,000.
 CONNECT_PER_RANK = timedelta(seconds=0.015)
+# How many peers' connect timeouts a wait gives a member still inside torch's set-up of a group after the creation
+# timeout (Board.set_up_seconds): gloo waits the connect timeout for each peer that never connects, one after
+# another. Bounded so that a set-up that hangs (a backend's bug, a lost peer NCCL waits for) costs a large world's
+# waits minutes, not the world's size times the connect timeout.
+SET_UP_PEERS = 8
 
 
 def connect_bound(world_size: int) -> timedelta:
@@ -544,7 +549,8 @@ class World:
             beating.append(self.pulse)
         connect = min(creation_timeout, connect_bound(self.world_size)).total_seconds()
         board = Board(store, prefix, self.rank, creation_timeout, pulse=beating,
-                      beat_every=pulse_seconds(self.world_size), set_up_seconds=self.world_size * connect,
+                      beat_every=pulse_seconds(self.world_size),
+                      set_up_seconds=min(self.world_size, SET_UP_PEERS) * connect,
                       launcher_store=_torch.root_store(store) if self.generation == 0 else None, present=agreed).open()
         try:
             if not agreed:

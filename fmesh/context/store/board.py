@@ -144,8 +144,8 @@ class Board:
     # others' too, so a silence is that many beats' worth (silence).
     beat_every: float = PULSE_SECONDS
     # How long torch's set-up of a group may hold a member after a loss (gloo waits the connect timeout for each peer
-    # that never connects, one after another): a wait for a member alive inside one goes on that much past the
-    # creation timeout (setting_up).
+    # that never connects, one after another; fmesh.context.world.SET_UP_PEERS of them at most): a wait for a member
+    # alive inside one goes on that much past the creation timeout (setting_up).
     set_up_seconds: float = 0.0
     # The others' heartbeats as this rank last saw them: rank -> (counter, when it first read that value).
     beats: dict[int, tuple[int, float]] = attrs.field(factory=dict, eq=False, repr=False)
