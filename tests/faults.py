@@ -410,6 +410,9 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
     outcomes: list[str] = []
     worlds = {}
     named: float | None = None
+    held_in_set_up = any(isinstance(result, dict) and any(agreement.INSIDE_SET_UP in message
+                                                          for _, message, _ in result["errors"])
+                         for rank, result in enumerate(results) if rank not in dead)
     for rank, result in enumerate(results):
         if rank in dead:
             outcomes.append(f"rank {rank}: the victim ({type(result).__name__})")
@@ -424,9 +427,9 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
         if first is not None and result["errors"]:
             named = max(named or 0.0, result["errors"][0][2] - first)
         # A survivor that torch's set-up of a group told of the loss (agreement.INSIDE_SET_UP) is bound by that
-        # set-up: gloo waits the connect timeout for each peer that never connects, one after another.
-        mine = set_up_bound(trial, limit, created) if any(
-            agreement.INSIDE_SET_UP in message for _, message, _ in result["errors"]) else limit
+        # set-up (gloo waits the connect timeout for each peer that never connects, one after another), and so is
+        # every survivor, which may have waited for it (an agreement, the vote).
+        mine = set_up_bound(trial, limit, created) if held_in_set_up else limit
         slowest = max(slowest, mine)
         for kind, message, at in result["errors"]:
             wrong_blame = blamed(message) - dead
