@@ -404,15 +404,17 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
     dead = set(fired(directory, trial.faults))
     struck = tuple(f for f in trial.faults if (directory / f"fault-{f.rank}-{f.point}").exists())
     first = min((float((directory / f"fault-{f.rank}-{f.point}").read_text()) for f in struck), default=None)
-    limit = bound(trial, created)
-    slowest = limit  # the bound of the survivor allowed the longest: the run's end waits for it
+    # Where torch's set-up of a group told a survivor of the loss (agreement.INSIDE_SET_UP), every survivor is bound
+    # by that set-up (gloo waits the connect timeout for each peer that never connects, one after another), since
+    # each may have waited for that one (an agreement, the vote).
+    held_in_set_up = any(isinstance(result, dict) and any(agreement.INSIDE_SET_UP in message
+                                                          for _, message, _ in result["errors"])
+                         for rank, result in enumerate(results) if rank not in dead)
+    limit = set_up_bound(trial, bound(trial, created), created) if held_in_set_up else bound(trial, created)
     violations: list[str] = []
     outcomes: list[str] = []
     worlds = {}
     named: float | None = None
-    held_in_set_up = any(isinstance(result, dict) and any(agreement.INSIDE_SET_UP in message
-                                                          for _, message, _ in result["errors"])
-                         for rank, result in enumerate(results) if rank not in dead)
     for rank, result in enumerate(results):
         if rank in dead:
             outcomes.append(f"rank {rank}: the victim ({type(result).__name__})")
@@ -426,19 +428,14 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
         violations += result["wrong"]
         if first is not None and result["errors"]:
             named = max(named or 0.0, result["errors"][0][2] - first)
-        # A survivor that torch's set-up of a group told of the loss (agreement.INSIDE_SET_UP) is bound by that
-        # set-up (gloo waits the connect timeout for each peer that never connects, one after another), and so is
-        # every survivor, which may have waited for it (an agreement, the vote).
-        mine = set_up_bound(trial, limit, created) if held_in_set_up else limit
-        slowest = max(slowest, mine)
         for kind, message, at in result["errors"]:
             wrong_blame = blamed(message) - dead
             if wrong_blame:
                 violations.append(f"rank {rank}: {kind} names living ranks {sorted(wrong_blame)} as gone: {message}")
             if first is None:
                 violations.append(f"rank {rank}: {kind} with no fault struck: {message[:300]}")
-            elif at - first > mine:
-                violations.append(f"rank {rank}: {kind} {at - first:.1f}s after the fault, past the {mine:.0f}s "
+            elif at - first > limit:
+                violations.append(f"rank {rank}: {kind} {at - first:.1f}s after the fault, past the {limit:.0f}s "
                                   f"bound: {message[:300]}")
         if result["recovered"] is not None:
             worlds[rank] = tuple(result["recovered"])
@@ -450,8 +447,8 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
             violations.append(f"rank {rank}: a fault that ends no rank ({trial.faults[0]}) ended it: {last}")
         elif dead and result["recovered"] is None:  # the store is the launcher's: every loss can be recovered from
             violations.append(f"rank {rank} survived ranks {sorted(dead)} but did not recover: {last}")
-    if first is not None and ended - first > slowest + 10:  # a rank's error, its recovery and its last steps
-        violations.append(f"the run ended {ended - first:.1f}s after the first fault, past the {slowest:.0f}s bound "
+    if first is not None and ended - first > limit + 10:  # a rank's error, its recovery and its last steps
+        violations.append(f"the run ended {ended - first:.1f}s after the first fault, past the {limit:.0f}s bound "
                           "(and 10 s to recover and run on)")
     expected = tuple(r for r in range(trial.world) if r not in dead)
     for rank, world in worlds.items():
