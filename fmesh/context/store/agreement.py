@@ -106,7 +106,7 @@ def settle(board: Board, key: str, members: Sequence[int], description: str, wha
         raise
     if came is None and board.set_up_seconds > 0:  # a member alive inside torch's set-up of another group is coming
         statuses = board.statuses(members)
-        if board.setting_up([m for m in members if not statuses[m].waits_at(key)]):
+        if board.setting_up({m: status for m, status in statuses.items() if not status.waits_at(key)}):
             came = meeting.wait(board.waiter, board.set_up_seconds, looking.look if watcher else None,
                                 f"waiting to create {what}")
     if came is None:

@@ -313,17 +313,17 @@ class Board:
                 if status.state == WAITING and status.at in past else status
                 for rank, status in statuses.items()}
 
-    def setting_up(self, ranks: Sequence[int]) -> list[int]:
-        """Those of ``ranks`` alive inside torch's set-up of a group they agreed on (:meth:`current`; a heartbeat
-        not silent): on their way, once the backend's connect has waited out the peers that never connect. A few
-        store operations; only a wait past its timeout calls this.
+    def setting_up(self, statuses: dict[int, Status]) -> list[int]:
+        """Those of the ranks whose ``statuses`` were read that are alive inside torch's set-up of a group they agreed
+        on (:meth:`current`; a heartbeat not silent): on their way, once the backend's connect has waited out the
+        peers that never connect. A few store operations; only a wait past its timeout calls this.
 
         >>> store = dist.HashStore(); board = Board(store, "doc", 0, timedelta(seconds=1))
         >>> store.set("doc/agree/k/done", "ok"); Board(store, "doc", 3, timedelta(seconds=1)).post("waiting", at="k")
-        >>> board.setting_up([3])
+        >>> board.setting_up(board.statuses([3]))
         [3]
         """
-        inside = [rank for rank, status in self.current(self.statuses(ranks)).items() if status.state == SETTING_UP]
+        inside = [rank for rank, status in self.current(statuses).items() if status.state == SETTING_UP]
         silent = set(self.silent(inside)) if inside else set()
         return [rank for rank in inside if rank not in silent]
 

@@ -173,7 +173,7 @@ def _agree_on_loss(board: Board, survivors: Sequence[int], lost: Sequence[int], 
 
     came = meeting.wait(board.waiter, board.creation_timeout.total_seconds(), look,
                         doing="agreeing on the ranks lost")
-    if came is None and board.set_up_seconds > 0 and board.setting_up(_not_come(board, survivors)):
+    if came is None and board.set_up_seconds > 0 and board.setting_up(board.statuses(_not_come(board, survivors))):
         came = meeting.wait(board.waiter, board.set_up_seconds, look, doing="agreeing on the ranks lost")
     if came is None:  # the timeout, unless an outcome came meanwhile
         missing = _not_come(board, survivors)
