@@ -13,9 +13,12 @@ import pytest
 import torch.distributed as dist
 from support import patience
 
+import fmesh
+
 from fmesh.context.store import board as board_module
+from fmesh.context.store.agreement import connect_failed
 from fmesh.context.store.board import Board
-from fmesh.context.store.records import CLOSED, SILENT
+from fmesh.context.store.records import CLOSED, SILENT, Status
 
 
 def boards(store: dist.Store, ranks: int) -> list[Board]:
@@ -266,3 +269,21 @@ def test_a_pulse_whose_store_is_gone_stops_and_never_beats_on_its_owners_connect
         assert pulse.target[0] is not client
     finally:
         pulse.stop()
+
+
+def test_a_rank_that_did_not_run_is_told_so_when_connecting_a_group_fails() -> None:
+    # CI: a store host resumed after a freeze found the agreement on its first group decided (its peers had arrived
+    # before they gave up on the store), failed to connect it (they had exited), and named a peer gone, not its pause.
+    store = dist.HashStore()
+    resumed, peer = boards(store, 2)
+    resumed.open()
+    try:
+        # the peer, truly gone since, is posted silent (as this rank's own watch posts it once its pulse has woken)
+        store.set(peer.keys.status(peer.rank), Status(SILENT, error="10s").dumps())
+        store.append(peer.keys.finals, f"{peer.rank},")
+        resumed.pulse[0].paused.append(40.0)
+        error = connect_failed(resumed, [0, 1], "group g", dist.DistStoreError("Timeout waiting for key"))
+        assert isinstance(error, fmesh.RankLostError), error
+        assert "this process did not run for 40s" in str(error), error
+    finally:
+        resumed.leave(aborted=False)

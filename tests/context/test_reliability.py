@@ -266,6 +266,7 @@ def reap(procs: list[Any], out: Any, resume: bool = False) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join()
+        proc.close()  # its sentinel's descriptor: a failed test's traceback holds the process (nothing_left_behind)
     out.close()
     out.join_thread()
 

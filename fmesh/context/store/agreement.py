@@ -155,7 +155,12 @@ def connect_failed(board: Board, members: Sequence[int], what: str, error: Excep
     what it posted, as is one that saw a collective fail (it cut its groups, this one among them, while this rank
     still connected it) and one whose process the launcher saw end; a member that never connected within the
     creation timeout is a timeout; anything else is the backend's own ``error``. A member that cut the group posts
-    why first, but this rank may read before: the statuses are read again for up to :data:`CUT_NOTICE_SECONDS`."""
+    why first, but this rank may read before: the statuses are read again for up to :data:`CUT_NOTICE_SECONDS`.
+    Where this process did not run past the bound, or its store stopped answering, that is told first: the members
+    it sees gone went on without it (:meth:`~fmesh.context.store.board.Board.store_silence`)."""
+    own = board.store_silence(f"connecting {what}")
+    if own is not None:
+        return own
     others = [m for m in members if m != board.rank]
     deadline = time.monotonic() + CUT_NOTICE_SECONDS
     try:
