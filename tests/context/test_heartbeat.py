@@ -14,7 +14,6 @@ import torch.distributed as dist
 from support import patience
 
 import fmesh
-
 from fmesh.context.store import board as board_module
 from fmesh.context.store.agreement import connect_failed
 from fmesh.context.store.board import Board
