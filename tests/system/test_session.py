@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-
 NO_COMPILER = shutil.which("cc") is None and shutil.which("gcc") is None
 
 
