@@ -125,13 +125,14 @@ def running(pid: int) -> bool:
         return False
 
 
-def listening(port: int) -> bool:
-    """Whether a socket of this machine listens at TCP ``port`` (read from ``/proc/net``, so nothing connects to it).
+def listening(port: int, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> bool:
+    """Whether a socket of this machine listens at TCP ``port`` (read from ``/proc/net``, so nothing connects to it;
+    ``tables``: IPv4's and IPv6's).
 
     >>> listening(0)
     False
     """
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in tables:
         try:
             with open(table) as rows:
                 for row in itertools.islice(rows, 1, None):
