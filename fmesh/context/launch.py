@@ -32,6 +32,7 @@ from fmesh.context import _torch
 from fmesh.context.context import Context
 from fmesh.context.options import DEFAULT_CREATION_TIMEOUT, normalize_timeout
 from fmesh.context.store.board import mark_ended
+from fmesh.context.store.hosting import host_store
 from fmesh.errors import LaunchError, RemoteTraceback
 from fmesh.layout.int_tuple import is_int
 
@@ -204,7 +205,7 @@ def launch(
             if method == "fork":
                 gc.unfreeze()
         # After the forks (a forked child must not inherit the store's server thread).
-        store = _torch.host_store(port, world_size, timeout)
+        store = host_store(port, world_size, timeout)
         while len(results) < world_size:
             try:
                 rank, status, payload = out.get(timeout=max(0.1, min(1.0, deadline - time.monotonic())))

@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from fmesh.context import _torch
 from fmesh.context.context import Context
 from fmesh.context.launch import COLLECTIVE_SHARE, CREATION_SHARE, ON_RANK_LOSS, OnRankLoss, free_port
 from fmesh.context.options import DEFAULT_CREATION_TIMEOUT, normalize_timeout
 from fmesh.context.store.board import mark_ended
+from fmesh.context.store.hosting import host_store
 from fmesh.errors import LaunchError
 from fmesh.layout.int_tuple import is_int
 
@@ -88,7 +88,7 @@ def launch(fn: Callable[[Context], Any], world_size: int = 4, *, timeout: float 
                **(context_options or {})}
     address = ray.util.get_node_ip_address()
     port = free_port()
-    store = _torch.host_store(port, world_size, timeout, host=address)
+    store = host_store(port, world_size, timeout, host=address)
     actor_class = ray.remote(num_cpus=cpus_per_rank)(RankActor)
     actors = [actor_class.remote() for _ in range(world_size)]
     try:

@@ -240,15 +240,15 @@ def test_a_master_port_held_by_another_program_is_named_on_every_rank_in_seconds
 def test_the_launchers_store_listens_on_an_ipv4_socket_of_loopback_alone() -> None:
     # torch's own socket (IPv6, every interface) saw each client as ::ffff:127.0.0.1 and asked the name server for
     # that name at each connection, on the server's one thread: a dropped query held every rank's operations.
-    from fmesh.context import _torch
     from fmesh.context.launch import free_port
+    from fmesh.context.store.hosting import host_store
 
     port = free_port()
-    store = _torch.host_store(port, 1, timeout=10)
+    store = host_store(port, 1, timeout=10)
     try:
         assert listening(port, ("/proc/net/tcp",)) and not listening(port, ("/proc/net/tcp6",)), port
         with pytest.raises(torch.distributed.DistNetworkError, match=f"could not listen at 127.0.0.1:{port}"):
-            _torch.host_store(port, 1, timeout=10)  # taken: torch's error, naming the address
+            host_store(port, 1, timeout=10)  # taken: torch's error, naming the address
         client = torch.distributed.TCPStore("127.0.0.1", port, 1, is_master=False)
         client.set("said", "so")
         assert store.get("said") == b"so"
