@@ -30,6 +30,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
+import torch
 import torch.distributed as dist
 from support import CountingStore as Counting  # the tests' counting store: one definition
 
@@ -92,9 +93,14 @@ def _torch_member(ctx: Any) -> dict[str, float]:
     """On a launched rank: create one gloo group of the whole world with torch, through a counting store."""
     from torch.distributed import distributed_c10d as c10d
 
+    import fmesh
+
     store = Counting(dist.distributed_c10d._get_default_store())
     c10d._new_process_group_helper(ctx.world_size, ctx.rank, list(range(ctx.world_size)), "gloo", store,
                                    "bench-torch-gloo", timeout=timedelta(seconds=60))
+    # No rank leaves before every rank's set-up returned: gloo's set-up is done on one side of a pair before the
+    # other, and a member that exits then breaks a peer still connecting ("Connection closed by peer", under load).
+    ctx.all_reduce(torch.zeros(1), fmesh.make_mesh((ctx.world_size,), ("all",)), "all")
     return {"ops": store.ops, "keys": len(store.all_keys), "bytes": store.all_bytes}
 
 
