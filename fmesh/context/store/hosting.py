@@ -33,10 +33,10 @@ def loopback_listener(host: str, port: int) -> int | None:
     """A listening IPv4 socket at ``host``:``port``, its descriptor handed over (the store closes it), where ``host``
     is an IPv4 loopback address; else ``None`` (torch makes its own)."""
     try:
-        loopback = ipaddress.ip_address(host).version == 4 and ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:  # a host name
         return None
-    if not loopback:
+    if address.version != 4 or not address.is_loopback:
         return None
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
