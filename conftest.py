@@ -84,13 +84,12 @@ def _numeric_loopback() -> str | None:
 
 
 def _preload(library: str | None) -> None:
-    """Preload ``library`` into every process started from now on (once: a worker inherits it)."""
-    preloaded = os.environ.get("LD_PRELOAD", "")
-    if library is not None and library not in preloaded:
-        os.environ["LD_PRELOAD"] = f"{preloaded} {library}".strip()
+    """Preload ``library`` into every process started from now on, after what is preloaded already."""
+    if library is not None:
+        os.environ["LD_PRELOAD"] = f"{os.environ.get('LD_PRELOAD', '')} {library}".strip()
 
 
-if "fmesh-numeric-loopback" not in os.environ.get("LD_PRELOAD", ""):  # the session's first process, not a worker
+if "fmesh-numeric-loopback" not in os.environ.get("LD_PRELOAD", ""):  # the session's first process: a worker has it
     _preload(_numeric_loopback())
 
 
