@@ -12,6 +12,7 @@
   group's members agree on what they mean, with :mod:`~fmesh.context.store.diagnosis` when one does not come),
   :mod:`~fmesh.context.store.roll_call` (who survived a failed collective), :mod:`~fmesh.context.store.recovery_vote`
   (the survivors agree on the ranks lost).
+* :mod:`~fmesh.context.store.hosting`: a store server this process hosts for others (the launcher's).
 
 Each costs every member a constant number of store operations, whatever the number of members
 (``tests/context/test_store_operations.py``, ``bench/scale.py``).
