@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import attrs
@@ -47,8 +48,9 @@ from support import patience
 import fmesh
 from fmesh import errors
 from fmesh.context import call_checks, creation, failures
+from fmesh.context import world as worlds
 from fmesh.context.store import agreement, pulse, recovery_vote, rendezvous, wait
-from fmesh.context.world import SET_UP_PEERS, World, connect_bound
+from fmesh.context.world import World, connect_bound
 
 KINDS = ("kill", "raise", "stop", "delay")
 DEADLY = ("kill", "raise")  # the victim leaves the job; a stopped or delayed one comes back
@@ -358,12 +360,11 @@ def bound(trial: Trial, created: float = 0.0) -> float:
 
 def set_up_bound(trial: Trial, limit: float, created: float = 0.0) -> float:
     """How long after the first fault a survivor told of it by torch's set-up of a group may take to raise:
-    ``limit``, and the longest the others wait for that set-up: the connect timeout (fmesh's ``connect_bound``, or
-    the creation timeout where shorter) for each peer, one after another (``SET_UP_PEERS`` at most), stretched by the
-    load."""
+    ``limit``, and the longest the others wait for that set-up: fmesh's ``set_up_bound`` of its ``connect_bound``
+    (or of the creation timeout where shorter), stretched by the load."""
     connect = min(max(created, patience(creation_timeout(trial), trial.world)),
                   patience(connect_bound(trial.world).total_seconds(), trial.world))
-    return limit + min(trial.world, SET_UP_PEERS) * connect
+    return limit + worlds.set_up_bound(timedelta(seconds=connect)).total_seconds()
 
 
 def creation_timeout(trial: Trial) -> float:
@@ -405,8 +406,8 @@ def judge(trial: Trial, results: list[Any], directory: pathlib.Path, seconds: fl
     struck = tuple(f for f in trial.faults if (directory / f"fault-{f.rank}-{f.point}").exists())
     first = min((float((directory / f"fault-{f.rank}-{f.point}").read_text()) for f in struck), default=None)
     # Where torch's set-up of a group told a survivor of the loss (agreement.INSIDE_SET_UP), every survivor is bound
-    # by that set-up (gloo waits the connect timeout for each peer that never connects, one after another), since
-    # each may have waited for that one (an agreement, the vote).
+    # by that set-up (after a death inside it, gloo holds the others five connect timeouts), since each may have
+    # waited for that one (an agreement, the vote).
     held_in_set_up = any(isinstance(result, dict) and any(agreement.INSIDE_SET_UP in message
                                                           for _, message, _ in result["errors"])
                          for rank, result in enumerate(results) if rank not in dead)

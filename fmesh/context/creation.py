@@ -25,7 +25,7 @@ from fmesh.context.store.connections import apart_from_store, open_sockets
 from fmesh.context.store.keys import digest
 from fmesh.context.store.pulse import tcp_address
 from fmesh.context.store.records import RUNNING
-from fmesh.context.world import World, connect_bound
+from fmesh.context.world import World, connect_bound, gloo_wait
 from fmesh.mesh import Mesh
 
 
@@ -73,14 +73,15 @@ class GroupMaker:
             mesh.groups(axes), rank=self.world.rank, timeout=spec.timeout, options=spec.options))
 
     def connect_timeout(self, spec: GroupSpec) -> Any:
-        """How long connecting the group of ``spec`` may take: gloo's rendezvous waits for every member with the
+        """The timeout torch connects the group of ``spec`` under: gloo's rendezvous waits for every member with the
         group's timeout (the collectives', 10 min by default), so a member that died after agreeing would be waited
-        for that long; it connects within the creation timeout and :func:`~fmesh.context.world.connect_bound`
-        instead, then gets its own."""
+        for that long, five times over; it connects so as to end within the creation timeout and
+        :func:`~fmesh.context.world.connect_bound` instead (:func:`~fmesh.context.world.gloo_wait`), then gets its
+        own."""
         if spec.backend == "gloo" and self.board is not None:
-            # The members agreed just before (every one came): connecting takes seconds, and one that dies inside
-            # it costs the others this bound (its heartbeat then names it), not the creation timeout.
-            return min(spec.timeout, self.settings.creation_timeout, connect_bound(len(spec.ranks)))
+            # The members agreed just before (every one came): connecting takes milliseconds, and one that dies
+            # inside it costs the others this bound (its heartbeat then names it), not the creation timeout.
+            return gloo_wait(min(spec.timeout, self.settings.creation_timeout, connect_bound(len(spec.ranks))))
         return spec.timeout
 
     def connect(self, members: tuple[int, ...], what: str, create: Callable[[], Any]) -> Any:

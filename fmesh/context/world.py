@@ -45,11 +45,14 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 NEW_WORLD_CONNECT = timedelta(seconds=15)
 # How much longer a world of many ranks may take to connect, per rank (gloo connects every pair): 15 s up to 1,000.
 CONNECT_PER_RANK = timedelta(seconds=0.015)
-# How many peers' connect timeouts a wait gives a member still inside torch's set-up of a group after the creation
-# timeout (Board.set_up_seconds): gloo waits the connect timeout for each peer that never connects, one after
-# another. Bounded so that a set-up that hangs (a backend's bug, a lost peer NCCL waits for) costs a large world's
-# waits minutes, not the world's size times the connect timeout.
-SET_UP_PEERS = 8
+# A member's death inside gloo's set-up of a group ends the other members' set-up after five of the connect timeouts
+# torch was given, whatever the group's size: their connections wait on each other in turn (measured: 5.0 timeouts for
+# groups of 3 to 16, on torch 2.10, 2.13 and 2.15; `python bench/gloo_set_up.py`). So fmesh gives gloo a fifth of
+# the time a set-up may take.
+GLOO_SET_UP_WAITS = 5
+# The shortest connect timeout fmesh gives gloo: one member's wait for another's address or connection, milliseconds
+# after the agreement just before, but a loaded machine can keep a process off the CPU for a second.
+GLOO_WAIT_FLOOR = timedelta(seconds=2)
 
 
 def connect_bound(world_size: int) -> timedelta:
@@ -61,6 +64,26 @@ def connect_bound(world_size: int) -> timedelta:
     (15.0, 61.44)
     """
     return max(NEW_WORLD_CONNECT, CONNECT_PER_RANK * world_size)
+
+
+def gloo_wait(bound: timedelta) -> timedelta:
+    """The connect timeout to give gloo so that its set-up of a group ends within ``bound`` when a member dies inside
+    it: a fifth of ``bound`` (:data:`GLOO_SET_UP_WAITS`), and not under :data:`GLOO_WAIT_FLOOR` unless ``bound`` is.
+
+    >>> [gloo_wait(timedelta(seconds=s)).total_seconds() for s in (15, 5, 1)]
+    [3.0, 2.0, 1.0]
+    """
+    return max(bound / GLOO_SET_UP_WAITS, min(bound, GLOO_WAIT_FLOOR))
+
+
+def set_up_bound(bound: timedelta) -> timedelta:
+    """How long gloo's set-up of a group, given :func:`gloo_wait` of ``bound``, may hold a member after a death inside
+    it: ``bound``, or more where the floor lifted the wait.
+
+    >>> [set_up_bound(timedelta(seconds=s)).total_seconds() for s in (15, 5)]
+    [15.0, 10.0]
+    """
+    return GLOO_SET_UP_WAITS * gloo_wait(bound)
 
 
 MAX_COUNT = 2**31 - 1  # torch numbers ranks (and counts them) with 32-bit ints
@@ -388,21 +411,26 @@ class World:
         try:
             if owns:
                 connecting = timeout if connect_timeout is None else min(timeout, connect_timeout)
+                chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+                # gloo's set-up holds the others GLOO_SET_UP_WAITS of its timeouts when a rank dies inside it
+                given = gloo_wait(connecting) if connect_timeout is not None and chosen == "gloo" else connecting
+                setting_up = time.monotonic()
                 try:
                     dist.init_process_group(
-                        backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+                        backend=chosen,
                         init_method=init_method,
                         rank=-1 if rank is None else rank,
                         world_size=-1 if world_size is None else world_size,
                         store=store,
-                        timeout=connecting,
+                        timeout=given,
                     )
                 except RuntimeError as error:  # a recovered world's caller names the ranks that ended (a RecoveryError)
-                    # A set-up that failed at once (not timed out) gives the watchers a silence to see who died; one
-                    # that timed out (the watchers watched all along) a look's gap more.
+                    # The watchers see who died in a silence from the death, at most the set-up's time before: a
+                    # look's gap more past whatever of that silence the set-up did not already last.
                     watch = silent_seconds(met.world_size) if met is not None else 0.0
+                    lasted = time.monotonic() - setting_up
                     if met is not None and met.pulse is not None and (quiet := met.silent(
-                            START_LOOK_GAP_SECONDS + (0.0 if _set_up_timed_out(error) else watch))):
+                            START_LOOK_GAP_SECONDS + max(0.0, watch - lasted))):
                         raise rendezvous.silent_error(quiet, met.rank, "while torch set up the job's default "
                                                       f"group ({type(error).__name__})") from error
                     if generation or not _set_up_timed_out(error):
@@ -413,7 +441,7 @@ class World:
                         f"{connecting.total_seconds():g}s ({type(error).__name__}: {cause}): a rank died inside it, "
                         f"or this machine is too loaded to connect {world_size} processes in that time. See the other "
                         "ranks' errors first; raise creation_timeout if the machine is only slow") from error
-                if connecting < timeout and backend != "fake":
+                if given < timeout and backend != "fake":
                     _torch.set_group_timeout(None, timeout)
                 if backend != "fake" and dist.get_world_size() > 1:
                     _connected(dist.get_rank(), dist.get_world_size(), connecting,
@@ -547,10 +575,10 @@ class World:
         if self.pulse is not None:  # the start's heartbeat beats on as the board's (a connection to its store)
             self.pulse.retarget(store, keys.Keys(prefix).beat(self.rank))
             beating.append(self.pulse)
-        connect = min(creation_timeout, connect_bound(self.world_size)).total_seconds()
+        connect = min(creation_timeout, connect_bound(self.world_size))
         board = Board(store, prefix, self.rank, creation_timeout, pulse=beating,
                       beat_every=pulse_seconds(self.world_size),
-                      set_up_seconds=min(self.world_size, SET_UP_PEERS) * connect,
+                      set_up_seconds=set_up_bound(connect).total_seconds(),
                       launcher_store=_torch.root_store(store) if self.generation == 0 else None, present=agreed).open()
         try:
             if not agreed:

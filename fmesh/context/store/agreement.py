@@ -143,10 +143,9 @@ def _write_timeout(board: Board, meeting: Meeting, key: str, members: Sequence[i
         "creation_timeout if ranks reach it minutes apart")).dumps())
 
 
-# How a member that learnt of a loss inside torch's set-up of a group says so: the backend's connect told it, and
-# gloo's waits the connect timeout for each peer that never connects, one after another (a peer whose own set-up
-# failed when the lost rank's connections closed), so this can come long after the loss.
-INSIDE_SET_UP = "told by torch's set-up of it (which waits the connect timeout for each peer that does not connect)"
+# How a member that learnt of a loss inside torch's set-up of a group says so: the backend's connect told it, which
+# for gloo is five connect timeouts after the loss (fmesh.context.world.GLOO_SET_UP_WAITS), the set-up's bound.
+INSIDE_SET_UP = "told by torch's set-up of it"
 
 
 def connect_failed(board: Board, members: Sequence[int], what: str, error: Exception) -> Exception:

@@ -110,7 +110,7 @@ def agree_on_loss(board: Board, survivors: Sequence[int], lost: Sequence[int],
     lost shows it is alive (it comes to recover too: the ranks split into two worlds, each calling the other
     lost), or a survivor's process ended or it closed its context (its status, or the launcher's mark), or one
     has not come within the creation timeout (or, one alive inside torch's set-up of a group then, within
-    ``board.set_up_seconds`` more: how long that set-up may take to fail, peer by peer). Two survivor sets never both go
+    ``board.set_up_seconds`` more: how long that set-up may take to fail). Two survivor sets never both go
     on: the last survivor to come *fences* each lost rank out (``compare_set`` of its ``fate`` key, which the rank
     itself claims when it comes) before writing ``ok``, after giving a lost rank not known to be gone
     :data:`ALIVE_GRACE_SECONDS` to show it is alive; a fenced rank that comes later is refused.
