@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import re
@@ -25,6 +26,7 @@ from sphinx.util.docutils import SphinxDirective
 import fmesh
 
 
+@functools.cache  # one answer per build: every cross-reference asks
 def public_modules() -> list[types.ModuleType]:
     """The modules whose names are public beside the front door: the values' (:mod:`fmesh.mesh`), the Context's
     (:mod:`fmesh.context`), :mod:`fmesh.errors`, :mod:`fmesh.plan` and each of its modules, the pictures
@@ -45,6 +47,7 @@ def public_modules() -> list[types.ModuleType]:
     return [fmesh.mesh, fmesh.context, fmesh.errors, fmesh.plan, *plan, *pictures, fmesh.layout]
 
 
+@functools.cache
 def public_paths() -> dict[int, str]:
     """``id(object) -> public dotted path`` for every public object: ``fmesh.NAME`` first, then ``fmesh.MODULE.NAME``
     for the names in a public module's ``__all__`` that are not published at the top."""
@@ -60,6 +63,7 @@ def public_paths() -> dict[int, str]:
     return paths
 
 
+@functools.cache
 def _lookup(dotted: str) -> Any:
     """The object a dotted path names, or ``None``: attributes first (``fmesh.context.launch`` is the function
     the package exports, not its submodule of that name), importing a submodule only where no attribute is."""
