@@ -8,7 +8,7 @@ member comes 1 s late, and another is killed (SIGKILL) 50 ms into its set-up, so
 The table gives each run's longest wait among the survivors (from the late member's arrival, when set-up could first
 finish) in seconds and in units of T. torch hands gloo one timeout, and gloo's members wait on each other's
 connections in turn: the others raise after five of them, whatever the group's size. That is why fmesh gives gloo a
-fifth of the time a set-up may take (``fmesh.context.world.gloo_wait``, ``GLOO_SET_UP_WAITS``): with fmesh's bound of
+fifth of the time a set-up may take (``fmesh.context.set_up.gloo_wait``, ``GLOO_SET_UP_WAITS``): with fmesh's bound of
 15 s, gloo gets 3 s and a death inside the set-up ends it in 15 s, not 75.
 """
 
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from fmesh.context.launch import free_port
-from fmesh.context.world import GLOO_SET_UP_WAITS, NEW_WORLD_CONNECT, gloo_wait
+from fmesh.context.set_up import GLOO_SET_UP_WAITS, NEW_WORLD_CONNECT, gloo_wait
 
 LATE = 1.0  # seconds the last member comes after the others
 KILL_AFTER = 0.05  # seconds into its set-up the victim is killed

@@ -47,10 +47,10 @@ from support import patience
 
 import fmesh
 from fmesh import errors
-from fmesh.context import call_checks, creation, failures
-from fmesh.context import world as worlds
+from fmesh.context import call_checks, creation, failures, set_up
+from fmesh.context.set_up import connect_bound
 from fmesh.context.store import agreement, pulse, recovery_vote, rendezvous, wait
-from fmesh.context.world import World, connect_bound
+from fmesh.context.world import World
 
 KINDS = ("kill", "raise", "stop", "delay")
 DEADLY = ("kill", "raise")  # the victim leaves the job; a stopped or delayed one comes back
@@ -364,7 +364,7 @@ def set_up_bound(trial: Trial, limit: float, created: float = 0.0) -> float:
     (or of the creation timeout where shorter), stretched by the load."""
     connect = min(max(created, patience(creation_timeout(trial), trial.world)),
                   patience(connect_bound(trial.world).total_seconds(), trial.world))
-    return limit + worlds.set_up_bound(timedelta(seconds=connect)).total_seconds()
+    return limit + set_up.set_up_bound(timedelta(seconds=connect)).total_seconds()
 
 
 def creation_timeout(trial: Trial) -> float:

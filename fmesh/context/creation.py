@@ -19,13 +19,14 @@ import torch.distributed as dist
 
 from fmesh.context import _torch
 from fmesh.context.options import GroupSettings, GroupSpec
+from fmesh.context.set_up import connect_bound, gloo_wait
 from fmesh.context.store.agreement import agree, connect_failed
 from fmesh.context.store.board import Board
 from fmesh.context.store.connections import apart_from_store, open_sockets
 from fmesh.context.store.keys import digest
 from fmesh.context.store.pulse import tcp_address
 from fmesh.context.store.records import RUNNING
-from fmesh.context.world import World, connect_bound, gloo_wait
+from fmesh.context.world import World
 from fmesh.mesh import Mesh
 
 
@@ -76,7 +77,7 @@ class GroupMaker:
         """The timeout torch connects the group of ``spec`` under: gloo's rendezvous waits for every member with the
         group's timeout (the collectives', 10 min by default), so a member that died after agreeing would be waited
         for that long, five times over; it connects so as to end within the creation timeout and
-        :func:`~fmesh.context.world.connect_bound` instead (:func:`~fmesh.context.world.gloo_wait`), then gets its
+        :func:`~fmesh.context.set_up.connect_bound` instead (:func:`~fmesh.context.set_up.gloo_wait`), then gets its
         own."""
         if spec.backend == "gloo" and self.board is not None:
             # The members agreed just before (every one came): connecting takes milliseconds, and one that dies

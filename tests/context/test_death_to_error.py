@@ -4,8 +4,8 @@ it dies: in a collective, at a group's agreement, while the group connects (befo
 its peers connect), in the members' check of their calls
 (blocked on the store), in the survivors' vote of a recovery, inside torch's set-up of the recovered world. The
 heartbeat (:mod:`fmesh.context.store.pulse`) names a rank whose process is gone without a word; the connections
-after an agreement are bounded (:func:`fmesh.context.world.connect_bound`, given to gloo as a fifth:
-:func:`fmesh.context.world.gloo_wait`). Before, the agreement's and the vote's
+after an agreement are bounded (:func:`fmesh.context.set_up.connect_bound`, given to gloo as a fifth:
+:func:`fmesh.context.set_up.gloo_wait`). Before, the agreement's and the vote's
 deaths were waited for the creation timeout (2 minutes), a death in the members' check the collectives' (10).
 """
 

@@ -381,7 +381,7 @@ def test_a_seed_that_ran_out_of_its_creation_timeout_under_load_keeps_every_prom
     stretches its contexts' creation timeout by the machine's load, as it does their collective timeout and its
     bounds. 152 and 735 failed on in the suite's runs (CI, 2026-11-28) with any timeout: the member late to come was
     inside gloo's set-up of a group whose victim had closed its connections, and gloo held it five connect timeouts
-    (5 x 15 s in 735; 5 x 3 s since: ``world.gloo_wait``). Every wait for a member now goes on
+    (5 x 15 s in 735; 5 x 3 s since: ``set_up.gloo_wait``). Every wait for a member now goes on
     past the creation timeout while that member is alive inside torch's set-up (``Board.set_up_seconds``), and the
     member's error says that the set-up told it, the promise it keeps (``faults.set_up_bound``)."""
     verdict = faults.run(faults.draw(seed))

@@ -39,7 +39,7 @@ RECOVERING = "recovering"
 FAILING = "failing"
 # It agreed to create a group (``what``) and is inside torch's set-up of it, connecting its members (read, never
 # posted: its status still says it waits at that agreement, whose verdict is written). Alive and busy for as long as
-# the backend's connect takes: for gloo, after a loss, five connect timeouts (fmesh.context.world.set_up_bound).
+# the backend's connect takes: for gloo, after a loss, five connect timeouts (fmesh.context.set_up.set_up_bound).
 SETTING_UP = "setting up"
 MISSING = "missing"  # it never posted a status (read, never posted)
 UNKNOWN = "unknown"  # what it posted cannot be read (read, never posted)
