@@ -287,3 +287,20 @@ def test_a_member_alive_inside_torchs_set_up_of_another_group_is_waited_for_past
 
     in_threads(member, [0, 1])
     assert outcome == {0: None, 1: None}, outcome
+
+
+def test_a_member_gone_to_recover_before_the_creation_timeout_is_a_loss_not_a_timeout() -> None:
+    """Campaign seed 152, once gloo's set-up ended in 15 s: rank 3 left its failed set-up and went to recover without
+    rank 1 a moment before rank 2's creation timeout at the group [2, 3], between two of its watcher's looks, and rank 2
+    raised GroupTimeoutError (no loss, so it did not recover with the others). A timeout looks once more first: a
+    member that went to recover is a RankLostError naming the ranks it recovers without."""
+    store, creation = dist.HashStore(), 1.0
+    recovering = Board(store, "test", 1, timedelta(seconds=creation))
+    board = Board(store, "test", 0, timedelta(seconds=creation), grace=patience(60))  # no look before the timeout
+    timer = threading.Timer(creation / 2, lambda: recovering.post("recovering", lost=(3,)))
+    timer.start()
+    try:
+        with pytest.raises(fmesh.RankLostError, match=r"ranks \[3\] are lost; call ctx.recover\(\[3\]\)"):
+            agree(board, "g", [0, 1], "Mesh(dp=2)", "group g")
+    finally:
+        timer.join()

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import torch.distributed as dist
 
 from fmesh.context.store.board import AGREED_POSTED, Board
-from fmesh.context.store.diagnosis import Look
+from fmesh.context.store.diagnosis import Look, diagnose
 from fmesh.context.store.keys import digest
 from fmesh.context.store.meeting import Meeting, watches
 from fmesh.context.store.records import ENDED, FAILING, MISMATCH, OK, TIMEOUT, WAITING, Verdict
@@ -109,7 +109,8 @@ def settle(board: Board, key: str, members: Sequence[int], description: str, wha
         if board.setting_up({m: status for m, status in statuses.items() if not status.waits_at(key)}):
             came = meeting.wait(board.waiter, board.set_up_seconds, looking.look if watcher else None,
                                 f"waiting to create {what}")
-    if came is None:
+    if came is None:  # a last look: a member that failed or went to recover since the last one is that, not a timeout
+        diagnose(board, key, members, description)
         _write_timeout(board, meeting, key, members, what, started)  # unless an outcome came meanwhile
     verdict = Verdict.loads(came if came is not None else meeting.verdict())
     if verdict.kind == OK:
