@@ -80,10 +80,10 @@ def _latency_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]
             _timed(fn, max(5, n // 10))  # warm-up
         blocks = 10
         for _ in range(blocks):  # interleaved, so drift hits both alike
-            bare += _timed(lambda t=t: dist.all_reduce(t, group=group), n // blocks)
-            wrapped += _timed(lambda t=t: ctx.all_reduce(t, mesh, "dp"), n // blocks)
-            bare_clone += _timed(lambda t=t: dist.all_reduce(t.clone(), group=group), n // blocks)
-            clone += _timed(t.clone, n // blocks)
+            bare += _timed(lambda t=t: dist.all_reduce(t, group=group), max(1, n // blocks))
+            wrapped += _timed(lambda t=t: ctx.all_reduce(t, mesh, "dp"), max(1, n // blocks))
+            bare_clone += _timed(lambda t=t: dist.all_reduce(t.clone(), group=group), max(1, n // blocks))
+            clone += _timed(t.clone, max(1, n // blocks))
         rows.append((world, label, statistics.median(bare), statistics.median(wrapped),
                      statistics.median(bare_clone), statistics.median(clone)))
     ctx.barrier()
@@ -430,7 +430,7 @@ def checks_and_baselines(quick: bool) -> None:
     import fmesh
 
     print("### The members' check, and fmesh against c10d and funcol\n")
-    iterations = {"small": 200, "large": 20} if quick else {"small": 3000, "large": 300}
+    iterations = {"small": 40, "large": 5} if quick else {"small": 3000, "large": 300}
     rows = fmesh.launch(functools.partial(_paired_rank, iterations=iterations), 2, timeout=900,
                         context_options={"timeout": 120}, start_method="spawn")[0]
     ways = list(rows[0][2])
@@ -445,8 +445,8 @@ def checks_and_baselines(quick: bool) -> None:
           "`ctx.all_reduce(t, mesh, 'dp')` (check_tensors=True: new windows of calls met in the store, known ones "
           "checked every 64 calls off the caller's thread); every call = check_tensors='every-call' (a meeting in "
           "the store before every call); off = check_tensors=False.\n")
-    # --quick: batches of 10 (the every-call mode meets in the store before each call: 10,000 meetings took 50 s)
-    cost_iterations = {"small": 100, "batch": 10} if quick else {"small": 1000, "batch": 100}
+    # --quick (a smoke run): 20 batches of 10 (the every-call mode meets in the store before each call)
+    cost_iterations = {"small": 20, "batch": 10} if quick else {"small": 1000, "batch": 100}
     cost = fmesh.launch(functools.partial(_python_cost_rank, iterations=cost_iterations), 2,
                         timeout=900, context_options={"timeout": 120}, start_method="spawn")[0]
     print("| the Python cost per call: 1 KiB, the dp axis on torch's fake backend (no communication) | µs |")
@@ -529,7 +529,7 @@ def sp_block(quick: bool) -> None:
 
     sizes = [(64, 64)] if quick else [(64, 64), (128, 128), (256, 256), (512, 256)]
     world = 2 if quick else 4
-    rows = fmesh.launch(functools.partial(_sp_block_rank, iterations={"block": 20 if quick else 200}, sizes=sizes),
+    rows = fmesh.launch(functools.partial(_sp_block_rank, iterations={"block": 5 if quick else 200}, sizes=sizes),
                         world, timeout=1800, context_options={"timeout": 300}, start_method="spawn")[0]
     print("| procs (tp) | hidden | sequence | fmesh eager µs | funcol eager µs | eager ratio | fmesh compiled µs "
           "| funcol compiled µs | compiled ratio |")
@@ -589,11 +589,11 @@ def gradients_and_compile(quick: bool) -> None:
     print("\n### (d) gradients and compile\n")
     print("| call | µs |")
     print("| --- | ---: |")
-    for label, us in autograd_overhead(20_000 if quick else 200_000):
+    for label, us in autograd_overhead(2_000 if quick else 200_000):
         print(f"| {label} | {us:.2f} |")
     print("\n| procs | TP MLP forward + backward (batch 8, 64 -> 256 -> 64, tp split) | µs |")
     print("| ---: | --- | ---: |")
-    for world, label, us in on_ranks(_mlp_rank, [2], {"mlp": 50 if quick else 500}):
+    for world, label, us in on_ranks(_mlp_rank, [2], {"mlp": 10 if quick else 500}):
         print(f"| {world} | {label} | {_us(us)} |")
     print("\nfmesh = `ctx.sum_gradients` on the column-parallel input and `ctx.sum_partials` on the row-parallel "
           "output; funcol = torch's `funcol.all_reduce` on the exported DeviceMesh's `get_group('tp')` (its own "
@@ -624,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     gradients_and_compile(quick)
     if args.only == "d":
         return 0
-    iterations = {"small": 200, "large": 20} if quick else {"small": 3000, "large": 300}
+    iterations = {"small": 40, "large": 5} if quick else {"small": 3000, "large": 300}
     rows = on_ranks(_latency_rank, [2] if quick else [2, 4], iterations)
     print("### (a) all_reduce latency, gloo on loopback (rank 0, median µs)\n")
     print("| procs | size | bare µs | fmesh µs | overhead µs | ratio | bare+clone µs | fmesh - (bare+clone) µs "
@@ -642,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     print("### (a') the Python hot path alone (fake backend, no communication; µs per call)\n")
     print("| call | µs |")
     print("| --- | ---: |")
-    for label, us in lookup_overhead(20_000 if quick else 200_000):
+    for label, us in lookup_overhead(2_000 if quick else 200_000):
         print(f"| {label} | {us:.2f} |")
 
     worlds = [64] if quick else [64, 512]
@@ -664,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n### (c) object collectives and collective permutes, gloo on loopback (rank 0, median µs)\n")
     print("| procs | call | object | torch µs | fmesh µs | overhead µs | pickle + unpickle µs |")
     print("| ---: | --- | --- | ---: | ---: | ---: | ---: |")
-    object_iterations = {"small": 100, "large": 20} if quick else {"small": 1000, "large": 200}
+    object_iterations = {"small": 20, "large": 5} if quick else {"small": 1000, "large": 200}
     object_rows = on_ranks(_objects_rank, [2] if quick else [2, 4], object_iterations)
     for world, call, label, bare, ours, pickling in object_rows:
         print(f"| {world} | {call} | {label} | {_us(bare)} | {_us(ours)} | {_us(ours - bare)} "
