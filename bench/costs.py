@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     import fmesh
     from fmesh.plan.costs import LOOPBACK, estimate
 
-    repeats = {"small": 10, "large": 3} if args.quick else {"small": 60, "large": 12}
+    repeats = {"small": 5, "large": 2} if args.quick else {"small": 60, "large": 12}
     measured = measure([2, 4], repeats)
     fitted = calibrate(measured)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, gloo on loopback"

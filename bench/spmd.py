@@ -369,7 +369,7 @@ def main() -> None:
     args = parser.parse_args()
     import fmesh
 
-    n = 50 if args.quick else 1000
+    n = 20 if args.quick else 1000
     print("(a0) the Python cost of one collective, fake backend (no communication), best of 3 medians, µs\n")
     print("| collective | Context µs | region, checks off µs | overhead µs | region, checks on µs | overhead µs |")
     print("| --- | --- | --- | --- | --- | --- |")
