@@ -344,12 +344,12 @@ class World:
         if init_method == "env://" or (launched and rank is None):
             checked_launch(os.environ)
         owns = not dist.is_initialized()
+        chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")  # torch's own default
         agreed, options, met = "", None, None
         after = (store, met_before) if store is not None and met_before is not None else None
         if owns and launched and backend != "fake":
             # fmesh's own env:// rendezvous: the ranks meet in the store by polling, so that a rank that cannot
             # start ends its peers' wait at once; torch's then runs with every rank present.
-            chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
             agreed, options = agenda(chosen) if agenda is not None else ("", None)
             met = _met(os.environ, rank, world_size, timeout, agreed, options, name)
             rank, world_size = met.rank, met.world_size
@@ -364,7 +364,6 @@ class World:
         try:
             if owns:
                 connecting = timeout if connect_timeout is None else min(timeout, connect_timeout)
-                chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
                 # gloo's set-up holds the others five of its timeouts when a rank dies inside it (given back after)
                 bounded = connect_timeout is not None and chosen == "gloo" and _torch.timeout_settable()
                 given = gloo_wait(connecting) if bounded else connecting
