@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from fmesh.context import _torch
 from fmesh.context.options import GroupSettings, GroupSpec
-from fmesh.context.set_up import connect_bound, gloo_wait
+from fmesh.context.set_up import connect_bound
 from fmesh.context.store.agreement import agree, connect_failed
 from fmesh.context.store.board import Board
 from fmesh.context.store.connections import apart_from_store, open_sockets
@@ -74,15 +74,14 @@ class GroupMaker:
             mesh.groups(axes), rank=self.world.rank, timeout=spec.timeout, options=spec.options))
 
     def connect_timeout(self, spec: GroupSpec) -> Any:
-        """The timeout torch connects the group of ``spec`` under: gloo's rendezvous waits for every member with the
+        """How long connecting the group of ``spec`` may take: gloo's rendezvous waits for every member with the
         group's timeout (the collectives', 10 min by default), so a member that died after agreeing would be waited
-        for that long, five times over; it connects so as to end within the creation timeout and
-        :func:`~fmesh.context.set_up.connect_bound` instead (:func:`~fmesh.context.set_up.gloo_wait`), then gets its
-        own."""
+        for that long; it connects within the creation timeout and :func:`~fmesh.context.set_up.connect_bound`
+        instead, then gets its own."""
         if spec.backend == "gloo" and self.board is not None:
-            # The members agreed just before (every one came): connecting takes milliseconds, and one that dies
-            # inside it costs the others this bound (its heartbeat then names it), not the creation timeout.
-            return gloo_wait(min(spec.timeout, self.settings.creation_timeout, connect_bound(len(spec.ranks))))
+            # The members agreed just before (every one came): connecting takes seconds, and one that dies inside
+            # it costs the others five of this bound (set_up.set_up_bound; its heartbeat then names it).
+            return min(spec.timeout, self.settings.creation_timeout, connect_bound(len(spec.ranks)))
         return spec.timeout
 
     def connect(self, members: tuple[int, ...], what: str, create: Callable[[], Any]) -> Any:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from fmesh.context import _torch, slurm
 from fmesh.context.options import DEFAULT_TIMEOUT, normalize_backend
-from fmesh.context.set_up import connect_bound, gloo_wait, set_up_bound
+from fmesh.context.set_up import connect_bound, set_up_bound
 from fmesh.context.store import keys, rendezvous
 from fmesh.context.store.arrivals import Silent, Vigil, silence
 from fmesh.context.store.board import Board, read_list
@@ -364,9 +364,6 @@ class World:
         try:
             if owns:
                 connecting = timeout if connect_timeout is None else min(timeout, connect_timeout)
-                # gloo's set-up holds the others five of its timeouts when a rank dies inside it (given back after)
-                bounded = connect_timeout is not None and chosen == "gloo" and _torch.timeout_settable()
-                given = gloo_wait(connecting) if bounded else connecting
                 setting_up = time.monotonic()
                 try:
                     dist.init_process_group(
@@ -375,7 +372,7 @@ class World:
                         rank=-1 if rank is None else rank,
                         world_size=-1 if world_size is None else world_size,
                         store=store,
-                        timeout=given,
+                        timeout=connecting,
                     )
                 except RuntimeError as error:  # a recovered world's caller names the ranks that ended (a RecoveryError)
                     # The watchers see who died in a silence from the death, at most the set-up's time before: a
@@ -394,7 +391,7 @@ class World:
                         f"{connecting.total_seconds():g}s ({type(error).__name__}: {cause}): a rank died inside it, "
                         f"or this machine is too loaded to connect {world_size} processes in that time. See the other "
                         "ranks' errors first; raise creation_timeout if the machine is only slow") from error
-                if given < timeout and backend != "fake":
+                if connecting < timeout and backend != "fake":
                     _torch.set_group_timeout(None, timeout)
                 if backend != "fake" and dist.get_world_size() > 1:
                     _connected(dist.get_rank(), dist.get_world_size(), connecting,

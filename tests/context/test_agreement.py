@@ -265,7 +265,7 @@ def test_statuses_and_ended_ranks_cost_a_few_operations_whatever_the_number_of_r
 
 def test_a_member_alive_inside_torchs_set_up_of_another_group_is_waited_for_past_the_creation_timeout() -> None:
     """Campaign seed 152 (8 ranks, under load): rank 3 was inside gloo's set-up of the group [1, 3, 5, 7] when rank
-    1 failed; gloo held it five connect timeouts (75 s then; 15 s since: ``set_up.gloo_wait``), and rank 2,
+    1 failed; gloo held it five connect timeouts (75 s: ``set_up.set_up_bound``), and rank 2,
     waiting for rank 3 at the group [2, 3], timed out (GroupTimeoutError: no loss, so no recovery). A member alive
     inside torch's set-up of a group is on its way: the agreement waits for it up to ``Board.set_up_seconds`` past the
     creation timeout."""

@@ -381,7 +381,7 @@ def test_a_seed_that_ran_out_of_its_creation_timeout_under_load_keeps_every_prom
     stretches its contexts' creation timeout by the machine's load, as it does their collective timeout and its
     bounds. 152 and 735 failed on in the suite's runs (CI, 2026-11-28) with any timeout: the member late to come was
     inside gloo's set-up of a group whose victim had closed its connections, and gloo held it five connect timeouts
-    (5 x 15 s in 735; 5 x 3 s since: ``set_up.gloo_wait``). Every wait for a member now goes on
+    (5 x 15 s in 735: ``set_up.set_up_bound``). Every wait for a member now goes on
     past the creation timeout while that member is alive inside torch's set-up (``Board.set_up_seconds``), and the
     member's error says that the set-up told it, the promise it keeps (``faults.set_up_bound``)."""
     verdict = faults.run(faults.draw(seed))
@@ -393,7 +393,7 @@ def test_a_rank_that_raised_at_its_first_check_is_named_within_the_bound_with_no
     group of all 7. Every survivor recovers into the right world blaming rank 2 alone, but in 2 runs of 5 (one alone on
     a quiet machine: 80 s) rank 6 raised RankLostError ("rank 2 failed ... after agreeing to create the group") 75 s
     after the fault, past the 41 to 62 s bound; 12 to 22 s in the others. It was inside gloo's set-up of that group
-    (five connect timeouts, 5 x 15 s then; 5 x 3 s since): its error now says the set-up told it, and is held to that
+    (five connect timeouts, 5 x 15 s): its error now says the set-up told it, and is held to that
     set-up's bound (``faults.set_up_bound``)."""
     verdict = faults.run(faults.draw(647))
     assert verdict.ok, str(verdict)

@@ -137,7 +137,7 @@ def test_split_brain_recovery_ends_in_recovery_error_on_every_rank(run: int) -> 
 @pytest.mark.parametrize("inside_set_up", [True, False])
 def test_a_survivor_inside_torchs_set_up_at_the_creation_timeout_is_waited_for(inside_set_up: bool) -> None:
     """Campaign seed 735 (5 ranks, under load): rank 3 was inside gloo's set-up of the group of all five when rank 0
-    died there; gloo held it five connect timeouts (75 s then; 15 s since: ``set_up.gloo_wait``) as rank 0's
+    died there; gloo held it five connect timeouts (75 s: ``set_up.set_up_bound``) as rank 0's
     connections closed, so rank 3 came to the survivors' vote after the creation timeout, and every survivor raised
     RecoveryError.
     The vote now waits, past the creation timeout, for a survivor alive inside torch's set-up; one that is busy
