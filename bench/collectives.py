@@ -72,20 +72,13 @@ def _latency_rank(ctx: Any, iterations: dict[str, int]) -> list[tuple[Any, ...]]
     for label, numel in SIZES:
         t = torch.zeros(numel)  # zeros: a sum of zeros stays finite however often it runs in place
         n = iterations["large" if numel > 1024 else "small"]
-        bare: list[float] = []
-        wrapped: list[float] = []
-        clone: list[float] = []
-        bare_clone: list[float] = []
-        for fn in (lambda t=t: dist.all_reduce(t, group=group), lambda t=t: ctx.all_reduce(t, mesh, "dp")):
-            _timed(fn, max(5, n // 10))  # warm-up
-        blocks = 10
-        for _ in range(blocks):  # interleaved, so drift hits both alike
-            bare += _timed(lambda t=t: dist.all_reduce(t, group=group), max(1, n // blocks))
-            wrapped += _timed(lambda t=t: ctx.all_reduce(t, mesh, "dp"), max(1, n // blocks))
-            bare_clone += _timed(lambda t=t: dist.all_reduce(t.clone(), group=group), max(1, n // blocks))
-            clone += _timed(t.clone, max(1, n // blocks))
-        rows.append((world, label, statistics.median(bare), statistics.median(wrapped),
-                     statistics.median(bare_clone), statistics.median(clone)))
+        got = _medians({  # interleaved in blocks, so drift hits all alike
+            "bare": lambda t=t: dist.all_reduce(t, group=group),
+            "wrapped": lambda t=t: ctx.all_reduce(t, mesh, "dp"),
+            "bare + clone": lambda t=t: dist.all_reduce(t.clone(), group=group),
+            "clone": t.clone,
+        }, n)
+        rows.append((world, label, got["bare"], got["wrapped"], got["bare + clone"], got["clone"]))
     ctx.barrier()
     return rows
 
