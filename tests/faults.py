@@ -48,7 +48,6 @@ from support import patience
 import fmesh
 from fmesh import errors
 from fmesh.context import call_checks, creation, failures, set_up
-from fmesh.context.set_up import connect_bound
 from fmesh.context.store import agreement, pulse, recovery_vote, rendezvous, wait
 from fmesh.context.world import World
 
@@ -363,7 +362,7 @@ def set_up_bound(trial: Trial, limit: float, created: float = 0.0) -> float:
     ``limit``, and the longest the others wait for that set-up: fmesh's ``set_up_bound`` of its ``connect_bound``
     (or of the creation timeout where shorter), stretched by the load."""
     connect = min(max(created, patience(creation_timeout(trial), trial.world)),
-                  patience(connect_bound(trial.world).total_seconds(), trial.world))
+                  patience(set_up.connect_bound(trial.world).total_seconds(), trial.world))
     return limit + set_up.set_up_bound(timedelta(seconds=connect)).total_seconds()
 
 

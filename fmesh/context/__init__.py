@@ -6,7 +6,8 @@ Modules, one concept each:
   goes through its one door (the tensor and arguments checked, the route resolved, then eager, autograd or no
   gradient), and it ends one way in three modes (close, abort, hand over to a recovery);
 * ``world``: this process, its device and the default process group;
-* ``set_up``: how long torch's set-up of a group may take, and the timeout fmesh gives it for that;
+* ``set_up``: the connect timeout torch's set-up of a group is given, and how long a death inside it holds the
+  other members;
 * ``options``: what makes two groups the same (:class:`AxisOptions`, group specs);
 * ``groups``: the registry of process groups and their creation, and the route of a collective (target, process
   group, status board) it hands out;

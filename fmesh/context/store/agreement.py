@@ -146,7 +146,7 @@ def _write_timeout(board: Board, meeting: Meeting, key: str, members: Sequence[i
 
 # How a member that learnt of a loss inside torch's set-up of a group says so: the backend's connect told it, which
 # for gloo is five connect timeouts after the loss (fmesh.context.set_up.GLOO_SET_UP_WAITS), the set-up's bound.
-INSIDE_SET_UP = "told by torch's set-up of it"
+INSIDE_SET_UP = "told by torch's set-up of it (gloo's raises five connect timeouts after a loss)"
 
 
 def connect_failed(board: Board, members: Sequence[int], what: str, error: Exception) -> Exception:
