@@ -359,11 +359,11 @@ def bound(trial: Trial, created: float = 0.0) -> float:
 
 def set_up_bound(trial: Trial, limit: float, created: float = 0.0) -> float:
     """How long after the first fault a survivor told of it by torch's set-up of a group may take to raise:
-    ``limit``, and the longest the others wait for that set-up: fmesh's ``set_up_bound`` of its ``connect_bound``
+    ``limit``, and the longest the others wait for that set-up: fmesh's ``tries_bound`` of its ``connect_bound``
     (or of the creation timeout where shorter), stretched by the load."""
     connect = min(max(created, patience(creation_timeout(trial), trial.world)),
                   patience(set_up.connect_bound(trial.world).total_seconds(), trial.world))
-    return limit + set_up.set_up_bound(timedelta(seconds=connect)).total_seconds()
+    return limit + set_up.tries_bound(timedelta(seconds=connect)).total_seconds()
 
 
 def creation_timeout(trial: Trial) -> float:

@@ -11,7 +11,9 @@ peers waiting for it learn it.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import attrs
@@ -19,7 +21,7 @@ import torch.distributed as dist
 
 from fmesh.context import _torch
 from fmesh.context.options import GroupSettings, GroupSpec
-from fmesh.context.set_up import connect_bound
+from fmesh.context.set_up import connect_bound, connect_tries
 from fmesh.context.store.agreement import agree, connect_failed
 from fmesh.context.store.board import Board
 from fmesh.context.store.connections import apart_from_store, open_sockets
@@ -27,6 +29,7 @@ from fmesh.context.store.keys import digest
 from fmesh.context.store.pulse import tcp_address
 from fmesh.context.store.records import RUNNING
 from fmesh.context.world import World
+from fmesh.errors import GroupTimeoutError
 from fmesh.mesh import Mesh
 
 
@@ -49,19 +52,46 @@ class GroupMaker:
             self.failing_as_posted(lambda: board.connections.check_room(len(spec.ranks), held, label))
         if not agreed:
             self.agree(spec.digest(), spec.ranks, description, label)
-        connect_timeout = self.connect_timeout(spec)
-        group = self.connect(spec.ranks, label, lambda: _torch.create_group(
+        tries = self.connect_tries(spec)
+        for attempt, connect in enumerate(tries):
+            again = attempt + 1 < len(tries)
+            group = self.connect(spec.ranks, label, functools.partial(self.set_up, spec, axes, attempt, connect,
+                                                                      probe=again), again=again)
+            if group is not None:
+                break
+            # The try failed on every member (its probe sees to that) and nobody is to blame yet: they meet again (a
+            # member that died meanwhile is named there, by its heartbeat), then try with the longer timeout.
+            self.agree(f"{spec.digest()}~{attempt + 1}", spec.ranks, f"{description} (set up again)", label)
+        if tries[-1] != spec.timeout:
+            _torch.set_group_timeout(group, spec.timeout)
+        return group
+
+    def set_up(self, spec: GroupSpec, axes: tuple[str, ...], attempt: int, connect: timedelta,
+               probe: bool) -> dist.ProcessGroup:
+        """Torch's set-up of the group of ``spec``, its ``attempt``-th try (each under a name of its own: a failed
+        try's keys stay in the store), with the connect timeout ``connect``. A try made again where it fails is
+        ``probe``d with a barrier: it passes on a member only where every member's set-up passed, so the members
+        all keep the group, or all try again (a member whose set-up failed aborts it, and its peers' barrier fails on
+        the broken connections)."""
+        group = _torch.create_group(
             spec.ranks,
-            f"{self.world.namespace}:{spec.digest()}",
+            f"{self.world.namespace}:{spec.digest()}" + (f"~{attempt}" if attempt else ""),
             rank=self.world.rank,
             backend=spec.backend,
-            timeout=connect_timeout,
+            timeout=connect,
             options=spec.options,
             description=f"fmesh_{'_'.join(axes)}",
-            store=None if board is None else board.store,
-        ))
-        if connect_timeout != spec.timeout:
-            _torch.set_group_timeout(group, spec.timeout)
+            store=None if self.board is None else self.board.store,
+        )
+        if probe:
+            try:
+                # A member slow to come to the barrier is waited for as long as a last try would wait for it.
+                _torch.set_group_timeout(group, self.connect_tries(spec)[-1])
+                dist.barrier(group=group)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    _torch.abort_group(group)
+                raise
         return group
 
     def split(self, mesh: Mesh, axes: tuple[str, ...], spec: GroupSpec, description: str) -> Any:
@@ -73,21 +103,24 @@ class GroupMaker:
         return self.connect(world, what, lambda: _torch.split_groups(
             mesh.groups(axes), rank=self.world.rank, timeout=spec.timeout, options=spec.options))
 
-    def connect_timeout(self, spec: GroupSpec) -> Any:
-        """How long connecting the group of ``spec`` may take: gloo's rendezvous waits for every member with the
-        group's timeout (the collectives', 10 min by default), so a member that died after agreeing would be waited
-        for that long; it connects within the creation timeout and :func:`~fmesh.context.set_up.connect_bound`
-        instead, then gets its own."""
-        if spec.backend == "gloo" and self.board is not None:
-            # The members agreed just before (every one came): connecting takes seconds, and one that dies inside
-            # it costs the others five of this bound (set_up.set_up_bound; its heartbeat then names it).
-            return min(spec.timeout, self.settings.creation_timeout, connect_bound(len(spec.ranks)))
-        return spec.timeout
+    def connect_tries(self, spec: GroupSpec) -> tuple[timedelta, ...]:
+        """The connect timeouts of the tries at connecting the group of ``spec``: gloo's rendezvous waits for every
+        member with the group's timeout (the collectives', 10 min by default), so a member that died after agreeing
+        would be waited for that long; it connects within the creation timeout and
+        :func:`~fmesh.context.set_up.connect_bound` instead, in :func:`~fmesh.context.set_up.connect_tries`, then
+        gets its own."""
+        if spec.backend == "gloo" and self.board is not None and len(spec.ranks) > 1:
+            # The members agreed just before (every one came): connecting takes milliseconds, and one that dies
+            # inside a try costs the others five of its timeout (set_up.set_up_bound; its heartbeat then names it).
+            return connect_tries(min(spec.timeout, self.settings.creation_timeout, connect_bound(len(spec.ranks))))
+        return (spec.timeout,)
 
-    def connect(self, members: tuple[int, ...], what: str, create: Callable[[], Any]) -> Any:
+    def connect(self, members: tuple[int, ...], what: str, create: Callable[[], Any], again: bool = False) -> Any:
         """``create()`` a group the members agreed on, noting its sockets; a failure is explained (a member
-        that failed meanwhile is named) and posted in its status, so peers waiting for us learn it. A
-        context aborted meanwhile aborts the new group and raises ``ContextClosedError``."""
+        that failed meanwhile is named) and posted in its status, so peers waiting for us learn it; where the members
+        try ``again``, a failure nobody is named for (the backend timed out, or its connections broke) is ``None``
+        instead, and posts nothing. A context aborted meanwhile aborts the new group and raises
+        ``ContextClosedError``."""
         board = self.board
         if board is None:
             return create()
@@ -95,7 +128,10 @@ class GroupMaker:
         try:
             group = create()
         except Exception as error:
-            explained = connect_failed(board, members, what, error)
+            explained = connect_failed(board, members, what, error, settle=not again)
+            if again and isinstance(error, RuntimeError) and (explained is error
+                                                             or isinstance(explained, GroupTimeoutError)):
+                return None
             board.failed(explained)
             if explained is error:
                 raise

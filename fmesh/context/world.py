@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from fmesh.context import _torch, slurm
 from fmesh.context.options import DEFAULT_TIMEOUT, normalize_backend
-from fmesh.context.set_up import connect_bound, set_up_bound
+from fmesh.context.set_up import connect_bound, tries_bound
 from fmesh.context.store import keys, rendezvous
 from fmesh.context.store.arrivals import Silent, Vigil, silence
 from fmesh.context.store.board import Board, read_list
@@ -528,7 +528,7 @@ class World:
         connect = min(creation_timeout, connect_bound(self.world_size))
         board = Board(store, prefix, self.rank, creation_timeout, pulse=beating,
                       beat_every=pulse_seconds(self.world_size),
-                      set_up_seconds=set_up_bound(connect).total_seconds(),
+                      set_up_seconds=tries_bound(connect).total_seconds(),
                       launcher_store=_torch.root_store(store) if self.generation == 0 else None, present=agreed).open()
         try:
             if not agreed:

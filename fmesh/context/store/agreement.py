@@ -149,7 +149,8 @@ def _write_timeout(board: Board, meeting: Meeting, key: str, members: Sequence[i
 INSIDE_SET_UP = "told by torch's set-up of it (gloo's raises five connect timeouts after a loss)"
 
 
-def connect_failed(board: Board, members: Sequence[int], what: str, error: Exception) -> Exception:
+def connect_failed(board: Board, members: Sequence[int], what: str, error: Exception,
+                   settle: bool = True) -> Exception:
     """What it means that connecting an agreed group failed with ``error``: a member that failed or closed
     meanwhile (it had arrived, then raised, exited its context or ran out of descriptors) is named with
     what it posted, as is one that saw a collective fail (it cut its groups, this one among them, while this rank
@@ -157,14 +158,16 @@ def connect_failed(board: Board, members: Sequence[int], what: str, error: Excep
     creation timeout is a timeout; anything else is the backend's own ``error``. A member that cut the group posts
     why first, but this rank may read before: the statuses are read again for up to :data:`CUT_NOTICE_SECONDS`.
     Where this process did not run past the bound, or its store stopped answering, that is told first: the members
-    it sees gone went on without it (:meth:`~fmesh.context.store.board.Board.store_silence`)."""
+    it sees gone went on without it (:meth:`~fmesh.context.store.board.Board.store_silence`). Where the backend timed
+    out and nobody said why, the heartbeats are given a silence to tell (unless not to ``settle``: a try the members
+    make again after meeting, whose agreement names the silent)."""
     own = board.store_silence(f"connecting {what}")
     if own is not None:
         return own
     others = [m for m in members if m != board.rank]
     deadline = time.monotonic() + CUT_NOTICE_SECONDS
     try:
-        settled = False
+        settled = not settle
         while True:
             statuses = board.statuses(others)
             cause = next((m for m in others if statuses[m].final), None)

@@ -143,8 +143,9 @@ class Board:
     # How often this rank's heartbeat beats (fmesh.context.store.pulse.pulse_seconds of the world's size): the
     # others' too, so a silence is that many beats' worth (silence).
     beat_every: float = PULSE_SECONDS
-    # How long torch's set-up of a group may hold a member after a loss (fmesh.context.set_up.set_up_bound): a wait for
-    # a member alive inside one goes on that much past the creation timeout (setting_up).
+    # How long torch's set-up of a group may hold a member after a loss, in all its tries
+    # (fmesh.context.set_up.tries_bound): a wait for a member alive inside one goes on that much past the creation
+    # timeout (setting_up).
     set_up_seconds: float = 0.0
     # The others' heartbeats as this rank last saw them: rank -> (counter, when it first read that value).
     beats: dict[int, tuple[int, float]] = attrs.field(factory=dict, eq=False, repr=False)
