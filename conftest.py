@@ -7,6 +7,7 @@
   an object published as ``fmesh.NAME`` belongs to the module whose source defines it.
 * A name-server timeout of one second (see ``RES_OPTIONS`` below), and no name-server query at all for this
   machine's own addresses in the processes the session starts (``tests/numeric_loopback.c``).
+* Inductor compiling in the process that compiles, not in a pool of its own (``TORCHINDUCTOR_COMPILE_THREADS``).
 * Two pytest workers per core (at most 4) for ``-n auto``.
 * The modules with slow tests first, so that the workers of ``pytest -n`` (``pyproject.toml``) start the long
   ones early and finish together.
@@ -58,6 +59,10 @@ doctest.DocTestFinder._from_module = _from_module  # type: ignore[attr-defined]
 # thread, and every rank with it, waits. One second instead (every process of the session inherits this; it is
 # read at the first lookup): the same answers, and a 200-Context test takes 18 s instead of 61 s.
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:3")
+# Inductor compiles in a pool of processes, one per core, each importing torch: on the suite's two workers per core,
+# where every rank of a compile test starts its own pool, that costs more CPU than it saves (a 4-rank compile test: 26
+# CPU-seconds with the pools, 18 without). One thread compiles the same code.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def _numeric_loopback() -> str | None:

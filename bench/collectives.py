@@ -161,7 +161,7 @@ def on_ranks(rank_rows: Callable[..., list[tuple[Any, ...]]], worlds: list[int],
     rows: list[tuple[Any, ...]] = []
     for world in worlds:
         results = fmesh.launch(functools.partial(rank_rows, iterations=iterations), world, timeout=600,
-                               context_options={"timeout": 120, "check_tensors": False}, start_method="spawn")
+                               context_options={"timeout": 120, "check_tensors": False}, start_method="forkserver")
         rows.extend(results[0])  # rank 0's view
     return rows
 
@@ -425,7 +425,7 @@ def checks_and_baselines(quick: bool) -> None:
     print("### The members' check, and fmesh against c10d and funcol\n")
     iterations = {"small": 40, "large": 5} if quick else {"small": 3000, "large": 300}
     rows = fmesh.launch(functools.partial(_paired_rank, iterations=iterations), 2, timeout=900,
-                        context_options={"timeout": 120}, start_method="spawn")[0]
+                        context_options={"timeout": 120}, start_method="forkserver")[0]
     ways = list(rows[0][2])
     print("| procs | size | " + " | ".join(f"{way} µs" for way in ways) + " | default - (bare + clone) µs |")
     print("| ---: | --- |" + " ---: |" * (len(ways) + 1))
@@ -441,7 +441,7 @@ def checks_and_baselines(quick: bool) -> None:
     # --quick (a smoke run): 20 batches of 10 (the every-call mode meets in the store before each call)
     cost_iterations = {"small": 20, "batch": 10} if quick else {"small": 1000, "batch": 100}
     cost = fmesh.launch(functools.partial(_python_cost_rank, iterations=cost_iterations), 2,
-                        timeout=900, context_options={"timeout": 120}, start_method="spawn")[0]
+                        timeout=900, context_options={"timeout": 120}, start_method="forkserver")[0]
     print("| the Python cost per call: 1 KiB, the dp axis on torch's fake backend (no communication) | µs |")
     print("| --- | ---: |")
     for label, us in cost:
@@ -523,7 +523,7 @@ def sp_block(quick: bool) -> None:
     sizes = [(64, 64)] if quick else [(64, 64), (128, 128), (256, 256), (512, 256)]
     world = 2 if quick else 4
     rows = fmesh.launch(functools.partial(_sp_block_rank, iterations={"block": 5 if quick else 200}, sizes=sizes),
-                        world, timeout=1800, context_options={"timeout": 300}, start_method="spawn")[0]
+                        world, timeout=1800, context_options={"timeout": 300}, start_method="forkserver")[0]
     print("| procs (tp) | hidden | sequence | fmesh eager µs | funcol eager µs | eager ratio | fmesh compiled µs "
           "| funcol compiled µs | compiled ratio |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -62,7 +62,7 @@ def measure(worlds: list[int], repeats: dict[str, int]) -> dict[int, dict[tuple[
     out = {}
     for world in worlds:
         per_rank = fmesh.launch(functools.partial(_measure_rank, repeats=repeats), world, timeout=600,
-                                start_method="spawn")
+                                start_method="forkserver")
         # the slowest rank's median: a collective ends when its last member does
         out[world] = {key: max(rank[key] for rank in per_rank) for key in per_rank[0]}
     return out

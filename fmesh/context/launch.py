@@ -62,9 +62,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with(parent: int) -> None:
+def _die_with(parent: int | None) -> None:
     """End this process when ``parent`` (the launching process) ends, however it ends (SIGTERM, SIGKILL):
-    the kernel sends SIGKILL on Linux; elsewhere a thread watches the parent's pid."""
+    the kernel sends SIGKILL on Linux; elsewhere a thread watches the parent's pid. ``None``: this process's parent is
+    multiprocessing's fork server, which ends when the launching process does."""
+    parent = os.getppid() if parent is None else parent
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     else:
@@ -79,7 +81,7 @@ def _die_with(parent: int) -> None:
 
 
 def _child(fn: Callable[[Context], Any], rank: int, world_size: int, port: int, options: dict[str, Any],
-           out: Any, parent: int) -> None:
+           out: Any, parent: int | None) -> None:
     _die_with(parent)
     # The store is the launcher's (as torchrun's agent hosts it), so it outlives any rank: the others
     # can still read what a failed rank posted.
@@ -148,7 +150,8 @@ def launch(
     """``[fn(ctx) for each rank]``, each rank a real gloo process with its own :class:`Context`.
 
     Works with functions defined in a notebook cell (processes are forked on Linux; with
-    ``start_method="spawn"``, or off Linux, ``fn`` must be importable). ``context_options`` go to
+    ``start_method="spawn"`` or ``"forkserver"``, or off Linux, ``fn`` must be importable; the fork server imports
+    torch and fmesh once, where each spawned rank imports them itself). ``context_options`` go to
     each rank's ``Context``; its ``timeout`` defaults to 80% of the launch's and its ``creation_timeout``
     to half of it (at most the usual 2 min), so that a rank waiting for a missing peer raises fmesh's
     error, naming the peer, before the launch gives up. The ranks end with the launching process,
@@ -182,11 +185,13 @@ def launch(
             "launch(), whose processes would otherwise inherit it"
         )
     context: Any = mp.get_context(method)
+    if method == "forkserver":  # its server imports torch and fmesh once, and each rank forks from it (not seconds)
+        context.set_forkserver_preload(["__main__", "torch", "fmesh"])
     out = context.Queue()
     port = free_port()
     procs = [
-        context.Process(target=_child, args=(fn, rank, world_size, port, options, out, os.getpid()),
-                        daemon=True)
+        context.Process(target=_child, args=(fn, rank, world_size, port, options, out,
+                                             None if method == "forkserver" else os.getpid()), daemon=True)
         for rank in range(world_size)
     ]
     results: dict[int, Any] = {}

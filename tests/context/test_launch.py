@@ -12,6 +12,7 @@ import torch
 from support import listening, patience, within
 
 import fmesh
+from fmesh.context.launch import StartMethod
 
 pytestmark = pytest.mark.slow  # multi-process or subprocess runs: left out of the quick subset (-m "not slow")
 
@@ -98,16 +99,18 @@ def backend_and_timeout(ctx: fmesh.Context) -> tuple[str, int, float]:
     return ctx.backend, ctx.world_size, timeout.total_seconds()
 
 
-def test_spawned_ranks_get_the_context_options() -> None:
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawned_ranks_get_the_context_options(method: StartMethod) -> None:
+    # forkserver: a rank's parent is the fork server, not the launching process (it used to take itself for orphaned)
     results = fmesh.launch(backend_and_timeout, world_size=2, timeout=60, context_options={"timeout": 7},
-                           start_method="spawn")
+                           start_method=method)
     assert results == [("gloo", 2, 7.0), ("gloo", 2, 7.0)]
 
     def local(ctx: fmesh.Context) -> None:
         pass
 
     with pytest.raises(TypeError, match="must be a module-level function"):
-        fmesh.launch(local, world_size=2, start_method="spawn")
+        fmesh.launch(local, world_size=2, start_method=method)
 
 
 def one_rank_dies(ctx: fmesh.Context) -> str:

@@ -19,12 +19,21 @@ TOLERANCE = 1e-4  # FSDP and TP reduce in another order than one process: float3
 
 
 def torchrun(nproc: int, *flags: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     # gloo on the CPU, explicitly: on a GPU machine with fewer GPUs than processes, too.
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(SCRIPT), "--backend", "gloo", *flags]
-    return subprocess.run(command, capture_output=True, text=True, timeout=patience(timeout, nproc), env=env,
-                          cwd=ROOT)
+    return run(nproc, ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(SCRIPT),
+                       "--backend", "gloo", *flags], timeout)
+
+
+def forked(nproc: int, *flags: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """train.py's ranks forked by ``fmesh.launch`` in one process (``--processes``): the same training, without an
+    interpreter and a torch import per rank (a run that is not about torchrun)."""
+    return run(nproc, [str(SCRIPT), "--processes", str(nproc), *flags], timeout)
+
+
+def run(nproc: int, arguments: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, *arguments], capture_output=True, text=True,
+                          timeout=patience(timeout, nproc), env=env, cwd=ROOT)
 
 
 def succeeded(runs: dict[str, object], *names: str) -> pathlib.Path:
@@ -44,10 +53,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     common = COMMON
     parallel = torchrun(4, "--tp", "2", *common, "--losses-to", str(tmp / "four.json"))
     single = torchrun(1, *common, "--losses-to", str(tmp / "one.json"))
-    first = torchrun(4, "--tp", "2", *common[:1], "4", *common[2:], "--checkpoint-dir", str(tmp / "ckpt"),
-                     "--checkpoint-every", "2")
-    resumed = torchrun(4, "--tp", "2", *common, "--checkpoint-dir", str(tmp / "ckpt"), "--resume",
-                       "--losses-to", str(tmp / "resumed.json"))
+    # The checkpoint and the resume: forked ranks (the losses must equal torchrun's, bit for bit but rounding).
+    first = forked(4, "--tp", "2", *common[:1], "4", *common[2:], "--checkpoint-dir", str(tmp / "ckpt"),
+                   "--checkpoint-every", "2")
+    resumed = forked(4, "--tp", "2", *common, "--checkpoint-dir", str(tmp / "ckpt"), "--resume",
+                     "--losses-to", str(tmp / "resumed.json"))
     return {"tmp": tmp, "parallel": parallel, "single": single, "first": first, "resumed": resumed}
 
 
@@ -76,16 +86,17 @@ def test_resumed_run_continues_with_the_same_losses(runs: dict[str, object]) -> 
 
 
 @pytest.mark.parametrize(
-    ("flags", "message"),
+    ("nproc", "flags", "message"),
     [
-        (["--tp", "3"], "world_size 2 is not divisible by"),
-        (["--tpp", "2"], "unrecognized arguments: --tpp 2"),
-        (["--cp", "2"], "trains with pp=1 and cp=1"),
-        (["--resume"], "--resume needs --checkpoint-dir"),
+        (2, ["--tp", "3"], "world_size 2 is not divisible by"),
+        (2, ["--tpp", "2"], "unrecognized arguments: --tpp 2"),
+        # The same check on every rank (above): one process is enough for the other refusals' words.
+        (1, ["--cp", "2"], "trains with pp=1 and cp=1"),
+        (1, ["--resume"], "--resume needs --checkpoint-dir"),
     ],
 )
-def test_bad_input_is_one_line_on_rank_0_and_a_clean_exit(flags: list[str], message: str) -> None:
-    result = torchrun(2, *flags, timeout=120)
+def test_bad_input_is_one_line_on_rank_0_and_a_clean_exit(nproc: int, flags: list[str], message: str) -> None:
+    result = torchrun(nproc, *flags, timeout=120) if nproc > 1 else run(1, [str(SCRIPT), *flags], 120)
     assert result.returncode != 0
     ours = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("train.py: error:")]
     assert len(ours) == 1 and message in ours[0], ours
@@ -94,18 +105,18 @@ def test_bad_input_is_one_line_on_rank_0_and_a_clean_exit(flags: list[str], mess
 
 def test_a_checkpoint_from_another_mesh_is_refused(runs: dict[str, object]) -> None:
     tmp = succeeded(runs)
-    result = torchrun(4, "--tp", "4", "--steps", "8", "--seq-len", "16", "--dim", "32",
+    result = torchrun(2, "--tp", "1", "--steps", "8", "--seq-len", "16", "--dim", "32",
                       "--checkpoint-dir", str(tmp / "ckpt"), "--resume", timeout=120)
     assert result.returncode != 0
     ours = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
-    assert len(ours) == 1 and "was saved with" in ours[0] and "'tp': 2" in ours[0] and "'tp': 4" in ours[0]
+    assert len(ours) == 1 and "was saved with" in ours[0] and "'tp': 2" in ours[0] and "'tp': 1" in ours[0], ours
     assert "SIGTERM" not in result.stderr
 
 
 def test_hsdp_with_tensor_parallelism_on_eight_ranks_matches_one_process(runs: dict[str, object]) -> None:
     tmp = succeeded(runs, "single")
-    result = torchrun(8, "--dp-replicate", "2", "--tp", "2", "--steps", "4", "--seq-len", "16", "--dim", "32",
-                      "--losses-to", str(tmp / "eight.json"))
+    result = forked(8, "--dp-replicate", "2", "--tp", "2", "--steps", "4", "--seq-len", "16", "--dim", "32",
+                    "--losses-to", str(tmp / "eight.json"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "data parallel: hsdp" in result.stdout
     _, eight = losses(tmp / "eight.json")
