@@ -37,8 +37,10 @@ Rules for group creation (what every rank must do):
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -182,6 +184,20 @@ def check_ascending(mesh: Mesh, names: tuple[str, ...]) -> None:
             "reversed axis order); run this mesh on real processes with fmesh.launch(...)"
         )
 
+
+def _never_traced(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compiler.disable(fn)`` without importing Dynamo (half a CPU-second in every process) before something
+    else does (``torch.compile`` does): until then nothing traces, and ``fn`` runs as it is."""
+    disabled: list[Callable[..., Any]] = []
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        disabled[:] = disabled or [torch.compiler.disable(fn)]
+        return disabled[0](*args, **kwargs)
+
+    return call
 
 class GroupRegistry:
     """Targets and process groups of one Context; see the module docstring.
@@ -355,7 +371,7 @@ class GroupRegistry:
 
     # Never traced: under torch.compile(fullgraph=False) a miss falls back to eager, whose frames Dynamo would
     # otherwise try to compile down into group creation (and crash on the process groups: not a fallback).
-    @torch.compiler.disable  # type: ignore[untyped-decorator]  # (torch leaves it untyped)
+    @_never_traced
     def _create(self, target: Target) -> dist.ProcessGroup:
         group = self._groups.get(target.spec)
         if group is not None:  # another thread made it meanwhile (it asked first)

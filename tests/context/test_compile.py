@@ -6,13 +6,16 @@ Meshes and groups are made outside the compiled functions (``ctx.materialize``),
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch._dynamo
-from support import in_a_child, launch, succeeded
+from paths import ROOT
+from support import in_a_child, launch, patience, succeeded
 
 import fmesh
 from fmesh import Context
@@ -189,3 +192,17 @@ def unmaterialized_or_derived_inside() -> None:
                         compiled(torch.ones(2))
                 else:
                     assert compiled(torch.ones(2)).tolist() == [1.0, 1.0], name  # the fake backend sums nothing
+
+
+@pytest.mark.slow
+def test_an_eager_job_never_imports_dynamo() -> None:
+    """Group creation stays out of Dynamo's reach (a compiled region's miss runs it eagerly, untraced) without
+    importing Dynamo where nothing compiles: that import is half a CPU-second in every process of a job."""
+    code = ("import sys, torch, fmesh\n"
+            "def rank(ctx):\n"
+            "    ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ('dp',)), 'dp')\n"
+            "    return 'torch._dynamo' in sys.modules\n"
+            "print(fmesh.launch(rank, 2, timeout=60))\n")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patience(120), cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.strip().splitlines()[-1] == "[False, False]", ran.stdout
