@@ -6,11 +6,18 @@ the members' check of their calls (:mod:`fmesh.context.call_checks`) compares.
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import torch
-from torch.distributed.tensor import DTensor
 
 DESCRIPTIONS_SECONDS = 5.0
+
+
+def _a_dtensor(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a DTensor, without importing DTensor (half a CPU-second a process) where nothing has:
+    then it is not one."""
+    dtensors = sys.modules.get("torch.distributed.tensor")
+    return dtensors is not None and isinstance(tensor, dtensors.DTensor)
 
 
 def check_tensor(what: str, tensor: object, device: torch.device, op: str | None = None) -> torch.Tensor:
@@ -26,7 +33,7 @@ def check_tensor(what: str, tensor: object, device: torch.device, op: str | None
     if not isinstance(tensor, torch.Tensor):
         hint = "; make one with torch.tensor(...)" if isinstance(tensor, list | tuple | int | float) else ""
         raise TypeError(f"{what}: expected a torch.Tensor, but got {type(tensor).__name__}: {_short(tensor)}{hint}")
-    if isinstance(tensor, DTensor):
+    if _a_dtensor(tensor):
         raise TypeError(
             f"{what}: expected a plain torch.Tensor (this rank's data), but got a DTensor with placements "
             f"{tensor.placements}; pass dtensor.to_local() for this rank's shard, or dtensor.full_tensor() for the "

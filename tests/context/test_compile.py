@@ -195,14 +195,15 @@ def unmaterialized_or_derived_inside() -> None:
 
 
 @pytest.mark.slow
-def test_an_eager_job_never_imports_dynamo() -> None:
-    """Group creation stays out of Dynamo's reach (a compiled region's miss runs it eagerly, untraced) without
-    importing Dynamo where nothing compiles: that import is half a CPU-second in every process of a job."""
+def test_an_eager_job_imports_neither_dynamo_nor_dtensor() -> None:
+    """Group creation stays out of Dynamo's reach (a compiled region's miss runs it eagerly, untraced), and a DTensor
+    is refused at a collective's door, without importing either where nothing compiles or makes DTensors: each import
+    is half a CPU-second in every process of a job."""
     code = ("import sys, torch, fmesh\n"
             "def rank(ctx):\n"
             "    ctx.all_reduce(torch.ones(1), fmesh.make_mesh((2,), ('dp',)), 'dp')\n"
-            "    return 'torch._dynamo' in sys.modules\n"
+            "    return [name in sys.modules for name in ('torch._dynamo', 'torch.distributed.tensor')]\n"
             "print(fmesh.launch(rank, 2, timeout=60))\n")
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patience(120), cwd=ROOT)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    assert ran.stdout.strip().splitlines()[-1] == "[False, False]", ran.stdout
+    assert ran.stdout.strip().splitlines()[-1] == "[[False, False], [False, False]]", ran.stdout
