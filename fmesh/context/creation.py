@@ -52,16 +52,20 @@ class GroupMaker:
             self.failing_as_posted(lambda: board.connections.check_room(len(spec.ranks), held, label))
         if not agreed:
             self.agree(spec.digest(), spec.ranks, description, label)
-        tries = self.connect_tries(spec)
+        # A group agreed elsewhere (in the start's meeting) has no agreement here to mark where its members stand:
+        # one try, as a try made again could not tell a member inside the set-up from one that went on past it.
+        tries = self.connect_tries(spec)[-1 if agreed else 0:]
         for attempt, connect in enumerate(tries):
-            again = attempt + 1 < len(tries)
+            here, next_key = spec.digest() + (f"~{attempt}" if attempt else ""), f"{spec.digest()}~{attempt + 1}"
+            again = (functools.partial(self.all_waiting, spec.ranks, (here, next_key))
+                     if attempt + 1 < len(tries) else None)
             group = self.connect(spec.ranks, label, functools.partial(self.set_up, spec, axes, attempt, connect,
-                                                                      probe=again), again=again)
+                                                                      probe=again is not None), again=again)
             if group is not None:
                 break
             # The try failed on every member (its probe sees to that) and nobody is to blame yet: they meet again (a
             # member that died meanwhile is named there, by its heartbeat), then try with the longer timeout.
-            self.agree(f"{spec.digest()}~{attempt + 1}", spec.ranks, f"{description} (set up again)", label)
+            self.agree(next_key, spec.ranks, f"{description} (set up again)", label)
         if tries[-1] != spec.timeout:
             _torch.set_group_timeout(group, spec.timeout)
         return group
@@ -115,11 +119,12 @@ class GroupMaker:
             return connect_tries(min(spec.timeout, self.settings.creation_timeout, connect_bound(len(spec.ranks))))
         return (spec.timeout,)
 
-    def connect(self, members: tuple[int, ...], what: str, create: Callable[[], Any], again: bool = False) -> Any:
+    def connect(self, members: tuple[int, ...], what: str, create: Callable[[], Any],
+                again: Callable[[], bool] | None = None) -> Any:
         """``create()`` a group the members agreed on, noting its sockets; a failure is explained (a member
-        that failed meanwhile is named) and posted in its status, so peers waiting for us learn it; where the members
-        try ``again``, a failure nobody is named for (the backend timed out, or its connections broke) is ``None``
-        instead, and posts nothing. A context aborted meanwhile aborts the new group and raises
+        that failed meanwhile is named) and posted in its status, so peers waiting for us learn it; a failure nobody
+        is named for (the backend timed out, or its connections broke) where the members can try ``again`` (asked
+        then) is ``None`` instead, and posts nothing. A context aborted meanwhile aborts the new group and raises
         ``ContextClosedError``."""
         board = self.board
         if board is None:
@@ -128,9 +133,9 @@ class GroupMaker:
         try:
             group = create()
         except Exception as error:
-            explained = connect_failed(board, members, what, error, settle=not again)
-            if again and isinstance(error, RuntimeError) and (explained is error
-                                                             or isinstance(explained, GroupTimeoutError)):
+            explained = connect_failed(board, members, what, error, settle=again is None)
+            if again is not None and isinstance(error, RuntimeError) and (
+                    explained is error or isinstance(explained, GroupTimeoutError)) and again():
                 return None
             board.failed(explained)
             if explained is error:
@@ -149,6 +154,16 @@ class GroupMaker:
                     _torch.abort_group(group)
             board.waiter.check_halted(f"connecting {what}")
         return group
+
+    def all_waiting(self, members: tuple[int, ...], keys: tuple[str, ...]) -> bool:
+        """Whether every other of the ``members`` still waits at one of the agreements ``keys``: the one before a try
+        (so inside its set-up, or dead there) or the one after it (its try failed). A member that passed a try's
+        probe posts ``running`` at once, before it can break the group for the others (a failure it posts first):
+        then a broken probe is a loss, not a try to make again."""
+        board = self.board
+        others = [member for member in members if board is not None and member != board.rank]
+        statuses = board.statuses(others) if board is not None and others else {}
+        return all(any(status.waits_at(key) for key in keys) for status in statuses.values())
 
     def agree(self, key: str, members: tuple[int, ...], description: str, what: str) -> None:
         """The members' agreement on the group at ``key`` (none for a group of one, or without a store)."""
