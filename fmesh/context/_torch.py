@@ -106,6 +106,9 @@ def check_supported(version: str, refuse_untested: bool = False) -> tuple[int, i
 TORCH = check_supported(torch.__version__, os.environ.get(REFUSE_UNTESTED) == "1")  # before any private name
 
 import torch.distributed as dist  # noqa: E402
+
+# torch's fake backend is registered by its testing module alone (fmesh's DTensor import used to load it)
+import torch.testing._internal.distributed.fake_pg  # noqa: E402
 from torch.distributed import distributed_c10d as c10d  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 

@@ -207,3 +207,18 @@ def test_an_eager_job_imports_neither_dynamo_nor_dtensor() -> None:
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patience(120), cwd=ROOT)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout.strip().splitlines()[-1] == "[[False, False], [False, False]]", ran.stdout
+
+
+def test_torchs_fake_backend_is_there_in_a_fresh_process() -> None:
+    """Torch registers its ``fake`` backend only in a testing module, which DTensor's import loaded: without DTensor,
+    fmesh loads it. A gloo world whose groups are fake (the collectives benchmark's no-communication baseline) was
+    "Unknown c10d backend type FAKE"."""
+    code = ("import torch, fmesh\n"
+            "from fmesh.context.options import AxisOptions\n"
+            "def rank(ctx):\n"
+            "    return ctx.all_reduce(torch.ones(2), fmesh.make_mesh((2,), ('dp',)), 'dp').tolist()\n"
+            "fake = {'axis_options': {'dp': AxisOptions(backend='fake')}}\n"
+            "print(fmesh.launch(rank, 2, timeout=60, context_options=fake))\n")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patience(120), cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.strip().splitlines()[-1] == "[[1.0, 1.0], [1.0, 1.0]]", ran.stdout
