@@ -8,7 +8,7 @@
 * A name-server timeout of one second (see ``RES_OPTIONS`` below), and no name-server query at all for this
   machine's own addresses in the processes the session starts (``tests/numeric_loopback.c``).
 * Inductor compiling in the process that compiles, not in a pool of its own (``TORCHINDUCTOR_COMPILE_THREADS``).
-* Two pytest workers per core (at most 4) for ``-n auto``.
+* Three pytest workers per core (at most 6) for ``-n auto``.
 * The modules with slow tests first, so that the workers of ``pytest -n`` (``pyproject.toml``) start the long
   ones early and finish together.
 """
@@ -59,7 +59,7 @@ doctest.DocTestFinder._from_module = _from_module  # type: ignore[attr-defined]
 # thread, and every rank with it, waits. One second instead (every process of the session inherits this; it is
 # read at the first lookup): the same answers, and a 200-Context test takes 18 s instead of 61 s.
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:3")
-# Inductor compiles in a pool of processes, one per core, each importing torch: on the suite's two workers per core,
+# Inductor compiles in a pool of processes, one per core, each importing torch: on the suite's workers (3 per core),
 # where every rank of a compile test starts its own pool, that costs more CPU than it saves (a 4-rank compile test: 26
 # CPU-seconds with the pools, 18 without). One thread compiles the same code.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -120,7 +120,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """Two workers per core, at most 4: most of the slow tests' time is processes waiting for each other (a
-    heartbeat's silence, a connect timeout). On 2 cores, with the name-server fix above: 10 min 30 s with one worker
-    per core, 7 min 36 s with two; beside six busy loops 14 min 53 s, every test passing."""
-    return min(2 * (os.cpu_count() or 1), 4)
+    """Three workers per core, at most 6: most of the slow tests' time is processes waiting for each other (a
+    heartbeat's silence, a connect timeout), and the waiting modules hold a worker each. On 2 cores, with the
+    name-server fix above: 10 min 30 s with one worker per core, 7 min 36 s with two; once a rank's start cost only
+    torch's import (2026-11-28), 6 min 30 s with two per core and 6 min 3 s with three."""
+    return min(3 * (os.cpu_count() or 1), 6)
