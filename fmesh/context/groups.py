@@ -199,6 +199,7 @@ def _never_traced(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     return call
 
+
 class GroupRegistry:
     """Targets and process groups of one Context; see the module docstring.
 
