@@ -350,8 +350,8 @@ class Board:
         others = [r for r in ranks if r != self.rank]
         if not others or not self.pulse:
             return []
-        if any(pulse.stalled() for pulse in self.pulse):  # this process did not run: judged at a later look, when its
-            return []  # own pulse has said so (a host resumed after a freeze named a peer it had outlived as gone)
+        if any(pulse.stalled() or pulse.paused for pulse in self.pulse):  # this process did not run: its own pulse
+            return []  # says so, or will (a host resumed after a freeze named a peer it had outlived as gone)
         final = self.finals().intersection(others)  # gone already, or failed (alive, maybe: it may catch it)
         if final:
             gone = {r for r, status in self.statuses(sorted(final)).items() if status.state in GONE_STATES}

@@ -207,12 +207,13 @@ class Pulse:
             slept = time.monotonic()
             if not now and self.stopped.wait(self.every):
                 return
-            self.woke = time.monotonic()
-            overslept = self.woke - slept - (0.0 if now else self.every)
+            woke = time.monotonic()
+            overslept = woke - slept - (0.0 if now else self.every)
             now = False
             if overslept >= ANSWER_SECONDS:  # this process did not run (SIGSTOP, a debugger): its peers went on
-                self.paused.append(overslept)
+                self.paused.append(overslept)  # before it counts as awake (stalled): a look between reads neither
                 return
+            self.woke = woke
             began = time.monotonic()
             try:
                 self.beat()
