@@ -211,6 +211,6 @@ def test_an_eager_job_imports_neither_dynamo_nor_dtensor_and_has_torchs_fake_bac
             "print(fmesh.launch(rank, 2, timeout=60, context_options=fake))\n")
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patience(120), cwd=ROOT)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    gloo, fake = ran.stdout.strip().splitlines()[-2:]
+    gloo, fake = [line for line in ran.stdout.splitlines() if line.startswith("[(")]  # torch 2.10's gloo prints too
     assert gloo == "[([2.0, 2.0], [False, False]), ([2.0, 2.0], [False, False])]", ran.stdout
     assert fake == "[([1.0, 1.0], [False, False]), ([1.0, 1.0], [False, False])]", ran.stdout  # fake: no sum
