@@ -59,8 +59,9 @@ class GroupMaker:
             here, next_key = spec.digest() + (f"~{attempt}" if attempt else ""), f"{spec.digest()}~{attempt + 1}"
             again = (functools.partial(self.all_waiting, spec.ranks, (here, next_key))
                      if attempt + 1 < len(tries) else None)
-            group = self.connect(spec.ranks, label, functools.partial(self.set_up, spec, axes, attempt, connect,
-                                                                      probe=again is not None), again=again)
+            probe = tries[-1] if again is not None else None
+            group = self.connect(spec.ranks, label, functools.partial(self.set_up, spec, axes, attempt, connect, probe),
+                                 again=again)
             if group is not None:
                 break
             # The try failed on every member (its probe sees to that) and nobody is to blame yet: they meet again (a
@@ -71,12 +72,13 @@ class GroupMaker:
         return group
 
     def set_up(self, spec: GroupSpec, axes: tuple[str, ...], attempt: int, connect: timedelta,
-               probe: bool) -> dist.ProcessGroup:
+               probe: timedelta | None) -> dist.ProcessGroup:
         """Torch's set-up of the group of ``spec``, its ``attempt``-th try (each under a name of its own: a failed
         try's keys stay in the store), with the connect timeout ``connect``. A try made again where it fails is
-        ``probe``d with a barrier: it passes on a member only where every member's set-up passed, so the members
-        all keep the group, or all try again (a member whose set-up failed aborts it, and its peers' barrier fails on
-        the broken connections)."""
+        probed with a barrier that waits up to ``probe`` (the last try's timeout: a member slow to come is waited for
+        as long as that try would wait for it): it passes on a member only where every member's set-up passed, so
+        the members all keep the group, or all try again (a member whose set-up failed aborts it, and its peers'
+        barrier fails on the broken connections)."""
         group = _torch.create_group(
             spec.ranks,
             f"{self.world.namespace}:{spec.digest()}" + (f"~{attempt}" if attempt else ""),
@@ -87,10 +89,9 @@ class GroupMaker:
             description=f"fmesh_{'_'.join(axes)}",
             store=None if self.board is None else self.board.store,
         )
-        if probe:
+        if probe is not None:
             try:
-                # A member slow to come to the barrier is waited for as long as a last try would wait for it.
-                _torch.set_group_timeout(group, self.connect_tries(spec)[-1])
+                _torch.set_group_timeout(group, probe)
                 dist.barrier(group=group)
             except Exception:
                 with contextlib.suppress(Exception):
@@ -161,8 +162,9 @@ class GroupMaker:
         probe posts ``running`` at once, before it can break the group for the others (a failure it posts first):
         then a broken probe is a loss, not a try to make again."""
         board = self.board
-        others = [member for member in members if board is not None and member != board.rank]
-        statuses = board.statuses(others) if board is not None and others else {}
+        if board is None:  # nothing marks where the members stand
+            return False
+        statuses = board.statuses([member for member in members if member != board.rank])
         return all(any(status.waits_at(key) for key in keys) for status in statuses.values())
 
     def agree(self, key: str, members: tuple[int, ...], description: str, what: str) -> None:
