@@ -32,7 +32,7 @@ from fmesh.context.store.connections import Connections
 from fmesh.context.store.keys import ENDED_LIST, Keys
 from fmesh.context.store.keys import ended as ended_key
 from fmesh.context.store.meeting import Meeting
-from fmesh.context.store.pulse import ANSWER_SECONDS, PULSE_SECONDS, SILENT_SECONDS, Pulse, tcp_address
+from fmesh.context.store.pulse import ANSWER_SECONDS, PULSE_SECONDS, Pulse, silence_of, tcp_address
 from fmesh.context.store.records import (
     CLOSED,
     EXITED,
@@ -294,7 +294,7 @@ class Board:
         >>> Board(dist.HashStore(), "doc", 0, timedelta(seconds=1), beat_every=4.0).silence
         40.0
         """
-        return SILENT_SECONDS * self.beat_every / PULSE_SECONDS
+        return silence_of(self.beat_every)
 
     def current(self, statuses: dict[int, Status]) -> dict[int, Status]:
         """``statuses`` as they stand now: a rank posts ``running`` once torch has set up the group it agreed on,

@@ -17,10 +17,11 @@ too: its peers cannot tell it from a dead one, and a frozen rank holds every col
 
 The pulse also watches the store: a beat whose answer does not come within :data:`ANSWER_SECONDS` (its connection's
 reads are bounded so) means the store's host stopped answering (frozen by SIGSTOP or a debugger, starved, its
-machine unreachable), unless a fresh connection is answered within :data:`PROBE_SECONDS` (then this process was the
-one stopped, or the beat's own connection failed: the pulse beats on, on a fresh one). A host that stopped answering
-the pulse notes (:attr:`Pulse.unanswered`) and ends, as it does where its own process did not run
-(:attr:`Pulse.paused`); the first cuts this process's connections to the store, so that every wait on it ends at
+machine unreachable), unless a fresh connection is answered within :data:`PROBE_SECONDS` (then the beat's own
+connection failed, or this process was the one stopped: the pulse beats on, on a fresh one, and its next wake, late,
+says which). A host that stopped answering the pulse notes (:attr:`Pulse.unanswered`) and ends, as it does where its
+own process did not run (:attr:`Pulse.paused`: its thread woke :func:`paused_after` its period or later, its beat
+included); the first cuts this process's connections to the store, so that every wait on it ends at
 once (the waits raise :class:`~fmesh.StoreUnresponsiveError`,
 :meth:`fmesh.context.store.board.Board.store_silence`), and no later operation reads an answer meant for an earlier
 one once the host is resumed.
@@ -76,7 +77,28 @@ def silent_seconds(world_size: int) -> float:
     >>> silent_seconds(1024), silent_seconds(16384)
     (10.0, 40.0)
     """
-    return SILENT_SECONDS * pulse_seconds(world_size) / PULSE_SECONDS
+    return silence_of(pulse_seconds(world_size))
+
+
+def silence_of(every: float) -> float:
+    """How long the heartbeat of a pulse beating every ``every`` seconds stands still before a watcher calls its rank
+    gone: :data:`SILENT_SECONDS` for a beat a second, as many beats' worth for a slower pulse.
+
+    >>> silence_of(1.0), silence_of(4.0)
+    (10.0, 40.0)
+    """
+    return SILENT_SECONDS * every / PULSE_SECONDS
+
+
+def paused_after(every: float) -> float:
+    """How late a pulse beating every ``every`` seconds may beat before it takes its process for one that did not run
+    (:attr:`Pulse.paused`): late enough that its heartbeat stood still for a silence (:func:`silence_of`), so that a
+    watching peer may have called it gone; never under :data:`STALL_SECONDS` (a busy machine's lag, not a pause).
+
+    >>> paused_after(1.0), paused_after(4.0), paused_after(0.05)
+    (9.0, 36.0, 5.0)
+    """
+    return max(STALL_SECONDS, silence_of(every) - every)
 # How long a beat waits for the store's answer before the pulse asks whether the store's host stopped answering: far
 # above any answer of a working store (milliseconds; seconds under the heaviest load measured), and short enough that
 # with a beat's period and PROBE_SECONDS a frozen host is named within the death bound (30 s).
@@ -165,6 +187,7 @@ class Pulse:
         if first:  # without it, peers read no key as a heartbeat of 0 where they know this rank came (Board.present)
             self.beat()
         self.thread = threading.Thread(target=self._run, args=(soon and not first,), name="fmesh-pulse", daemon=True)
+        self.woke = time.monotonic()  # the thread's lateness counts from its start
         self.thread.start()
         return self
 
@@ -204,14 +227,15 @@ class Pulse:
 
     def _run(self, now: bool = False) -> None:
         while True:
-            slept = time.monotonic()
             if not now and self.stopped.wait(self.every):
                 return
             woke = time.monotonic()
-            overslept = woke - slept - (0.0 if now else self.every)
+            # Late since the thread last woke, its beat included: a process stopped (SIGSTOP, a debugger) inside a
+            # beat finishes it once resumed, and only the next wake shows the stop (its sleep alone was on time).
+            late = woke - self.woke - (0.0 if now else self.every)
             now = False
-            if overslept >= ANSWER_SECONDS:  # this process did not run (SIGSTOP, a debugger): its peers went on
-                self.paused.append(overslept)  # before it counts as awake (stalled): a look between reads neither
+            if late >= paused_after(self.every):  # this process did not run: its peers may have called it gone
+                self.paused.append(late)  # before it counts as awake (stalled): a look between reads neither
                 return
             self.woke = woke
             began = time.monotonic()
