@@ -60,6 +60,10 @@ class GroupMaker:
             again = (functools.partial(self.all_waiting, spec.ranks, (here, next_key))
                      if attempt + 1 < len(tries) else None)
             probe = tries[-1] if again is not None else None
+            if again is not None and board is not None:
+                # The members' heartbeats as the try begins (three store operations): a member that dies inside it
+                # is named by a silence counted from here, not from the meeting after the try (seen: 30.5 s).
+                board.silent(spec.ranks)
             group = self.connect(spec.ranks, label, functools.partial(self.set_up, spec, axes, attempt, connect, probe),
                                  again=again)
             if group is not None:
