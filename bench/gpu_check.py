@@ -155,6 +155,8 @@ def latency(ctx: Any) -> list[dict[str, Any]]:
     off = fmesh.Context(name="unchecked", check_tensors=False, timeout=120)
     sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
     rows = []
+    # Rounds of interleaved calls, each call timed that many times: the GPU's figures; a smoke run's few (CPU: gloo).
+    rounds, repeats = (10, 20) if ctx.device.type == "cuda" else (2, 5)
     for label, numel in (("1 elem", 1), ("1 KiB", 256), ("1 MiB", 262144)):
         t = torch.zeros(numel, device=ctx.device)
         calls = {"bare": lambda t=t: dist.all_reduce(t, group=group),
@@ -164,13 +166,13 @@ def latency(ctx: Any) -> list[dict[str, Any]]:
                  "fmesh every call": lambda t=t: every.all_reduce(t, mesh, "dp"),
                  "fmesh off": lambda t=t: off.all_reduce(t, mesh, "dp")}
         timings: dict[str, list[float]] = {name: [] for name in calls}
-        for _ in range(20):
+        for _ in range(repeats):
             for fn in calls.values():
                 fn()
         sync()
-        for _ in range(10):
+        for _ in range(rounds):
             for name, fn in calls.items():
-                for _ in range(20):
+                for _ in range(repeats):
                     sync()
                     start = time.perf_counter()
                     fn()
