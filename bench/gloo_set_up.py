@@ -92,8 +92,9 @@ def main() -> None:
         waited, raised = longest_wait(size, TIMEOUT)
         print(f"| {size} | {TIMEOUT:g} | {raised} of {size - 1} | {waited:.1f} | {waited / TIMEOUT:.2f} |", flush=True)
     tries = [connect.total_seconds() for connect in connect_tries(NEW_WORLD_CONNECT)]
-    print(f"\nfmesh sets a mesh's group up in tries of T = {' then '.join(f'{t:g}' for t in tries)} s: a death inside "
-          f"the first holds the others {GLOO_SET_UP_WAITS} x {tries[0]:g} s.")
+    print(f"\nfmesh sets up a group agreed on its own (on first use) in tries of T = "
+          f"{' then '.join(f'{t:g}' for t in tries)} s: a death inside the first holds the others "
+          f"{GLOO_SET_UP_WAITS} x {tries[0]:g} s (a mesh's groups agreed in one meeting: one try of {tries[-1]:g} s).")
 
 
 if __name__ == "__main__":
