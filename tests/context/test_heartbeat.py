@@ -206,8 +206,9 @@ def test_a_pulse_stopped_inside_a_beat_takes_its_process_for_one_that_did_not_ru
     # CI (torch 2.15), and 1 run in 3 beside four busy loops: a store host that stopped itself (SIGSTOP) a second
     # after its context started was stopped inside a beat, its pulse beating a second apart too. Resumed, the beat
     # ended, the sleep after it was on time, and the pulse beat on: the host named a peer gone, not its own pause.
-    monkeypatch.setattr(pulse_module, "STALL_SECONDS", 1.0)  # a pause: 1 s late (paused_after, with a fast pulse)
-    stopped_for = 2.5
+    # A pause: 2 s late (paused_after, with a fast pulse), far above a thread's lag beside busy loops.
+    monkeypatch.setattr(pulse_module, "STALL_SECONDS", 2.0)
+    stopped_for = 3.5
 
     class StoppedInsideABeat(pulse_module.Pulse):
         def beat(self) -> None:

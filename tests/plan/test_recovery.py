@@ -14,7 +14,7 @@ from fractions import Fraction
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from laws import Reached
+from laws import COUNTED, Reached
 from reference import dropped_coordinates
 from strategies import jobs, lost_ranks, meshes
 
@@ -89,6 +89,7 @@ def check_job_recovery(job: recovery.JobRecovery, after: fmesh.ParallelDims, dim
 def test_the_counts_of_a_job_recovery_equal_brute_force_over_every_group() -> None:
     reached = Reached()
 
+    @COUNTED
     @given(st.data())
     def law(data: st.DataObject) -> None:
         dims = data.draw(jobs())
@@ -115,6 +116,7 @@ def test_the_counts_of_a_job_recovery_equal_brute_force_over_every_group() -> No
 def test_the_counts_of_any_meshes_after_without_equal_brute_force() -> None:
     reached = Reached()
 
+    @COUNTED
     @given(st.data())
     def law(data: st.DataObject) -> None:
         mesh = data.draw(meshes())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from laws import Reached
+from laws import COUNTED, Reached
 from strategies import jobs, lost_ranks
 
 import fmesh
@@ -99,6 +99,7 @@ def check_agreement(before: fmesh.ParallelDims, lost: list[int], shrinkable: boo
 def test_the_printed_plan_and_the_context_decide_alike() -> None:
     reached = Reached()
 
+    @COUNTED
     @given(st.data())
     def law(data: st.DataObject) -> None:
         dims = data.draw(jobs())

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from laws import Reached
+from laws import COUNTED, Reached
 from reference import dropped_coordinates, renumbered, survivors, through_rank_map
 from strategies import jobs, lost_ranks
 
@@ -34,6 +34,7 @@ def restarted(dims: fmesh.ParallelDims, axis: str, size: int) -> fmesh.ParallelD
 def test_scale_down_equals_a_restarted_job_for_every_named_mesh() -> None:
     reached = Reached()
 
+    @COUNTED
     @given(st.data())
     def law(data: st.DataObject) -> None:
         dims = data.draw(jobs())

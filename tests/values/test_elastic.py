@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from laws import Reached
+from laws import COUNTED, Reached
 from paths import ROOT
 from reference import dropped_coordinates, renumbered, survivors, through_rank_map
 from strategies import lost_ranks, meshes
@@ -70,6 +70,7 @@ def test_resize_larger_keeps_the_old_ranks_numbers_and_back_is_the_same_mesh(dat
 def test_old_and_new_rank_are_inverse() -> None:
     reached = Reached()
 
+    @COUNTED
     @given(st.data())
     def law(data: st.DataObject) -> None:
         mesh = data.draw(meshes())
