@@ -63,7 +63,10 @@ class GroupMaker:
             if again is not None and board is not None:
                 # The members' heartbeats as the try begins (three store operations): a member that dies inside it
                 # is named by a silence counted from here, not from the meeting after the try (seen: 30.5 s).
-                board.silent(spec.ranks)
+                try:
+                    board.silent(spec.ranks)
+                except dist.DistNetworkError as error:  # the store's host died: named as the agreement names it
+                    raise board.store_gone(f"creating {label}", error) from None
             group = self.connect(spec.ranks, label, functools.partial(self.set_up, spec, axes, attempt, connect, probe),
                                  again=again)
             if group is not None:

@@ -314,3 +314,25 @@ def test_a_rank_that_did_not_run_is_told_so_when_connecting_a_group_fails() -> N
         assert "this process did not run for 40s" in str(error), error
     finally:
         resumed.leave(aborted=False)
+
+
+def test_a_store_lost_as_a_set_up_try_begins_is_named_as_the_agreement_names_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The heartbeats read before a try that may be made again (GroupMaker.create) meet the store right after the
+    # agreement: a store host dead in between raised torch's own DistNetworkError from there.
+    import torch
+
+    from fmesh.context import creation
+    from fmesh.context.options import GroupSettings
+    from fmesh.context.world import World
+
+    class StoreGone(Board):
+        def silent(self, ranks: object, settle: float = 0.0) -> list[int]:
+            raise dist.DistNetworkError("Connection reset by peer")
+
+    monkeypatch.setattr(creation, "agree", lambda *args: None)  # the members met
+    settings = GroupSettings.of(None, 60, backend="gloo")
+    maker = creation.GroupMaker(World(0, 2, "gloo", torch.device("cpu"), 2, "hb", 0, False), settings,
+                                StoreGone(dist.HashStore(), "hb", 0, timedelta(seconds=5)))
+    with pytest.raises(fmesh.RankLostError, match="the store is unreachable while creating dp: its host is gone"):
+        maker.create(settings.spec(("dp",), (0, 1)), ("dp",), "dp", "a group of two", held=0)
