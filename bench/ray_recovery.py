@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.address:
         ray.init(address=args.address, include_dashboard=False, log_to_driver=False)
     else:
-        ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
+        ray_actors.start_local_cluster(num_cpus=args.workers)
     lose = args.workers - 1
     try:
         with tempfile.TemporaryDirectory() as directory:

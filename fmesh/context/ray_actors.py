@@ -41,6 +41,16 @@ def _ray() -> Any:
     return ray
 
 
+def start_local_cluster(**options: Any) -> None:
+    """Start a local Ray cluster (``ray.init(**options)``) whose workers run at this process's priority. Ray starts
+    its workers at nice 15 (its ``worker_niceness``): beside busy processes a rank's actor barely ran (still importing
+    torch after 90 s beside six busy loops on 2 cores; its rank started within 13 s at nice 0).
+
+    >>> start_local_cluster(num_cpus=4)  # doctest: +SKIP (starts Ray's processes)
+    """
+    _ray().init(include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0}, **options)
+
+
 class RankActor:
     """One rank of the job, in an actor process of its own (made a Ray actor class by :func:`launch`)."""
 
@@ -82,7 +92,7 @@ def launch(fn: Callable[[Context], Any], world_size: int = 4, *, timeout: float 
         raise TypeError(f"launch runs a function of one argument (the Context), got {fn!r}")
     ray = _ray()
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
+        start_local_cluster()
     options = {"timeout": COLLECTIVE_SHARE * timeout,
                "creation_timeout": min(CREATION_SHARE * timeout, DEFAULT_CREATION_TIMEOUT.total_seconds()),
                **(context_options or {})}
