@@ -46,7 +46,9 @@ def start_local_cluster(**options: Any) -> None:
     its workers at nice 15 (its ``worker_niceness``): beside busy processes a rank's actor barely ran (still importing
     torch after 90 s beside six busy loops on 2 cores; its rank started within 13 s at nice 0).
 
-    >>> start_local_cluster(num_cpus=4)  # doctest: +SKIP (starts Ray's processes)
+    Not run as a doctest (it starts Ray's processes):
+
+    >>> start_local_cluster(num_cpus=4)  # doctest: +SKIP
     """
     _ray().init(include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0}, **options)
 
