@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from laws import Reached
+from laws import COUNTED, Reached
 from strategies import sharding_meshes
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -167,7 +167,7 @@ def _cells(page: str) -> list[tuple[list[tuple[int, int]], list[int], int]]:
 def test_every_cell_is_the_block_dtensor_puts_on_its_ranks() -> None:
     reached = Reached()
 
-    @settings(max_examples=40, deadline=None, derandomize=True)  # counted: laws.COUNTED
+    @settings(COUNTED, max_examples=40, deadline=None)
     @given(sharding_meshes(), st.integers(0, 2**32 - 1))
     def law(mesh: fmesh.Mesh, seed: int) -> None:
         rng = random.Random(seed)
